@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each creates the virtual environment it needs (.venv): torch first, pinned, then the project.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.ready: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test,demo,dev]'
+	touch $@
+
+demo: $(VENV)/.ready
+	$(PY) demos/diffusion_cg.py
+
+lint: $(VENV)/.ready
+	$(PY) -m ruff check phi_torch_jit tests demos benchmarks
+	$(PY) -m ruff format --check phi_torch_jit tests demos benchmarks
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest
+
+bench: $(VENV)/.ready
+	$(PY) benchmarks/bench_demo.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,38 @@
+"""phi_torch_jit: compile differentiable PyTorch simulation steps, custom gradients included.
+
+Public surface: :func:`jit`, :func:`custom_gradient`, :func:`register_module_call`
+and the error hierarchy rooted at :class:`JitError`. Engines live in
+:mod:`phi_torch_jit.engines`.
+"""
+
+from ._custom import CustomFunction, custom_gradient
+from ._jit import JitFunction, jit
+from ._record import register_module_call
+from .errors import (
+    CustomFunctionError,
+    GradientError,
+    JitError,
+    JitWarning,
+    OutputError,
+    ReplayError,
+    SignatureError,
+    TraceError,
+)
+
+__all__ = [
+    "jit",
+    "JitFunction",
+    "custom_gradient",
+    "CustomFunction",
+    "register_module_call",
+    "JitError",
+    "SignatureError",
+    "OutputError",
+    "ReplayError",
+    "CustomFunctionError",
+    "GradientError",
+    "TraceError",
+    "JitWarning",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,162 @@
+"""The backward of a compiled custom call, compiled lazily per needs-input-grad pattern.
+
+Which inputs need a gradient is only known at backward time, and it can
+change from call to call (train the source, then the initial state). A
+backward compiled for one pattern must never serve another: the ancestor
+did, and silently returned None for inputs that needed gradients later.
+:class:`LazyBackward` therefore keeps one :class:`BackwardSpecialization`
+per pattern, built at the first backward that shows the pattern.
+
+A compiled function cannot return None, so gradients the user returns as
+None (or that are not needed) are dropped from the compiled outputs by
+:func:`drop_none` and put back by :func:`restore_none`. See NOTE [None
+gradients] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ._custom import TENSOR, merge_tensors
+from .engines import CompiledFunction, Engine, FunctionTarget
+
+if TYPE_CHECKING:
+    from ._custom import CustomFunction
+
+__all__ = ["drop_none", "restore_none", "BackwardSpecialization", "LazyBackward"]
+
+
+def drop_none(
+    values: Sequence[torch.Tensor | None],
+) -> tuple[tuple[torch.Tensor, ...], tuple[bool, ...]]:
+    """Split into (the tensors, a mask saying where each entry was a tensor)."""
+    present = tuple(v is not None for v in values)
+    return tuple(v for v in values if v is not None), present
+
+
+def restore_none(
+    values: Sequence[torch.Tensor], present: Sequence[bool]
+) -> tuple[torch.Tensor | None, ...]:
+    """Inverse of :func:`drop_none`."""
+    it = iter(values)
+    restored = tuple(next(it) if p else None for p in present)
+    assert next(it, None) is None, "more values than present entries"
+    return restored
+
+
+@dataclass(frozen=True)
+class BackwardSpecialization:
+    """The compiled backward for one needs-input-grad pattern."""
+
+    pattern: tuple[bool, ...]
+    """needs_input_grad of the tensor inputs."""
+    present: tuple[bool, ...]
+    """Which tensor inputs get a gradient from ``compiled`` (the others get None)."""
+    compiled: CompiledFunction | None
+    """Flat backward ``(inputs, outputs, grad_outputs) -> present gradients``; None if none."""
+
+    @property
+    def mode(self) -> str:
+        return self.compiled.mode if self.compiled is not None else "none"
+
+
+class _GradientProbe:
+    """The flat backward for one pattern; remembers what its last run returned."""
+
+    def __init__(
+        self,
+        function: CustomFunction,
+        template: tuple[object, ...],
+        n_outputs: int,
+        pattern: tuple[bool, ...],
+    ) -> None:
+        self.function = function
+        self.template = template
+        self.n_inputs = len(pattern)
+        self.n_outputs = n_outputs
+        self.pattern = pattern
+        self.present: tuple[bool, ...] = ()
+        self.last_values: tuple[torch.Tensor, ...] | None = None
+        """Result of the last complete run (the engine's compile run computes real values)."""
+
+    def masked(self, flat: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+        """Gradients of the tensor inputs, None where not needed or not given."""
+        n, m = self.n_inputs, self.n_outputs
+        inputs = merge_tensors(self.template, flat[:n])
+        grads = self.function.gradients(inputs, tuple(flat[n : n + m]), tuple(flat[n + m :]))
+        tensor_grads = [g for g, slot in zip(grads, self.template) if slot is TENSOR]
+        return tuple(g if need else None for g, need in zip(tensor_grads, self.pattern))
+
+    def __call__(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.last_values, self.present = drop_none(self.masked(flat))
+        return self.last_values
+
+
+class LazyBackward:
+    """Backward of one compiled custom call; compiles one specialization per pattern."""
+
+    def __init__(
+        self,
+        function: CustomFunction,
+        template: tuple[object, ...],
+        n_outputs: int,
+        engine: Engine,
+    ) -> None:
+        self.function = function
+        self.template = template
+        self.n_outputs = n_outputs
+        self.engine = engine
+        self._specializations: dict[tuple[bool, ...], BackwardSpecialization] = {}
+        self._python: dict[tuple[bool, ...], _GradientProbe] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def specializations(self) -> Mapping[tuple[bool, ...], BackwardSpecialization]:
+        """Patterns seen so far and how each is compiled."""
+        return dict(self._specializations)
+
+    def __call__(
+        self,
+        pattern: tuple[bool, ...],
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+        grad_outputs: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Gradients for the tensor inputs (None where not needed or not given)."""
+        flat = (*inputs, *outputs, *grad_outputs)
+        spec = self._specializations.get(pattern)
+        if spec is None:
+            with self._lock:
+                return self._build(pattern, flat)
+        if spec.compiled is None:
+            return (None,) * len(pattern)
+        if spec.compiled.mode == "python":
+            return self._python[pattern].masked(flat)
+        return restore_none(spec.compiled.run(*flat), spec.present)
+
+    def _build(
+        self, pattern: tuple[bool, ...], flat: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Compile the backward for ``pattern`` and return this backward's gradients."""
+        probe = _GradientProbe(self.function, self.template, self.n_outputs, pattern)
+        if not any(pattern):
+            self._specializations[pattern] = BackwardSpecialization(pattern, pattern, None)
+            return (None,) * len(pattern)
+        label = f"backward of {self.function.label}"
+        compiled = self.engine.compile_function(FunctionTarget(probe, flat, label))
+        if compiled.mode == "python":
+            self.function.note_python_fallback("backward", compiled.reason)
+            self._python[pattern] = probe
+        if probe.last_values is None:  # the compile run did not finish: run it as Python
+            result = probe.masked(flat)
+        else:
+            result = restore_none(probe.last_values, probe.present)
+        present = tuple(g is not None for g in result)
+        probe.last_values = None
+        self._specializations[pattern] = BackwardSpecialization(pattern, present, compiled)
+        return result

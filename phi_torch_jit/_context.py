@@ -1,0 +1,93 @@
+"""The per-call state of a jitted call, held in one ContextVar.
+
+While a jitted function is specialized, its Python runs twice: once untraced
+to *record* (modules called, custom-function calls) and once under the tracer
+to *trace*, replaying the recording. Code deep inside user functions
+(custom functions, the module pre-hook, nested jitted functions) must know
+which phase is active. That knowledge lives in one :class:`Frame`, stored in a
+``contextvars.ContextVar`` so that threads and asyncio tasks each see their
+own, and changed only by the context managers below, which restore the
+previous value in ``finally`` -- an exception in user code leaves nothing
+behind.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._record import Recording
+    from ._replay import ReplayCursor
+
+__all__ = [
+    "Phase",
+    "Frame",
+    "current_frame",
+    "recording_frame",
+    "tracing_frame",
+    "outside_jit",
+]
+
+
+class Phase(enum.Enum):
+    """Which pass of a specialization is running."""
+
+    RECORD = "record"
+    """The untraced run that discovers modules and custom-function calls."""
+    TRACE = "trace"
+    """The traced run that replays the recording."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """State of the jitted call that is being specialized in this context."""
+
+    phase: Phase
+    """Which pass is running."""
+    owner: str
+    """The jitted user function, as ``name (file:line)``, for messages."""
+    recording: Recording | None = None
+    """Where the record pass stores what it sees (record phase only)."""
+    cursor: ReplayCursor | None = None
+    """Hands out recorded custom calls in order (trace phase only)."""
+
+
+_FRAME: ContextVar[Frame | None] = ContextVar("phi_torch_jit_frame", default=None)
+
+
+def current_frame() -> Frame | None:
+    """The frame of the jitted call being specialized here, or None outside one."""
+    return _FRAME.get()
+
+
+@contextmanager
+def _entered(frame: Frame | None) -> Iterator[Frame | None]:
+    token = _FRAME.set(frame)
+    try:
+        yield frame
+    finally:
+        _FRAME.reset(token)
+
+
+def recording_frame(owner: str, recording: Recording) -> AbstractContextManager[Frame | None]:
+    """Enter the record phase for ``owner``; ``recording`` collects what runs."""
+    return _entered(Frame(Phase.RECORD, owner, recording=recording))
+
+
+def tracing_frame(owner: str, cursor: ReplayCursor) -> AbstractContextManager[Frame | None]:
+    """Enter the trace phase for ``owner``; ``cursor`` replays the recording."""
+    return _entered(Frame(Phase.TRACE, owner, cursor=cursor))
+
+
+def outside_jit() -> AbstractContextManager[Frame | None]:
+    """Run a block as if no jitted call were being specialized.
+
+    Used around the forward of a custom function: what it calls is part of
+    that function, not of the surrounding jitted function.
+    """
+    return _entered(None)

@@ -1,0 +1,151 @@
+"""Stage 2: compile each recorded custom call into an opaque torch op.
+
+Each distinct recorded call (same custom function, static arguments and
+input shapes) becomes a :class:`CompiledCall`:
+
+* its forward is compiled right away by the engine on the recorded inputs;
+* its backward is a :class:`~._backward.LazyBackward`;
+* both are registered as an operator ``phi_torch_jit::<name>_<n>`` in a
+  private ``torch.library.Library`` with an autograd formula. The wrapper's
+  trace records one node for the call, whatever runs inside; the forward
+  runs once per compiled call and the backward only when autograd asks.
+
+During the trace pass the op returns the recorded outputs instead of
+computing them (see :meth:`CompiledCall.replay`): nothing runs twice.
+See NOTE [custom calls as ops] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from ._backward import LazyBackward
+from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors
+from ._record import RecordedCall
+from ._replay import ReplayStep
+from .engines import Engine, FunctionTarget
+
+__all__ = ["CompiledCall", "compile_calls"]
+
+_OP_NUMBERS = itertools.count()
+
+
+class _FlatForward:
+    """``f`` as a flat function: tensor inputs in, tuple of tensor outputs out."""
+
+    def __init__(self, function: CustomFunction, template: tuple[Any, ...]) -> None:
+        self.function = function
+        self.template = template
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.function.run_forward(merge_tensors(self.template, tensors))[0]
+
+
+class CompiledCall:
+    """A custom function compiled for one recorded call signature, exposed as an op."""
+
+    def __init__(self, recorded: RecordedCall, engine: Engine) -> None:
+        function = recorded.function
+        tensors, template = split_tensors(recorded.args)
+        self.function = function
+        self.template = template
+        self.single = recorded.single
+        self.n_inputs = len(tensors)
+        self.n_outputs = len(recorded.outputs)
+        all_tensors = self.n_inputs == len(template)
+        self.forward = engine.compile_function(
+            FunctionTarget(
+                _FlatForward(function, template),
+                tuple(tensors),
+                f"forward of {function.label}",
+                scriptable=function.f if all_tensors else None,
+                expected=recorded.outputs,
+            )
+        )
+        if self.forward.mode == "python":
+            function.note_python_fallback("forward", self.forward.reason)
+        self.backward = LazyBackward(function, template, self.n_outputs, engine)
+        self._replaying: tuple[torch.Tensor, ...] | None = None
+        self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
+        self.op_name = self._define_op()
+
+    def _define_op(self) -> str:
+        base = re.sub(r"\W", "_", self.function.__name__).strip("_") or "custom"
+        name = f"{base}_{next(_OP_NUMBERS)}"
+        inputs = ", ".join(f"Tensor x{i}" for i in range(self.n_inputs))
+        returns = "Tensor" if self.n_outputs == 1 else f"({', '.join(['Tensor'] * self.n_outputs)})"
+        self._library.define(f"{name}({inputs}) -> {returns}")
+        self._library.impl(name, self._impl, "CompositeExplicitAutograd")
+        torch.library.register_autograd(
+            f"phi_torch_jit::{name}",
+            self._backward,
+            setup_context=self._setup_context,
+            lib=self._library,
+        )
+        self.op = getattr(torch.ops.phi_torch_jit, name).default
+        return name
+
+    def replay(self, recorded: RecordedCall, args: Sequence[Any]) -> Any:
+        """The trace pass's call: record the op in the trace, return the recorded outputs."""
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if self.n_inputs == 0:  # nothing to trace through: the outputs are constants
+            outputs = recorded.outputs
+        else:
+            self._replaying = recorded.outputs
+            try:
+                result = self.op(*tensors)
+            finally:
+                self._replaying = None
+            outputs = result if isinstance(result, tuple) else (result,)
+        return outputs[0] if self.single else tuple(outputs)
+
+    def _impl(self, *tensors: torch.Tensor) -> Any:
+        if self._replaying is not None:
+            outputs = self._replaying
+        else:
+            outputs = tuple(
+                o.clone() if any(o is t for t in tensors) or o._is_view() else o
+                for o in self.forward.run(*tensors)
+            )
+        return outputs[0] if self.n_outputs == 1 else tuple(outputs)
+
+    def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        outputs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*inputs, *outputs)
+
+    def _backward(self, ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        saved = ctx.saved_tensors
+        inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
+        pattern = tuple(bool(n) for n in ctx.needs_input_grad)
+        return self.backward(pattern, inputs, outputs, grad_outputs)
+
+    def __repr__(self) -> str:
+        return f"<compiled call phi_torch_jit::{self.op_name} of {self.function.label}>"
+
+
+def _dedup_key(recorded: RecordedCall) -> Hashable:
+    tensors, template = split_tensors(recorded.args)
+    metas = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+    statics = tuple(v for v in template if v is not TENSOR)
+    try:
+        hash(statics)
+    except TypeError:
+        return id(recorded)
+    return (recorded.function, statics, metas, len(template), recorded.single)
+
+
+def compile_calls(calls: Sequence[RecordedCall], engine: Engine) -> list[ReplayStep]:
+    """Compile every recorded custom call; identical call signatures share one op."""
+    compiled: dict[Hashable, CompiledCall] = {}
+    steps = []
+    for recorded in calls:
+        key = _dedup_key(recorded)
+        if key not in compiled:
+            compiled[key] = CompiledCall(recorded, engine)
+        steps.append(ReplayStep(recorded, compiled[key]))
+    return steps

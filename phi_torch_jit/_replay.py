@@ -1,0 +1,107 @@
+"""The replay cursor: hands out recorded custom calls in order, and checks itself.
+
+During the trace pass the user function runs again on the same inputs, so it
+must call the same custom functions, in the same order, with the same static
+arguments, as during the record pass. The cursor knows which call comes next
+and raises :class:`~.errors.ReplayError` with the expected and actual
+function and index as soon as the trace diverges; :meth:`ReplayCursor.finish`
+catches calls that the trace skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import ReplayError
+
+if TYPE_CHECKING:
+    from ._custom import CustomFunction
+    from ._custom_op import CompiledCall
+    from ._record import RecordedCall
+
+__all__ = ["ReplayStep", "ReplayCursor"]
+
+_FIX = (
+    " A jitted function must call its custom functions in the same order, with the same "
+    "non-tensor arguments, on every run with the same inputs; keep randomness and global "
+    "state out of the Python that decides which custom functions run."
+)
+
+
+@dataclass(frozen=True)
+class ReplayStep:
+    """One recorded custom call and the compiled call that replays it."""
+
+    recorded: RecordedCall
+    """What the record pass saw."""
+    compiled: CompiledCall
+    """The op that stands for it in the trace."""
+
+
+class ReplayCursor:
+    """Yields the recorded custom calls of one jitted call in order."""
+
+    def __init__(self, steps: Sequence[ReplayStep], owner: str) -> None:
+        self._steps = tuple(steps)
+        self._owner = owner
+        self._index = 0
+
+    @property
+    def position(self) -> int:
+        """How many calls have been replayed."""
+        return self._index
+
+    def next(self, function: CustomFunction, args: tuple[Any, ...]) -> ReplayStep:
+        """The step for this call; raises ReplayError if it is not the one recorded next."""
+        index = self._index
+        if index >= len(self._steps):
+            raise ReplayError(
+                f"phi_torch_jit: while tracing {self._owner}, custom function {function.label} "
+                f"was called as call #{index + 1}, but the record pass made only "
+                f"{len(self._steps)} custom-function calls." + _FIX
+            )
+        step = self._steps[index]
+        expected = step.recorded.function
+        if expected is not function:
+            raise ReplayError(
+                f"phi_torch_jit: while tracing {self._owner}, custom-function call #{index + 1} "
+                f"was {function.label}, but the record pass called {expected.label} there." + _FIX
+            )
+        self._check_static(step.recorded.args, args, index, function)
+        self._index += 1
+        return step
+
+    def _check_static(
+        self,
+        recorded: tuple[Any, ...],
+        actual: tuple[Any, ...],
+        index: int,
+        function: CustomFunction,
+    ) -> None:
+        import torch
+
+        same = len(recorded) == len(actual)
+        for old, new in zip(recorded, actual):
+            if not same:
+                break
+            if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
+                same = isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
+            else:
+                same = old is new or old == new
+        if not same:
+            raise ReplayError(
+                f"phi_torch_jit: while tracing {self._owner}, custom-function call #{index + 1} "
+                f"({function.label}) got different arguments than in the record pass." + _FIX
+            )
+
+    def finish(self) -> None:
+        """Check that every recorded call was replayed."""
+        if self._index != len(self._steps):
+            missing = self._steps[self._index].recorded.function.label
+            raise ReplayError(
+                f"phi_torch_jit: while tracing {self._owner}, only {self._index} of "
+                f"{len(self._steps)} recorded custom-function calls happened; the first missing "
+                f"one is {missing}." + _FIX
+            )

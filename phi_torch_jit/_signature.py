@@ -1,0 +1,309 @@
+"""Stage 0: arguments -> (cache key, tensor leaves), and back.
+
+One recursive pass turns a call's ``(args, kwargs)`` into
+
+* the list of tensor leaves, which become the traced inputs, and
+* a hashable *spec*: a nested tuple that describes the structure, the static
+  (non-tensor) leaves by value, and each tensor leaf by shape, dtype, device
+  and requires_grad. The spec is the cache key, and ``unflatten`` rebuilds the
+  arguments from it and new tensors.
+
+Spec nodes are plain tuples whose first item is a tag (fast to hash and
+compare, which matters because every jitted call builds one):
+
+=====  ===================================================  ==================
+tag    node                                                 meaning
+=====  ===================================================  ==================
+``T``  ``("T", shape, dtype, device, requires_grad)``       tensor leaf
+``S``  ``("S", type, value)``                               static leaf
+``M``  ``("M", module)``                                    nn.Module (identity)
+``Q``  ``("Q", list | tuple, children)``                    sequence
+``N``  ``("N", namedtuple class, children)``                namedtuple
+``D``  ``("D", dict type, keys, children)``                 dict
+``C``  ``("C", dataclass, field names, children)``          dataclass
+=====  ===================================================  ==================
+
+Static leaves are ``None``, bool, int, float, complex, str, bytes, enums,
+torch dtypes/devices/layouts, and any other hashable value: objects with a
+value ``__hash__`` are keyed by value, callables by identity. Anything else
+(unhashable values, plain objects hashed by identity) is rejected with the
+path where it sits, because keying it by identity would silently ignore
+mutations of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import OutputError, SignatureError
+
+__all__ = [
+    "Spec",
+    "flatten_arguments",
+    "unflatten_arguments",
+    "flatten_outputs",
+    "unflatten",
+    "first_difference",
+    "describe_spec",
+    "modules_in",
+]
+
+Spec = tuple[Any, ...]
+
+_PRIMITIVES = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout}
+)
+
+
+class _Unsupported(Exception):
+    """Internal: a leaf that cannot be flattened; collects its path while unwinding."""
+
+    def __init__(self, value: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.value = value
+        self.reason = reason
+        self.path: list[str] = []
+
+    def where(self, root: str) -> str:
+        return root + "".join(reversed(self.path))
+
+
+def _static_leaf(obj: Any) -> Spec:
+    cls = type(obj)
+    if cls in _PRIMITIVES or isinstance(obj, enum.Enum):
+        return ("S", cls, obj)
+    if cls.__hash__ is None:
+        raise _Unsupported(obj, f"unhashable static value of type {cls.__qualname__}")
+    hash_impl: object = cls.__hash__
+    if hash_impl is object.__hash__ and not callable(obj):
+        raise _Unsupported(
+            obj,
+            f"object of type {cls.__qualname__} has no value-based hash, so a change to it "
+            "could not be noticed",
+        )
+    return ("S", cls, obj)
+
+
+def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        if meta:
+            return ("T", tuple(obj.shape), obj.dtype, obj.device, obj.requires_grad)
+        return ("T",)
+    cls = type(obj)
+    if cls is tuple or cls is list:
+        return ("Q", cls, _flatten_items(obj, tensors, meta, None))
+    if cls in _PRIMITIVES:
+        return ("S", cls, obj)
+    if isinstance(obj, dict):
+        keys = tuple(obj)
+        for key in keys:
+            if type(key) not in _PRIMITIVES and not isinstance(key, enum.Enum):
+                raise _Unsupported(key, f"dict key of type {type(key).__qualname__}")
+        return ("D", cls, keys, _flatten_items(obj.values(), tensors, meta, keys))
+    if isinstance(obj, tuple) and hasattr(cls, "_fields"):
+        return ("N", cls, _flatten_items(obj, tensors, meta, cls._fields, attr=True))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = tuple(f.name for f in dataclasses.fields(obj))
+        values = [getattr(obj, n) for n in names]
+        return ("C", cls, names, _flatten_items(values, tensors, meta, names, attr=True))
+    if isinstance(obj, nn.Module):
+        return ("M", obj)
+    if isinstance(obj, (tuple, list)):
+        raise _Unsupported(obj, f"subclass {cls.__qualname__} of {cls.__mro__[1].__name__}")
+    return _static_leaf(obj)
+
+
+def _flatten_items(
+    items: Any,
+    tensors: list[torch.Tensor],
+    meta: bool,
+    names: Sequence[Any] | None,
+    attr: bool = False,
+) -> tuple[Spec, ...]:
+    children = []
+    for i, item in enumerate(items):
+        try:
+            children.append(_flatten(item, tensors, meta))
+        except _Unsupported as error:
+            label = i if names is None else names[i]
+            error.path.append(f".{label}" if attr else f"[{label!r}]")
+            raise
+    return tuple(children)
+
+
+def flatten_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], owner: str, arg_names: Sequence[str] = ()
+) -> tuple[Spec, list[torch.Tensor]]:
+    """Flatten a call's arguments into (cache key, tensor leaves).
+
+    Keyword arguments are keyed in name order, so ``f(a=1, b=2)`` and
+    ``f(b=2, a=1)`` share a specialization.
+
+    Raises:
+        SignatureError: a leaf is neither a tensor, a supported container nor a
+            hashable static value; the message names the argument path.
+    """
+    tensors: list[torch.Tensor] = []
+    names = tuple(sorted(kwargs))
+    try:
+        pos = _flatten_items(args, tensors, True, None)
+    except _Unsupported as error:
+        index = int(error.path.pop()[1:-1])
+        root = arg_names[index] if index < len(arg_names) else f"args[{index}]"
+        raise _signature_error(error, root, owner) from None
+    try:
+        kw = _flatten_items([kwargs[n] for n in names], tensors, True, names)
+    except _Unsupported as error:
+        root = error.path.pop()[2:-2]
+        raise _signature_error(error, root, owner) from None
+    return ("A", pos, names, kw), tensors
+
+
+def _signature_error(error: _Unsupported, root: str, owner: str) -> SignatureError:
+    return SignatureError(
+        f"phi_torch_jit: argument `{error.where(root)}` of {owner} is not supported: "
+        f"{error.reason}. Pass tensors, tuples/lists/dicts/namedtuples/dataclasses of "
+        "tensors, nn.Modules, or hashable static values (int, float, bool, str, None, enums, "
+        "tuples of these); convert other values to tensors or make them hashable."
+    )
+
+
+def unflatten_arguments(
+    spec: Spec, tensors: Sequence[torch.Tensor]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inverse of :func:`flatten_arguments`: rebuild ``(args, kwargs)``."""
+    it = iter(tensors)
+    _, pos, names, kw = spec
+    args = tuple(unflatten(child, it) for child in pos)
+    kwargs = {name: unflatten(child, it) for name, child in zip(names, kw)}
+    return args, kwargs
+
+
+def flatten_outputs(value: Any, owner: str) -> tuple[Spec, list[torch.Tensor]]:
+    """Flatten a function's return value into (structure spec, tensor leaves).
+
+    Tensor leaves carry no metadata in the spec; non-tensor leaves are static
+    and are returned by later calls exactly as recorded.
+
+    Raises:
+        OutputError: a leaf cannot be returned from a compiled program.
+    """
+    tensors: list[torch.Tensor] = []
+    try:
+        return _flatten(value, tensors, False), tensors
+    except _Unsupported as error:
+        raise OutputError(
+            f"phi_torch_jit: the output `{error.where('output')}` of {owner} is not supported: "
+            f"{error.reason}. Return tensors, containers of tensors, or hashable static values; "
+            "convert other values to tensors."
+        ) from None
+
+
+def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
+    """Rebuild one value from its spec, taking tensor leaves from ``tensors`` in order."""
+    tag = spec[0]
+    if tag == "T":
+        return next(tensors)
+    if tag == "S":
+        return spec[2]
+    if tag == "Q":
+        return spec[1](unflatten(c, tensors) for c in spec[2])
+    if tag == "D":
+        return spec[1](zip(spec[2], [unflatten(c, tensors) for c in spec[3]]))
+    if tag == "N":
+        return spec[1](*[unflatten(c, tensors) for c in spec[2]])
+    if tag == "C":
+        obj = object.__new__(spec[1])
+        for name, child in zip(spec[2], spec[3]):
+            object.__setattr__(obj, name, unflatten(child, tensors))
+        return obj
+    if tag == "M":
+        return spec[1]
+    raise AssertionError(f"unknown spec tag {tag!r}")
+
+
+def modules_in(spec: Spec) -> list[nn.Module]:
+    """The nn.Modules passed as arguments, in argument order."""
+    found: list[nn.Module] = []
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        if node[0] == "M":
+            found.append(node[1])
+        elif node[0] in ("Q", "N", "D", "C", "A"):
+            children = node[-1] if node[0] != "A" else node[1] + node[3]
+            stack.extend(reversed(children))
+    return found
+
+
+def describe_spec(spec: Spec) -> str:
+    """A short human-readable form of a spec, e.g. ``(Tensor[32, 32] float32 cpu, dt=0.1)``."""
+    tag = spec[0]
+    if tag == "A":
+        parts = [describe_spec(c) for c in spec[1]]
+        parts += [f"{n}={describe_spec(c)}" for n, c in zip(spec[2], spec[3])]
+        return "(" + ", ".join(parts) + ")"
+    if tag == "T":
+        if len(spec) == 1:
+            return "Tensor"
+        shape = ", ".join(map(str, spec[1]))
+        grad = " requires_grad" if spec[4] else ""
+        return f"Tensor[{shape}] {str(spec[2]).replace('torch.', '')} {spec[3]}{grad}"
+    if tag == "S":
+        return repr(spec[2])
+    if tag == "M":
+        return f"<{type(spec[1]).__name__} module>"
+    children = spec[-1]
+    inner = ", ".join(describe_spec(c) for c in children)
+    if tag == "D":
+        inner = ", ".join(f"{k!r}: {describe_spec(c)}" for k, c in zip(spec[2], children))
+        return "{" + inner + "}"
+    if tag == "Q":
+        return f"[{inner}]" if spec[1] is list else f"({inner})"
+    return f"{spec[1].__name__}({inner})"
+
+
+def first_difference(old: Spec, new: Spec, arg_names: Sequence[str] = ()) -> str:
+    """Say where two argument specs first differ, e.g. ``dt: 0.1 -> 0.2``."""
+    _, old_pos, old_names, old_kw = old
+    _, new_pos, new_names, new_kw = new
+    if len(old_pos) != len(new_pos) or old_names != new_names:
+        return f"arguments: {describe_spec(old)} -> {describe_spec(new)}"
+    for i, (a, b) in enumerate(zip(old_pos, new_pos)):
+        found = _difference(a, b, arg_names[i] if i < len(arg_names) else f"args[{i}]")
+        if found:
+            return found
+    for name, a, b in zip(new_names, old_kw, new_kw):
+        found = _difference(a, b, name)
+        if found:
+            return found
+    return "nothing (same signature)"
+
+
+def _difference(a: Spec, b: Spec, path: str) -> str | None:
+    if a == b:
+        return None
+    if a[0] != b[0] or a[0] in ("T", "S", "M") or a[:-1] != b[:-1]:
+        if a[0] == b[0] == "T":
+            fields = ("shape", "dtype", "device", "requires_grad")
+            changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
+            return f"{path}: " + ", ".join(changes)
+        return f"{path}: {describe_spec(a)} -> {describe_spec(b)}"
+    labels: Sequence[Any] = range(len(a[-1]))
+    if a[0] in ("D", "C"):
+        labels = a[2]
+    elif a[0] == "N":
+        labels = a[1]._fields
+    for label, x, y in zip(labels, a[-1], b[-1]):
+        step = f".{label}" if a[0] in ("C", "N") else f"[{label!r}]"
+        found = _difference(x, y, path + step)
+        if found:
+            return found
+    return None

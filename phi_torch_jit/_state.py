@@ -1,0 +1,80 @@
+"""Tensor state that a pass may change: the RNG streams and module buffers.
+
+The record pass is the one real run of a cache miss; the trace pass must
+leave no trace of its own. :class:`StateSnapshot` captures the RNG state and
+the buffers of recorded modules *before* the record pass, and
+:meth:`StateSnapshot.rewound` runs a block (the trace) from that state, then
+puts back the state the record pass produced. See NOTE [side effects once]
+in docs/design.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+__all__ = ["RngState", "capture_rng", "restore_rng", "StateSnapshot"]
+
+
+@dataclass(frozen=True)
+class RngState:
+    """The global random number generator states."""
+
+    cpu: torch.Tensor
+    """State of the CPU generator."""
+    cuda: tuple[torch.Tensor, ...]
+    """State of each CUDA device's generator (empty when CUDA is not initialized)."""
+
+
+def capture_rng() -> RngState:
+    """Copy the global RNG states of the CPU and of every initialized CUDA device."""
+    cuda: tuple[torch.Tensor, ...] = ()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = tuple(torch.cuda.get_rng_state_all())
+    return RngState(torch.get_rng_state(), cuda)
+
+
+def restore_rng(state: RngState) -> None:
+    """Set the global RNG states back to ``state`` (inverse of :func:`capture_rng`)."""
+    torch.set_rng_state(state.cpu)
+    if state.cuda:
+        torch.cuda.set_rng_state_all(list(state.cuda))
+
+
+@dataclass
+class StateSnapshot:
+    """RNG state and buffer values as they were before the record pass."""
+
+    rng: RngState = field(default_factory=capture_rng)
+    """RNG state at the start of the record pass."""
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """id -> (buffer, its value before the module first ran)."""
+
+    def add_module(self, module: nn.Module) -> None:
+        """Remember the current value of every buffer of ``module`` not seen yet."""
+        for buffer in module.buffers():
+            if id(buffer) not in self.buffers:
+                self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
+
+    @contextmanager
+    def rewound(self) -> Iterator[None]:
+        """Run a block from the state before the record pass, then restore the state after it."""
+        after_rng = capture_rng()
+        after = [(buf, buf.detach().clone()) for buf, _ in self.buffers.values()]
+        _write(self.buffers.values())
+        restore_rng(self.rng)
+        try:
+            yield
+        finally:
+            _write(after)
+            restore_rng(after_rng)
+
+
+def _write(pairs: object) -> None:
+    with torch.no_grad():
+        for buffer, value in pairs:  # type: ignore[attr-defined]
+            buffer.copy_(value)

@@ -1,0 +1,141 @@
+"""Tracing engines behind one small interface.
+
+An engine turns two kinds of targets into callables:
+
+* :meth:`Engine.compile_function` -- a *flat* function (tensors in, tuple of
+  tensors out): the forward of a recorded custom function, or one
+  needs-input-grad specialization of its backward. The engine may decline to
+  trace faithfully and say so (mode ``"scripted"`` or ``"python"``), which is
+  how data-dependent loops avoid being baked in.
+* :meth:`Engine.compile_module` -- the synthesized wrapper module, whose
+  forward replays the user function on flat tensors.
+
+Engines are registered by name (:func:`register_engine`) and looked up with
+:func:`get_engine`; those are the only ways to reach the registry. A
+torch.compile engine plugs in here without changes to the pipeline.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Engine",
+    "FunctionTarget",
+    "CompiledFunction",
+    "CompiledModule",
+    "Mode",
+    "register_engine",
+    "get_engine",
+    "available_engines",
+]
+
+Mode = Literal["traced", "scripted", "python"]
+
+
+@dataclass(frozen=True)
+class FunctionTarget:
+    """A flat function to compile."""
+
+    fn: Callable[..., tuple[torch.Tensor, ...]]
+    """Takes ``example_inputs``-like tensors, returns a tuple of tensors."""
+    example_inputs: tuple[torch.Tensor, ...]
+    """Real inputs to trace with."""
+    label: str
+    """What this is, for logs, e.g. ``forward of solve (demo.py:12)``."""
+    scriptable: Callable[..., Any] | None = None
+    """The user's own function if it takes exactly the flat tensors; an engine may script it."""
+    expected: tuple[torch.Tensor, ...] | None = None
+    """Outputs recorded for ``example_inputs``; an alternative compilation must reproduce them."""
+
+
+@dataclass(frozen=True)
+class CompiledFunction:
+    """The result of :meth:`Engine.compile_function`."""
+
+    run: Callable[..., Any]
+    """Call with the flat tensors; returns a tuple of tensors."""
+    mode: Mode
+    """``traced``: a faithful trace; ``scripted``: control flow kept; ``python``: runs as Python."""
+    reason: str = ""
+    """Why it is not ``traced``, if it is not."""
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """The result of :meth:`Engine.compile_module`."""
+
+    run: Callable[..., tuple[torch.Tensor, ...]]
+    """Call with the flat input tensors; returns the flat output tensors."""
+    warnings: tuple[str, ...] = ()
+    """Tracer warnings raised while compiling (shown to the user and in ``explain()``)."""
+
+
+class Engine(abc.ABC):
+    """Turns flat functions and wrapper modules into compiled callables."""
+
+    name: ClassVar[str]
+    """The name users pass as ``jit(engine=...)``."""
+    passthrough: ClassVar[bool] = False
+    """If True, jitted functions just call the user function (no recording, no cache)."""
+
+    @abc.abstractmethod
+    def compile_function(self, target: FunctionTarget) -> CompiledFunction:
+        """Compile a flat function, or explain why it must run as Python."""
+
+    @abc.abstractmethod
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        """Compile ``module.forward`` for inputs like ``example_inputs``."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+_REGISTRY: dict[str, Callable[[], Engine]] = {}
+
+
+def register_engine(name: str, factory: Callable[[], Engine]) -> None:
+    """Make ``jit(engine=name)`` use engines made by ``factory``."""
+    _REGISTRY[name] = factory
+
+
+def available_engines() -> tuple[str, ...]:
+    """Names accepted by ``jit(engine=...)``."""
+    return tuple(sorted(_REGISTRY))
+
+
+def get_engine(engine: str | Engine) -> Engine:
+    """Resolve an engine name (or pass an Engine instance through).
+
+    Raises:
+        ValueError: unknown name; the message lists the accepted names.
+    """
+    if isinstance(engine, Engine):
+        return engine
+    try:
+        factory = _REGISTRY[engine]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"phi_torch_jit: unknown engine {engine!r}; use one of {available_engines()} "
+            "or an Engine instance."
+        ) from None
+    return factory()
+
+
+def _register_builtin() -> None:
+    from .eager import EagerEngine
+    from .torchscript import TorchScriptEngine
+
+    register_engine(EagerEngine.name, EagerEngine)
+    register_engine(TorchScriptEngine.name, TorchScriptEngine)
+
+
+_register_builtin()

@@ -1,0 +1,184 @@
+"""Engine ``"torchscript"``: ``torch.jit.trace``, scripting where tracing would bake.
+
+Tracing records the operations one run executes. It is faithful unless
+Python control flow depends on tensor values; torch reports those spots as
+``TracerWarning``. For a custom function's forward such a warning means the
+trace would replay a fixed iteration count (a CG loop that gives NaN for a
+fluid at rest), so the engine does not use it: it scripts the function
+(keeping the loop) when the function is scriptable and reproduces the
+recorded outputs, and otherwise runs it as Python inside the compiled
+program. For the wrapper module the warnings are passed on to the user.
+
+``torch.jit.trace`` is deprecated (DeprecationWarning in torch 2.13,
+FutureWarning later); those warnings are dropped here, once per compile, and
+never reach the user. Everything else torch warns about is re-emitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import types
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.jit._trace import TracerWarning
+
+from ..errors import TraceError
+from . import CompiledFunction, CompiledModule, Engine, FunctionTarget
+
+__all__ = ["TorchScriptEngine"]
+
+# warnings.catch_warnings swaps a process-wide list; serialize our uses of it.
+_WARNINGS_LOCK = threading.RLock()
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+logger = logging.getLogger("phi_torch_jit")
+
+_CAPTURED_CONSTANT = "Cannot insert a Tensor that requires grad as a constant"
+
+
+@contextmanager
+def _caught_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    with _WARNINGS_LOCK, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def _is_deprecation(w: warnings.WarningMessage) -> bool:
+    text = str(w.message)
+    return issubclass(w.category, (DeprecationWarning, FutureWarning)) and (
+        "torch.jit" in text and "deprecated" in text
+    )
+
+
+def _is_library_check(w: warnings.WarningMessage) -> bool:
+    """A tracer warning raised by torch's own Python (e.g. BatchNorm's batch-size check).
+
+    Those convert shapes for validation; shapes are part of the cache key, so
+    they cannot change within a specialization. See NOTE [tracer warnings].
+    """
+    return issubclass(w.category, TracerWarning) and w.filename.startswith(_TORCH_DIR)
+
+
+def _sort_warnings(
+    caught: list[warnings.WarningMessage],
+) -> tuple[list[warnings.WarningMessage], list[warnings.WarningMessage]]:
+    """Split into (tracer warnings, other warnings); deprecation notices are dropped."""
+    kept = [w for w in caught if not _is_deprecation(w)]
+    for w in kept:
+        if _is_library_check(w):
+            logger.debug("phi_torch_jit: ignored tracer warning from torch: %s", _describe(w))
+    kept = [w for w in kept if not _is_library_check(w)]
+    tracer = [w for w in kept if issubclass(w.category, TracerWarning)]
+    return tracer, [w for w in kept if w not in tracer]
+
+
+def _reemit(caught: list[warnings.WarningMessage]) -> None:
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
+def _describe(w: warnings.WarningMessage) -> str:
+    first = str(w.message).splitlines()[0].split(". ")[0].rstrip(".")
+    return f"{first} ({w.filename}:{w.lineno})"
+
+
+class _AsTuple:
+    """Calls a scripted function and returns its result as a tuple."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.fn(*args)
+        return out if isinstance(out, tuple) else (out,)
+
+
+def _reproduces(actual: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> bool:
+    if len(actual) != len(expected):
+        return False
+    for a, e in zip(actual, expected):
+        if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype:
+            return False
+        scale = float(e.detach().abs().max()) if e.numel() and e.is_floating_point() else 1.0
+        if not torch.allclose(a, e, rtol=1e-4, atol=1e-5 * max(scale, 1.0), equal_nan=True):
+            return False
+    return True
+
+
+def _as_function(fn: Any) -> Any:
+    """torch.jit.trace wants a Python function (it reads its name); wrap callable objects."""
+    if isinstance(fn, types.FunctionType):
+        return fn
+
+    def flat(*tensors: torch.Tensor) -> Any:
+        return fn(*tensors)
+
+    flat.__name__ = flat.__qualname__ = type(fn).__name__
+    return flat
+
+
+class TorchScriptEngine(Engine):
+    """Compiles with ``torch.jit.trace``; scripts or falls back to Python where tracing bakes."""
+
+    name = "torchscript"
+
+    def compile_function(self, target: FunctionTarget) -> CompiledFunction:
+        with _caught_warnings() as caught:
+            try:
+                traced = torch.jit.trace(
+                    _as_function(target.fn), target.example_inputs, check_trace=False
+                )
+            except Exception as error:  # anything the tracer cannot follow
+                traced, failure = None, f"tracing failed: {type(error).__name__}: {error}"
+        tracer, other = _sort_warnings(caught)
+        _reemit(other)
+        if traced is not None and not tracer:
+            return CompiledFunction(traced, "traced")
+        if traced is not None:
+            failure = "its Python control flow depends on tensor values: " + _describe(tracer[0])
+        return self._without_trace(target, failure)
+
+    def _without_trace(self, target: FunctionTarget, reason: str) -> CompiledFunction:
+        scripted = self._script(target)
+        if scripted is not None:
+            return CompiledFunction(scripted, "scripted", reason)
+        return CompiledFunction(target.fn, "python", reason)
+
+    def _script(self, target: FunctionTarget) -> _AsTuple | None:
+        if target.scriptable is None or target.expected is None:
+            return None
+        with _caught_warnings() as caught:
+            try:
+                candidate = _AsTuple(torch.jit.script(target.scriptable))
+                with torch.no_grad():
+                    actual = candidate(*target.example_inputs)
+            except Exception:  # not scriptable: fall back to Python
+                return None
+        _reemit(_sort_warnings(caught)[1])
+        return candidate if _reproduces(actual, target.expected) else None
+
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        with _caught_warnings() as caught:
+            try:
+                traced = torch.jit.trace(module, example_inputs, check_trace=False)
+            except RuntimeError as error:
+                if _CAPTURED_CONSTANT not in str(error):
+                    raise
+                raise TraceError(
+                    f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an "
+                    "argument nor a parameter of a module it calls (a closure or global?). Pass "
+                    "it as an argument, or hold it in an nn.Module that the function calls or "
+                    "registers with phi_torch_jit.register_module_call(module)."
+                ) from None
+        tracer, other = _sort_warnings(caught)
+        _reemit(tracer + other)
+        return CompiledModule(traced, tuple(_describe(w) for w in tracer))

@@ -1,0 +1,76 @@
+"""The errors and warnings phi_torch_jit raises.
+
+Every error derives from :class:`JitError` *and* from the builtin that matches
+its meaning, so ``except TypeError`` keeps working for callers that do not
+know this library. Messages start with ``phi_torch_jit:``, name the user's
+function as ``name (file:line)``, say what went wrong and end with a fix.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+__all__ = [
+    "JitError",
+    "SignatureError",
+    "OutputError",
+    "ReplayError",
+    "CustomFunctionError",
+    "GradientError",
+    "TraceError",
+    "JitWarning",
+    "describe_function",
+]
+
+
+class JitError(Exception):
+    """Base class of every error raised by phi_torch_jit."""
+
+
+class SignatureError(JitError, TypeError):
+    """An argument of a jitted function cannot be traced or used as a cache key."""
+
+
+class OutputError(JitError, TypeError):
+    """A jitted function returned a value that cannot leave a compiled program."""
+
+
+class ReplayError(JitError, RuntimeError):
+    """Custom functions were called differently while tracing than while recording."""
+
+
+class CustomFunctionError(JitError, TypeError):
+    """The forward function of a custom function broke its contract."""
+
+
+class GradientError(JitError, ValueError):
+    """The gradient function of a custom function broke its contract."""
+
+
+class TraceError(JitError, RuntimeError):
+    """The tracing engine rejected the function; the message says why and how to fix it."""
+
+
+class JitWarning(UserWarning):
+    """Something works, but probably not the way the user expects."""
+
+
+def describe_function(fn: Any, name: str | None = None) -> str:
+    """Name a user callable as ``name (file:line)`` for error messages.
+
+    ``name`` overrides the callable's qualified name. Falls back to the bare
+    name when the source is unknown (builtins, callables defined in a REPL).
+    """
+    target = fn
+    name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:  # a callable object such as an nn.Module
+        name = type(fn).__qualname__
+        target = getattr(type(fn), "forward", None) or type(fn).__call__
+    target = inspect.unwrap(target)
+    try:
+        file = inspect.getsourcefile(target)
+        _, line = inspect.getsourcelines(target)
+    except (TypeError, OSError):
+        return str(name)
+    return f"{name} ({file}:{line})"

@@ -1,0 +1,67 @@
+"""Shared test fixtures: a 1-D implicit diffusion solve with a hand-written gradient."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Counter:
+    """Counts calls of the Python functions under test."""
+
+    def __init__(self) -> None:
+        self.forward = 0
+        self.gradient = 0
+
+
+def laplace(u: torch.Tensor) -> torch.Tensor:
+    return torch.roll(u, 1, -1) - 2 * u + torch.roll(u, -1, -1)
+
+
+def operator(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """A = I - k * Laplace: symmetric positive definite for k >= 0."""
+    return x - k * laplace(x)
+
+
+def cg_loop(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Conjugate gradients with a residual-based stopping rule (scriptable)."""
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = r.clone()
+    rs = (r * r).sum()
+    tol = 1e-20 if b.dtype == torch.float64 else 1e-12
+    it = 0
+    while bool(rs > tol) and it < 500:
+        ap = p - k * (torch.roll(p, 1, -1) - 2 * p + torch.roll(p, -1, -1))
+        alpha = rs / (p * ap).sum()
+        x = x + alpha * p
+        r = r - alpha * ap
+        rs_new = (r * r).sum()
+        p = r + rs_new / rs * p
+        rs = rs_new
+        it += 1
+    return x
+
+
+def make_solve(counter: Counter | None = None, scriptable: bool = True) -> Any:
+    """A custom function solving A(k) x = b, differentiable in b and k (implicitly)."""
+    import phi_torch_jit as ptj
+
+    counter = counter or Counter()
+
+    def solve_python(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1
+        return cg_loop(b, k)
+
+    def gradient(inputs: Any, outputs: Any, grads: Any) -> tuple[Any, ...]:
+        counter.gradient += 1
+        _, k = inputs
+        (x,) = outputs
+        (g,) = grads
+        lam = cg_loop(g, k)  # A is symmetric: the adjoint solve uses A itself
+        grad_k = (lam * laplace(x)).sum().reshape(k.shape)
+        return lam, grad_k
+
+    forward = cg_loop if scriptable else solve_python
+    return ptj.custom_gradient(forward, gradient, name="solve")

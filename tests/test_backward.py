@@ -1,0 +1,100 @@
+"""The lazily compiled backward: one specialization per needs-input-grad pattern."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from helpers import Counter, make_solve
+from torch import nn
+
+import phi_torch_jit as ptj
+from phi_torch_jit._backward import drop_none, restore_none
+
+
+def test_drop_restore_round_trip() -> None:
+    a, b = torch.ones(1), torch.zeros(1)
+    values = (None, a, None, b)
+    kept, present = drop_none(values)
+    assert kept == (a, b) and present == (False, True, False, True)
+    assert restore_none(kept, present) == values
+    assert restore_none((), (False, False)) == (None, None)
+
+
+class Diffusion(nn.Module):
+    def __init__(self, solve: Any) -> None:
+        super().__init__()
+        self.k = nn.Parameter(torch.tensor(0.5, dtype=torch.float64))
+        self.solve = solve
+
+    def forward(self, b: torch.Tensor) -> torch.Tensor:
+        return self.solve(b, self.k)
+
+
+def _eager_grads(model: Diffusion, b: torch.Tensor) -> tuple[Any, Any]:
+    b = b.detach().requires_grad_(b.requires_grad)
+    model.k.grad = None
+    (model(b) ** 2).sum().backward()
+    return b.grad, model.k.grad
+
+
+def test_each_pattern_gets_its_own_backward() -> None:
+    counter = Counter()
+    model = Diffusion(make_solve(counter))
+    step = ptj.jit(model)
+    b = torch.randn(10, dtype=torch.float64, requires_grad=True)
+    want_b, want_k = _eager_grads(model, b)
+    model.k.grad = None
+
+    model.k.requires_grad_(False)  # first: only b needs a gradient
+    step(b)
+    (step(b) ** 2).sum().backward()
+    assert torch.allclose(b.grad, want_b) and model.k.grad is None
+
+    model.k.requires_grad_(True)  # then k too: must not reuse the first backward
+    b.grad = None
+    (step(b) ** 2).sum().backward()
+    assert step.num_traces == 1
+    assert torch.allclose(b.grad, want_b) and torch.allclose(model.k.grad, want_k)
+    (call,) = step._cache[next(iter(step._cache))].calls
+    assert set(call.backward.specializations) == {(True, False), (True, True)}
+
+
+def test_none_gradients_are_filtered_and_restored() -> None:
+    counter = Counter()
+
+    def mix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 3 + y
+
+    def grad(inputs: Any, outputs: Any, grads: Any) -> tuple[Any, ...]:
+        counter.gradient += 1
+        return grads[0] * 3, None  # "no gradient for y"
+
+    f = ptj.custom_gradient(mix, grad)
+    step = ptj.jit(lambda x, y: f(x, y) * 2)
+    x = torch.randn(4, requires_grad=True)
+    y = torch.randn(4, requires_grad=True)
+    step(x, y)
+    for _ in range(3):
+        x.grad = None
+        step(x, y).sum().backward()
+        assert torch.equal(x.grad, torch.full((4,), 6.0)) and y.grad is None
+    assert counter.gradient == 1  # Python of the gradient ran only to build the compiled form
+    (call,) = next(iter(step._cache.values())).calls
+    spec = call.backward.specializations[(True, True)]
+    assert spec.present == (True, False) and spec.mode == "traced"
+
+
+def test_backward_python_runs_only_while_compiling() -> None:
+    counter = Counter()
+    solve = make_solve(counter)
+    step = ptj.jit(lambda b, k: solve(b, k))
+    b = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    k = torch.tensor(0.3, dtype=torch.float64)
+    step(b, k)
+    for _ in range(3):
+        step(b, k).sum().backward()
+    # the gradient's CG loop is data dependent: it runs as Python (logged), never baked
+    (call,) = next(iter(step._cache.values())).calls
+    assert call.backward.specializations[(True, False)].mode == "python"
+    assert counter.gradient == 3

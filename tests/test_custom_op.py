@@ -1,0 +1,95 @@
+"""Stage 2: recorded custom calls compiled once and replayed as opaque ops."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from helpers import Counter, cg_loop, make_solve
+from torch.profiler import ProfilerActivity, profile
+
+import phi_torch_jit as ptj
+
+
+def _op_count(fn: Any, name: str) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key == name)
+
+
+def test_compiled_forward_runs_its_ops_once_and_no_python() -> None:
+    counter = Counter()
+
+    def prefix(x: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1
+        return torch.cumsum(x, 0) * 2
+
+    f = ptj.custom_gradient(
+        prefix, lambda i, o, g: (torch.flip(torch.cumsum(torch.flip(2 * g[0], [0]), 0), [0]),)
+    )
+    step = ptj.jit(lambda x: f(x + 1).sin())
+    x = torch.randn(6)
+    first = step(x)
+    assert counter.forward == 2  # the record pass, and tracing the forward once
+    assert _op_count(lambda: step(x), "aten::cumsum") == 1
+    assert counter.forward == 2  # compiled calls run no Python of the custom forward
+    assert torch.allclose(step(x), first)
+    assert _op_count(lambda: prefix(x), "aten::cumsum") == 1  # sanity: the profiler sees it
+
+
+def test_data_dependent_loop_is_scripted_not_baked() -> None:
+    solve = make_solve(scriptable=True)
+    step = ptj.jit(lambda b, k: solve(b, k))
+    k = torch.tensor(0.5)
+    step(torch.randn(16), k)
+    (call,) = next(iter(step._cache.values())).calls
+    assert call.forward.mode == "scripted"
+    assert "control flow depends on tensor values" in call.forward.reason
+    at_rest = step(torch.zeros(16), k)  # a traced CG gives NaN here
+    assert torch.equal(at_rest, torch.zeros(16))
+    new = torch.randn(16) * 10
+    assert torch.allclose(step(new, k), cg_loop(new, k), atol=1e-5)
+    assert step.num_traces == 1
+
+
+def test_unscriptable_loop_runs_as_python_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    counter = Counter()
+    solve = make_solve(counter, scriptable=False)
+    step = ptj.jit(lambda b, k: solve(b, k))
+    k = torch.tensor(0.5)
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        step(torch.randn(16), k)
+        step(torch.randn(16), k)
+    messages = [r.getMessage() for r in caplog.records if "runs as Python" in r.getMessage()]
+    assert len(messages) == 1 and "forward of solve" in messages[0]
+    assert torch.equal(step(torch.zeros(16), k), torch.zeros(16))
+    assert "forward: python" in step.explain()
+
+
+def test_identical_calls_share_one_compiled_op() -> None:
+    counter = Counter()
+    solve = make_solve(counter)
+
+    @ptj.jit
+    def four_steps(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            u = solve(u, k)
+        return u
+
+    u, k = torch.randn(8), torch.tensor(0.2)
+    out = four_steps(u, k)
+    (call,) = next(iter(four_steps._cache.values())).calls
+    assert call.forward.mode == "scripted"
+    assert torch.allclose(four_steps(u, k), out)
+
+
+def test_forward_returning_its_input_is_safe() -> None:
+    ident = ptj.custom_gradient(lambda x: x, lambda i, o, g: (g[0],))
+    step = ptj.jit(lambda x: ident(x) * 2)
+    x = torch.randn(3, requires_grad=True)
+    step(x)
+    out = step(x)
+    out.sum().backward()
+    assert torch.equal(out, x * 2) and torch.equal(x.grad, torch.full((3,), 2.0))

@@ -1,0 +1,111 @@
+"""The engine interface, its registry and the built-in engines."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from helpers import Counter, make_solve
+from torch import nn
+
+import phi_torch_jit as ptj
+from phi_torch_jit.engines import (
+    CompiledFunction,
+    CompiledModule,
+    Engine,
+    FunctionTarget,
+    available_engines,
+    get_engine,
+    register_engine,
+)
+
+
+def test_unknown_engine_lists_accepted_names() -> None:
+    with pytest.raises(ValueError, match=r"unknown engine 'jax'; use one of \('eager', "):
+        ptj.jit(lambda x: x, engine="jax")
+    assert {"eager", "torchscript"} <= set(available_engines())
+
+
+def test_eager_engine_runs_python_every_call() -> None:
+    counter = Counter()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1
+        return x * 2
+
+    step = ptj.jit(f, engine="eager")
+    step(torch.ones(2))
+    step(torch.ones(2))
+    assert counter.forward == 2 and step.num_traces == 0
+    assert "runs eagerly" in step.explain()
+
+
+def test_disable_env_var_forces_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHI_TORCH_JIT_DISABLE", "1")
+    step = ptj.jit(lambda x: x + 1)
+    assert step.engine.name == "eager"
+    monkeypatch.setenv("PHI_TORCH_JIT_DISABLE", "0")
+    assert ptj.jit(lambda x: x + 1).engine.name == "torchscript"
+
+
+def test_deprecation_warnings_are_not_shown() -> None:
+    # pytest turns warnings into errors (pyproject); a leaked DeprecationWarning would fail.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step = ptj.jit(lambda x: x.sin())
+        step(torch.ones(3))
+        step(torch.ones(4))
+    assert step.num_traces == 2
+
+
+def test_tracer_warnings_of_user_code_reach_the_user() -> None:
+    def branchy(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.sum() > 0 else x
+
+    step = ptj.jit(branchy)
+    with pytest.warns(torch.jit.TracerWarning, match="Python boolean"):
+        step(torch.ones(2))
+    assert "tracer warning: Converting a tensor to a Python boolean" in step.explain()
+
+
+def test_captured_tensor_requiring_grad_gets_clear_error() -> None:
+    weight = torch.ones(3, requires_grad=True)
+    step = ptj.jit(lambda x: x * weight)
+    with pytest.raises(
+        ptj.TraceError, match=r"neither an argument nor a parameter .*register_module_call"
+    ):
+        step(torch.ones(3))
+
+
+class CountingEngine(Engine):
+    """A custom engine: delegates to torchscript and counts what it compiles."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.inner = get_engine("torchscript")
+        self.functions = 0
+        self.modules = 0
+
+    def compile_function(self, target: FunctionTarget) -> CompiledFunction:
+        self.functions += 1
+        return self.inner.compile_function(target)
+
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        self.modules += 1
+        return self.inner.compile_module(module, example_inputs, label)
+
+
+def test_custom_engine_plugs_in_by_instance_and_by_name() -> None:
+    engine = CountingEngine()
+    solve = make_solve()
+    step = ptj.jit(lambda b, k: solve(b, k) * 2, engine=engine)
+    b, k = torch.randn(5), torch.tensor(0.2)
+    step(b, k)
+    step(b, k)
+    assert (engine.functions, engine.modules) == (1, 1)
+    register_engine("counting", CountingEngine)
+    assert isinstance(get_engine("counting"), CountingEngine)

@@ -1,0 +1,59 @@
+"""The replay cursor checks that tracing calls custom functions as recorded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import phi_torch_jit as ptj
+
+
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return 2 * x
+
+
+def _triple(x: torch.Tensor) -> torch.Tensor:
+    return 3 * x
+
+
+double = ptj.custom_gradient(_double, lambda i, o, g: (2 * g[0],))
+triple = ptj.custom_gradient(_triple, lambda i, o, g: (3 * g[0],))
+
+
+class Flaky:
+    """Calls custom functions differently on its second run (record vs trace)."""
+
+    def __init__(self, second: str) -> None:
+        self.runs = 0
+        self.second = second
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.runs += 1
+        if self.runs == 1:
+            return double(x)
+        if self.second == "other":
+            return triple(x)
+        if self.second == "more":
+            return double(double(x))
+        return x * 2  # "fewer"
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        ("other", r"call #1 was _triple \(.*\), but the record pass called _double \(.*\) there"),
+        ("more", r"_double .* call #2, but the record pass made only 1"),
+        ("fewer", r"only 0 of 1 recorded custom-function calls .* _double"),
+    ],
+)
+def test_divergent_trace_raises_replay_error(second: str, message: str) -> None:
+    step = ptj.jit(Flaky(second))
+    with pytest.raises(ptj.ReplayError, match=message):
+        step(torch.ones(2))
+    assert step.num_traces == 0
+
+
+def test_replay_error_names_the_jitted_function() -> None:
+    step = ptj.jit(Flaky("other"))
+    with pytest.raises(ptj.ReplayError, match=r"while tracing Flaky"):
+        step(torch.ones(2))

@@ -1,0 +1,126 @@
+"""Stage 0: argument specs, cache keys and their readable differences."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import namedtuple
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from phi_torch_jit import OutputError, SignatureError
+from phi_torch_jit._signature import (
+    describe_spec,
+    first_difference,
+    flatten_arguments,
+    flatten_outputs,
+    modules_in,
+    unflatten,
+    unflatten_arguments,
+)
+
+Point = namedtuple("Point", ["x", "y"])
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    u: torch.Tensor
+    t: float
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+def key(*args: Any, **kwargs: Any) -> Any:
+    return flatten_arguments(args, kwargs, "f")[0]
+
+
+def test_round_trip_nested_containers() -> None:
+    a, b, c = torch.randn(2), torch.randn(3, 1), torch.randn(1)
+    args = ((a, [b, 1.5]), {"p": Point(c, None), "s": State(a, 0.1)})
+    kwargs = {"mode": Color.RED, "dt": 0.1}
+    spec, tensors = flatten_arguments(args, kwargs, "f")
+    assert [id(t) for t in tensors] == [id(a), id(b), id(c), id(a)]
+    new = [t + 1 for t in tensors]
+    rebuilt_args, rebuilt_kwargs = unflatten_arguments(spec, new)
+    assert rebuilt_kwargs == kwargs
+    (pair, d) = rebuilt_args
+    assert isinstance(pair, tuple) and isinstance(pair[1], list) and pair[1][1] == 1.5
+    assert pair[0] is new[0] and pair[1][0] is new[1]
+    assert isinstance(d["p"], Point) and d["p"].x is new[2] and d["p"].y is None
+    assert isinstance(d["s"], State) and d["s"].u is new[3] and d["s"].t == 0.1
+
+
+def test_output_round_trip_keeps_static_leaves() -> None:
+    out = {"u": torch.ones(2), "info": ("converged", 3)}
+    spec, tensors = flatten_outputs(out, "f")
+    rebuilt = unflatten(spec, iter(tensors))
+    assert rebuilt["info"] == ("converged", 3) and rebuilt["u"] is tensors[0]
+
+
+def test_tensor_metadata_is_keyed() -> None:
+    x = torch.zeros(2, 3)
+    base = key(x)
+    assert key(torch.ones(2, 3)) == base  # values are not keyed
+    assert key(torch.zeros(3, 2)) != base
+    assert key(torch.zeros(2, 3, dtype=torch.float64)) != base
+    assert key(torch.zeros(2, 3, requires_grad=True)) != base
+
+
+def test_static_values_keyed_by_type_and_value() -> None:
+    assert key(1) != key(1.0) != key(True)
+    assert key(0.1) == key(0.1) and key(0.1) != key(0.2)
+    assert key(x=1, y=2) == key(y=2, x=1)  # keyword order does not matter
+    assert key((1, "a", None)) == key((1, "a", None))
+
+
+def test_modules_are_keyed_by_identity() -> None:
+    m1, m2 = nn.Linear(2, 2), nn.Linear(2, 2)
+    assert key(m1) == key(m1) and key(m1) != key(m2)
+    assert modules_in(key(m1, {"net": m2})) == [m1, m2]
+
+
+def test_unhashable_static_value_names_the_argument() -> None:
+    with pytest.raises(SignatureError, match=r"argument `state\['opts'\]` of f .*unhashable"):
+        flatten_arguments(({"opts": {1, 2}},), {}, "f", ("state",))
+    with pytest.raises(SignatureError, match=r"argument `cfg` of f"):
+        flatten_arguments((), {"cfg": {1}}, "f")
+
+
+def test_identity_hashed_objects_are_rejected_with_path() -> None:
+    class Config:
+        pass
+
+    with pytest.raises(SignatureError, match=r"`args\[0\]\[1\]` .*Config has no value-based hash"):
+        flatten_arguments(((1, Config()),), {}, "f")
+
+
+def test_callables_are_static_by_identity() -> None:
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    assert key(op) == key(op)
+
+
+def test_unsupported_output_names_its_path() -> None:
+    with pytest.raises(OutputError, match=r"output `output\['a'\]\[1\]`"):
+        flatten_outputs({"a": (torch.ones(1), {3})}, "f")
+
+
+def test_first_difference_names_path_and_change() -> None:
+    old = key({"u": torch.zeros(4)}, 0.1)
+    assert first_difference(old, key({"u": torch.zeros(8)}, 0.1), ("state", "dt")) == (
+        "state['u']: shape (4,) -> (8,)"
+    )
+    assert first_difference(old, key({"u": torch.zeros(4)}, 0.2), ("state", "dt")) == (
+        "dt: 0.1 -> 0.2"
+    )
+
+
+def test_describe_spec_is_readable() -> None:
+    text = describe_spec(key(torch.zeros(2, 3, requires_grad=True), dt=0.5))
+    assert text == "(Tensor[2, 3] float32 cpu requires_grad, dt=0.5)"
