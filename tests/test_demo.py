@@ -1,0 +1,25 @@
+"""The main demo runs at tiny size, and jit agrees with eager."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "demos"))
+
+import diffusion_cg  # noqa: E402
+
+
+@pytest.mark.slow
+def test_demo_runs_and_jit_matches_eager(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = diffusion_cg.main(
+        ["--size", "12", "--steps", "3", "--iters", "3", "--reps", "2", "--out", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert result["max_diff"] < 1e-5
+    assert result["rest_finite"] == 1.0
+    assert result["loss_last"] < result["loss_first"]
+    assert "steps per second: eager" in out
+    assert (tmp_path / "diffusion_cg.png").exists()
