@@ -28,8 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "demos"))
 
-import phi_torch_jit as ptj  # noqa: E402
-from diffusion_cg import Source, initial_state, make_step, rollout  # noqa: E402
+from diffusion_cg import Source, initial_state, make_step, rollout
+
+import phi_torch_jit as ptj
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -114,7 +115,8 @@ def main() -> None:
     (args.out / "demo.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     text = table(rows)
     (args.out / "demo.md").write_text(text + "\n")
-    print(f"torch {meta['torch']}, {meta['threads']} threads, engine {args.engine!r}, medians of {args.reps}")
+    print(f"torch {meta['torch']}, {meta['threads']} threads, engine {args.engine!r}", end="")
+    print(f", medians of {args.reps}")
     print(text)
 
 

@@ -9,11 +9,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "demos"))
 
-import diffusion_cg  # noqa: E402
+import diffusion_cg
 
 
 @pytest.mark.slow
-def test_demo_runs_and_jit_matches_eager(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_runs_and_jit_matches_eager(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     result = diffusion_cg.main(
         ["--size", "12", "--steps", "3", "--iters", "3", "--reps", "2", "--out", str(tmp_path)]
     )
