@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ._context import compiling_frame
 from ._custom import TENSOR, merge_tensors
 from .engines import CompiledFunction, Engine, FunctionTarget
 
 if TYPE_CHECKING:
     from ._custom import CustomFunction
+    from ._custom_op import NestedCalls
 
 __all__ = ["drop_none", "restore_none", "BackwardSpecialization", "LazyBackward"]
 
@@ -106,11 +108,13 @@ class LazyBackward:
         template: tuple[object, ...],
         n_outputs: int,
         engine: Engine,
+        nested: NestedCalls,
     ) -> None:
         self.function = function
         self.template = template
         self.n_outputs = n_outputs
         self.engine = engine
+        self.nested = nested
         self._specializations: dict[tuple[bool, ...], BackwardSpecialization] = {}
         self._python: dict[tuple[bool, ...], _GradientProbe] = {}
         self._lock = threading.Lock()
@@ -148,7 +152,8 @@ class LazyBackward:
             self._specializations[pattern] = BackwardSpecialization(pattern, pattern, None)
             return (None,) * len(pattern)
         label = f"backward of {self.function.label}"
-        compiled = self.engine.compile_function(FunctionTarget(probe, flat, label))
+        with compiling_frame(self.function.label, self.nested):
+            compiled = self.engine.compile_function(FunctionTarget(probe, flat, label))
         if compiled.mode == "python":
             self.function.note_python_fallback("backward", compiled.reason)
             self._python[pattern] = probe

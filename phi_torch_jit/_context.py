@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._record import Recording
+    from ._nested import NestedCalls
     from ._replay import ReplayCursor
 
 __all__ = [
@@ -30,7 +31,9 @@ __all__ = [
     "current_frame",
     "recording_frame",
     "tracing_frame",
-    "outside_jit",
+    "compiling_frame",
+    "no_frame",
+    "inside_custom_function",
 ]
 
 
@@ -41,6 +44,9 @@ class Phase(enum.Enum):
     """The untraced run that discovers modules and custom-function calls."""
     TRACE = "trace"
     """The traced run that replays the recording."""
+    COMPILE = "compile"
+    """A custom function's forward or backward is being compiled; custom functions it calls
+    become nested compiled calls (see :mod:`._nested`)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Frame:
     """Where the record pass stores what it sees (record phase only)."""
     cursor: ReplayCursor | None = None
     """Hands out recorded custom calls in order (trace phase only)."""
+    nested: NestedCalls | None = None
+    """Compiles custom functions called inside the one being compiled (compile phase only)."""
 
 
 _FRAME: ContextVar[Frame | None] = ContextVar("phi_torch_jit_frame", default=None)
@@ -84,10 +92,23 @@ def tracing_frame(owner: str, cursor: ReplayCursor) -> AbstractContextManager[Fr
     return _entered(Frame(Phase.TRACE, owner, cursor=cursor))
 
 
-def outside_jit() -> AbstractContextManager[Frame | None]:
-    """Run a block as if no jitted call were being specialized.
-
-    Used around the forward of a custom function: what it calls is part of
-    that function, not of the surrounding jitted function.
-    """
+def no_frame() -> AbstractContextManager[Frame | None]:
+    """Run a block as if no jitted call were being specialized or compiled."""
     return _entered(None)
+
+
+def compiling_frame(owner: str, nested: NestedCalls) -> AbstractContextManager[Frame | None]:
+    """Enter the compile phase: custom functions called now become nested compiled calls."""
+    return _entered(Frame(Phase.COMPILE, owner, nested=nested))
+
+
+def inside_custom_function() -> AbstractContextManager[Frame | None]:
+    """Run the body of a custom function (its ``f`` or ``gradient``).
+
+    What it calls belongs to that function, not to the surrounding jitted
+    function, so record and trace frames are hidden. A compile frame stays
+    visible: custom functions called by a function being compiled are
+    compiled too (e.g. the adjoint solve inside a gradient).
+    """
+    frame = _FRAME.get()
+    return _entered(frame if frame is not None and frame.phase is Phase.COMPILE else None)

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from ._context import Phase, current_frame, outside_jit
+from ._context import Phase, current_frame, inside_custom_function
 from .errors import CustomFunctionError, GradientError, describe_function
 
-__all__ = ["CustomFunction", "custom_gradient", "split_tensors", "merge_tensors"]
+__all__ = ["CustomFunction", "custom_gradient", "split_tensors", "merge_tensors", "untraced"]
 
 logger = logging.getLogger("phi_torch_jit")
 
@@ -40,7 +40,7 @@ GradientFn = Callable[
 
 
 @contextmanager
-def _untraced() -> Iterator[None]:
+def untraced() -> Iterator[None]:
     """Hide a running trace, so contract checks on shapes do not enter the graph."""
     state = torch._C._get_tracing_state()
     if state is None:
@@ -106,6 +106,9 @@ class CustomFunction:
             outputs = self._autograd.apply(*args)
             frame.recording.add_call(self, args, outputs)
             return outputs
+        if frame.phase is Phase.COMPILE:
+            assert frame.nested is not None
+            return frame.nested.call(self, args)
         assert frame.cursor is not None
         step = frame.cursor.next(self, args)
         return step.compiled.replay(step.recorded, args)
@@ -114,7 +117,7 @@ class CustomFunction:
 
     def run_forward(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...], bool]:
         """Run ``f``; return (outputs as a tuple of tensors, whether it was a bare tensor)."""
-        with outside_jit():
+        with inside_custom_function():
             out = self.f(*args)
         return self.check_outputs(out)
 
@@ -143,9 +146,9 @@ class CustomFunction:
         grad_outputs: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor | None, ...]:
         """Call ``gradient`` and validate its result: one entry per input, shaped like it."""
-        with outside_jit():
+        with inside_custom_function():
             result = self.gradient(inputs, outputs, grad_outputs)
-        with _untraced():
+        with untraced():
             return self.check_gradients(result, inputs)
 
     def check_gradients(

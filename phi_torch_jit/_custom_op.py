@@ -13,6 +13,11 @@ input shapes) becomes a :class:`CompiledCall`:
 During the trace pass the op returns the recorded outputs instead of
 computing them (see :meth:`CompiledCall.replay`): nothing runs twice.
 See NOTE [custom calls as ops] in docs/design.md.
+
+Custom functions called *inside* a forward or backward that is being
+compiled (typically the adjoint solve in a gradient) become nested compiled
+calls through :class:`NestedCalls`, so the outer trace stays faithful.
+See NOTE [nested custom functions].
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from typing import Any
 import torch
 
 from ._backward import LazyBackward
-from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors
+from ._context import compiling_frame, no_frame
+from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
 
-__all__ = ["CompiledCall", "compile_calls"]
+__all__ = ["CompiledCall", "NestedCalls", "compile_calls"]
 
 _OP_NUMBERS = itertools.count()
 
@@ -58,18 +64,19 @@ class CompiledCall:
         self.n_inputs = len(tensors)
         self.n_outputs = len(recorded.outputs)
         all_tensors = self.n_inputs == len(template)
-        self.forward = engine.compile_function(
-            FunctionTarget(
-                _FlatForward(function, template),
-                tuple(tensors),
-                f"forward of {function.label}",
-                scriptable=function.f if all_tensors else None,
-                expected=recorded.outputs,
-            )
+        self.nested = NestedCalls(engine)
+        target = FunctionTarget(
+            _FlatForward(function, template),
+            tuple(tensors),
+            f"forward of {function.label}",
+            scriptable=function.f if all_tensors else None,
+            expected=recorded.outputs,
         )
+        with compiling_frame(function.label, self.nested):
+            self.forward = engine.compile_function(target)
         if self.forward.mode == "python":
             function.note_python_fallback("forward", self.forward.reason)
-        self.backward = LazyBackward(function, template, self.n_outputs, engine)
+        self.backward = LazyBackward(function, template, self.n_outputs, engine, self.nested)
         self._replaying: tuple[torch.Tensor, ...] | None = None
         self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
         self.op_name = self._define_op()
@@ -126,6 +133,29 @@ class CompiledCall:
 
     def __repr__(self) -> str:
         return f"<compiled call phi_torch_jit::{self.op_name} of {self.function.label}>"
+
+
+class NestedCalls:
+    """Custom functions called inside a forward or backward being compiled.
+
+    Each such call runs once eagerly with tracing hidden (for its values),
+    is compiled like a recorded call, and is then replayed into the enclosing
+    trace as its op. Identical call signatures share one compiled call. This
+    object keeps those calls (and their ops) alive as long as its owner.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.calls: dict[Hashable, CompiledCall] = {}
+
+    def call(self, function: CustomFunction, args: tuple[Any, ...]) -> Any:
+        with untraced(), no_frame(), torch.no_grad():
+            outputs, single = function.run_forward(args)
+            recorded = RecordedCall.of(function, args, outputs[0] if single else outputs)
+            key = _dedup_key(recorded)
+            if key not in self.calls:
+                self.calls[key] = CompiledCall(recorded, self.engine)
+        return self.calls[key].replay(recorded, args)
 
 
 def _dedup_key(recorded: RecordedCall) -> Hashable:

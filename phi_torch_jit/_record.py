@@ -49,6 +49,13 @@ class RecordedCall:
     single: bool
     """Whether ``f`` returned a bare tensor rather than a tuple."""
 
+    @classmethod
+    def of(cls, function: CustomFunction, args: tuple[Any, ...], outputs: Any) -> RecordedCall:
+        """Record a call; tensors are copied so later in-place edits cannot leak in."""
+        single = not isinstance(outputs, tuple)
+        outs = (outputs,) if single else outputs
+        return cls(function, tuple(_copy(a) for a in args), tuple(_copy(o) for o in outs), single)
+
 
 @dataclass
 class Recording:
@@ -68,13 +75,8 @@ class Recording:
             self.state.add_module(module)
 
     def add_call(self, function: CustomFunction, args: tuple[Any, ...], outputs: Any) -> None:
-        """Append a custom-function call; tensors are copied so later in-place edits can't leak."""
-        single = not isinstance(outputs, tuple)
-        outs = (outputs,) if single else outputs
-        copied_args = tuple(_copy(a) for a in args)
-        self.calls.append(
-            RecordedCall(function, copied_args, tuple(_copy(o) for o in outs), single)
-        )
+        """Append a custom-function call (see :meth:`RecordedCall.of`)."""
+        self.calls.append(RecordedCall.of(function, args, outputs))
 
     def root_modules(self) -> list[nn.Module]:
         """Recorded modules that are not submodules of another recorded module."""

@@ -44,11 +44,18 @@ def cg_loop(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def make_solve(counter: Counter | None = None, scriptable: bool = True) -> Any:
-    """A custom function solving A(k) x = b, differentiable in b and k (implicitly)."""
+def make_solve(
+    counter: Counter | None = None, scriptable: bool = True, adjoint_via_solve: bool = False
+) -> Any:
+    """A custom function solving A(k) x = b, differentiable in b and k (implicitly).
+
+    With ``adjoint_via_solve`` the gradient calls the custom function itself for
+    the adjoint solve (as implicit solvers usually do); otherwise the plain loop.
+    """
     import phi_torch_jit as ptj
 
     counter = counter or Counter()
+    solve: Any = None
 
     def solve_python(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         counter.forward += 1
@@ -59,9 +66,11 @@ def make_solve(counter: Counter | None = None, scriptable: bool = True) -> Any:
         _, k = inputs
         (x,) = outputs
         (g,) = grads
-        lam = cg_loop(g, k)  # A is symmetric: the adjoint solve uses A itself
+        # A is symmetric: the adjoint solve uses A itself
+        lam = solve(g, k) if adjoint_via_solve else cg_loop(g, k)
         grad_k = (lam * laplace(x)).sum().reshape(k.shape)
         return lam, grad_k
 
     forward = cg_loop if scriptable else solve_python
-    return ptj.custom_gradient(forward, gradient, name="solve")
+    solve = ptj.custom_gradient(forward, gradient, name="solve")
+    return solve

@@ -10,7 +10,7 @@ import torch
 from phi_torch_jit._context import (
     Phase,
     current_frame,
-    outside_jit,
+    no_frame,
     recording_frame,
     tracing_frame,
 )
@@ -22,7 +22,7 @@ def test_frames_nest_and_restore() -> None:
     assert current_frame() is None
     with recording_frame("f", Recording()) as outer:
         assert current_frame() is outer and outer is not None and outer.phase is Phase.RECORD
-        with outside_jit():
+        with no_frame():
             assert current_frame() is None
         with tracing_frame("g", ReplayCursor([], "g")) as inner:
             assert current_frame() is inner

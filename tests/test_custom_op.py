@@ -93,3 +93,24 @@ def test_forward_returning_its_input_is_safe() -> None:
     out = step(x)
     out.sum().backward()
     assert torch.equal(out, x * 2) and torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op() -> None:
+    counter = Counter()
+    solve = make_solve(counter, adjoint_via_solve=True)
+    step = ptj.jit(lambda b, k: solve(b, k) * 2)
+    b = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    k = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
+    want = torch.autograd.grad((solve(b, k) * 2).sum(), [b, k])
+    step(b, k)
+    gradients_before = counter.gradient
+    for _ in range(3):
+        got = torch.autograd.grad(step(b, k).sum(), [b, k])
+        assert all(torch.allclose(g, w) for g, w in zip(got, want))
+    assert counter.gradient == gradients_before + 1  # Python ran once, to build the backward
+    (call,) = next(iter(step._cache.values())).calls
+    assert call.backward.specializations[(True, True)].mode == "traced"
+    (adjoint,) = call.nested.calls.values()
+    assert adjoint.forward.mode == "scripted" and adjoint.function is solve
+    assert torch.equal(step(torch.zeros_like(b), k), torch.zeros_like(b))
+    assert torch.autograd.gradcheck(step, (b, k))
