@@ -32,7 +32,6 @@ from diffusion_cg import Source, initial_state, make_step, rollout
 
 import phi_torch_jit as ptj
 
-
 WARMUP = 3
 """Untimed calls after the first (their total is reported as warmup_calls_s)."""
 
@@ -96,8 +95,8 @@ def table(rows: list[dict[str, float]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['size']} | {r['first_call_s'] * 1e3:.0f} ms | {r['warmup_calls_s'] * 1e3:.0f} ms "
-            f"| {r['eager_step_s'] * 1e3:.2f} ms "
+            f"| {r['size']} | {r['first_call_s'] * 1e3:.0f} ms "
+            f"| {r['warmup_calls_s'] * 1e3:.0f} ms | {r['eager_step_s'] * 1e3:.2f} ms "
             f"| {r['jit_step_s'] * 1e3:.2f} ms | {r['step_ratio']:.2f}x "
             f"| {r['eager_train_s'] * 1e3:.1f} ms | {r['jit_train_s'] * 1e3:.1f} ms "
             f"| {r['train_ratio']:.2f}x | {r['max_abs_diff']:.1e} |"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._record import Recording
     from ._nested import NestedCalls
+    from ._record import Recording
     from ._replay import ReplayCursor
 
 __all__ = [
