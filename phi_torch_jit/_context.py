@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._nested import NestedCalls
+    from ._custom_op import NestedCalls
     from ._record import Recording
     from ._replay import ReplayCursor
 
@@ -46,7 +46,7 @@ class Phase(enum.Enum):
     """The traced run that replays the recording."""
     COMPILE = "compile"
     """A custom function's forward or backward is being compiled; custom functions it calls
-    become nested compiled calls (see :mod:`._nested`)."""
+    become nested compiled calls (see :class:`._custom_op.NestedCalls`)."""
 
 
 @dataclass(frozen=True)
