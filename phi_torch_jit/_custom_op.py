@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Hashable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -39,6 +40,12 @@ from .engines import Engine, FunctionTarget
 __all__ = ["CompiledCall", "NestedCalls", "compile_calls"]
 
 _OP_NUMBERS = itertools.count()
+
+# The call being replayed in this context and the outputs its op must return. A ContextVar,
+# not an attribute: another thread may run the same op compiled while this one traces.
+_REPLAYING: ContextVar[tuple[CompiledCall, tuple[torch.Tensor, ...]] | None] = ContextVar(
+    "phi_torch_jit_replaying", default=None
+)
 
 
 class _FlatForward:
@@ -77,7 +84,6 @@ class CompiledCall:
         if self.forward.mode == "python":
             function.note_python_fallback("forward", self.forward.reason)
         self.backward = LazyBackward(function, template, self.n_outputs, engine, self.nested)
-        self._replaying: tuple[torch.Tensor, ...] | None = None
         self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
         self.op_name = self._define_op()
 
@@ -103,17 +109,18 @@ class CompiledCall:
         if self.n_inputs == 0:  # nothing to trace through: the outputs are constants
             outputs = recorded.outputs
         else:
-            self._replaying = recorded.outputs
+            token = _REPLAYING.set((self, recorded.outputs))
             try:
                 result = self.op(*tensors)
             finally:
-                self._replaying = None
+                _REPLAYING.reset(token)
             outputs = result if isinstance(result, tuple) else (result,)
         return outputs[0] if self.single else tuple(outputs)
 
     def _impl(self, *tensors: torch.Tensor) -> Any:
-        if self._replaying is not None:
-            outputs = self._replaying
+        replaying = _REPLAYING.get()
+        if replaying is not None and replaying[0] is self:
+            outputs = replaying[1]
         else:
             outputs = tuple(
                 o.clone() if any(o is t for t in tensors) or o._is_view() else o

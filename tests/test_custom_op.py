@@ -114,3 +114,25 @@ def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op() -> None:
     assert adjoint.forward.mode == "scripted" and adjoint.function is solve
     assert torch.equal(step(torch.zeros_like(b), k), torch.zeros_like(b))
     assert torch.autograd.gradcheck(step, (b, k))
+
+
+def test_replay_outputs_do_not_leak_to_other_threads() -> None:
+    import threading
+
+    from phi_torch_jit._custom_op import _REPLAYING
+
+    double = ptj.custom_gradient(lambda x: x * 2, lambda i, o, g: (g[0] * 2,))
+    step = ptj.jit(lambda x: double(x) + 1)
+    x = torch.ones(3)
+    step(x)
+    (call,) = next(iter(step._cache.values())).calls
+    seen: list[torch.Tensor] = []
+    token = _REPLAYING.set((call, (torch.full((3,), -7.0),)))  # as if this thread were tracing
+    try:
+        assert torch.equal(call.op(x), torch.full((3,), -7.0))
+        worker = threading.Thread(target=lambda: seen.append(step(x)))
+        worker.start()
+        worker.join()
+    finally:
+        _REPLAYING.reset(token)
+    assert torch.equal(seen[0], torch.full((3,), 3.0))
