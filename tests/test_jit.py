@@ -203,7 +203,6 @@ def test_module_passed_as_argument() -> None:
 
 def test_custom_forward_python_does_not_run_after_first_call() -> None:
     counter = Counter()
-    solve = make_solve(counter, scriptable=False)
 
     def prefix(x: torch.Tensor) -> torch.Tensor:
         counter.forward += 1
@@ -217,7 +216,6 @@ def test_custom_forward_python_does_not_run_after_first_call() -> None:
     for _ in range(3):
         step(x)
     assert counter.forward == before
-    del solve
 
 
 # -- 6. no silent baking -----------------------------------------------------------------
