@@ -9,7 +9,9 @@ in order:
 3. :func:`._wrapper.make_wrapper` -- a module holding the recorded modules;
 4. the engine traces the wrapper while a :class:`._replay.ReplayCursor`
    replays the custom calls, with RNG and buffers rewound (:mod:`._state`);
-5. the result is cached under the spec (plus the grad mode).
+5. a :class:`._guards.ModuleGuard` snapshots the module state the trace baked
+   in; the result is cached under the spec (plus the grad mode), next to other
+   specializations of the same spec that differ in module state.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from torch import nn
 
 from ._context import current_frame, tracing_frame
 from ._custom_op import CompiledCall, compile_calls
-from ._record import record
-from ._replay import ReplayCursor
+from ._guards import ModuleGuard, has_backward_hooks
+from ._record import Recording, record
+from ._replay import ReplayCursor, ReplayStep
 from ._signature import (
     Spec,
     describe_spec,
@@ -43,8 +46,8 @@ from ._signature import (
     unflatten,
 )
 from ._state import capture_rng, restore_rng
-from ._wrapper import make_wrapper
-from .engines import Engine, get_engine
+from ._wrapper import WrapperModule, make_wrapper, module_names
+from .engines import CompiledModule, Engine, get_engine
 from .errors import JitWarning, TraceError, describe_function
 
 __all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV"]
@@ -90,6 +93,10 @@ class Specialization:
     """Time spent building it."""
     tracer_warnings: tuple[str, ...]
     """Tracer warnings raised while tracing the wrapper."""
+    guard: ModuleGuard | None
+    """Module state this specialization is valid for (None: it calls no modules)."""
+    eager_reason: str = ""
+    """Why this specialization runs the Python function instead of a compiled one, if it does."""
 
     def __call__(self, tensors: list[torch.Tensor]) -> Any:
         return unflatten(self.output_spec, iter(self.program(*tensors)))
@@ -114,7 +121,12 @@ class JitFunction(Generic[P, R]):
     """A function compiled per input signature; see :func:`jit`."""
 
     def __init__(
-        self, fn: Callable[P, R], *, engine: str | Engine = "torchscript", max_traces: int = 8
+        self,
+        fn: Callable[P, R],
+        *,
+        engine: str | Engine = "torchscript",
+        max_traces: int = 8,
+        guard_hooks: bool = True,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"phi_torch_jit: jit needs a callable, got {type(fn).__name__}.")
@@ -127,11 +139,14 @@ class JitFunction(Generic[P, R]):
         self._owner = describe_function(fn)
         self._arg_names = _positional_names(fn)
         self._max_traces = max_traces
-        self._cache: dict[Key, Specialization] = {}
+        self._guard_hooks = guard_hooks
+        self._cache: dict[Key, list[Specialization]] = {}
         self._lock = threading.RLock()
         self._num_traces = 0
         self._last_key: Key | None = None
         self._warned = False
+        self._eager_logged = False
+        self._stage_times = (0.0, 0.0)
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
         else:
@@ -147,6 +162,11 @@ class JitFunction(Generic[P, R]):
         """How many specializations have been compiled so far."""
         return self._num_traces
 
+    @property
+    def specializations(self) -> tuple[Specialization, ...]:
+        """The compiled specializations, newest first per signature (for introspection)."""
+        return tuple(s for entries in self._cache.values() for s in entries)
+
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """``@jit`` on a method: bind ``self`` like a function would (it becomes an argument)."""
         return self if instance is None else types.MethodType(self, instance)
@@ -160,17 +180,27 @@ class JitFunction(Generic[P, R]):
             return self._fn(*args, **kwargs)  # eager, or inlined into an enclosing trace
         spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)
         key = (spec, torch.is_grad_enabled())
-        hit = self._cache.get(key)
+        hit = self._lookup(key)
         if hit is not None:
             return hit(tensors)  # type: ignore[no-any-return]
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._lookup(key)
             if hit is not None:
                 return hit(tensors)  # type: ignore[no-any-return]
+            entries = self._cache.setdefault(key, [])
+            failed_guard = entries[0].guard if entries else None
             result, specialization = self._specialize(key, args, kwargs, tensors)
-            self._cache[key] = specialization
-            self._note_trace(key)
+            entries.insert(0, specialization)
+            self._note_trace(key, failed_guard)
             return result  # type: ignore[no-any-return]
+
+    def _lookup(self, key: Key) -> Specialization | None:
+        """The cached specialization for ``key`` whose module guard holds, if any."""
+        for specialization in self._cache.get(key, ()):
+            guard = specialization.guard
+            if guard is None or guard.holds():
+                return specialization
+        return None
 
     def _specialize(
         self, key: Key, args: Any, kwargs: Any, tensors: list[torch.Tensor]
@@ -180,44 +210,78 @@ class JitFunction(Generic[P, R]):
         result, recording = record(self._fn, args, kwargs, self._owner, modules_in(key[0]))
         output_spec, _ = flatten_outputs(result, self._owner)
         recorded = time.perf_counter()
+        modules = recording.root_modules()
+        guard = ModuleGuard(modules, self._guard_hooks) if modules else None
+        wrapper = make_wrapper(self._fn, key[0], modules, self._owner)
+        eager_reason = self._eager_reason(recording.modules.values())
+        steps: list[ReplayStep] = []
+        self._stage_times = (0.0, 0.0)
+        if eager_reason:
+            compiled = CompiledModule(wrapper.forward)  # custom functions run eagerly in there
+        else:
+            steps, compiled = self._compile(recording, wrapper, tensors)
+            if wrapper.output_spec != output_spec:
+                raise TraceError(
+                    f"phi_torch_jit: {self._owner} returned a different structure while tracing "
+                    f"({describe_spec(wrapper.output_spec or ('S', None, None))}) than while "
+                    f"recording ({describe_spec(output_spec)}). Make the output structure depend "
+                    "only on the inputs' shapes and static values."
+                )
+        compiled_custom, traced = self._stage_times
+        unique = tuple({id(s.compiled): s.compiled for s in steps}.values())
+        specialization = Specialization(
+            key=key,
+            program=compiled.run,
+            output_spec=output_spec,
+            modules=tuple(module_names(modules)),
+            calls=unique,
+            timings=Timings(recorded - start, compiled_custom, traced),
+            tracer_warnings=compiled.warnings,
+            guard=guard,
+            eager_reason=eager_reason,
+        )
+        return result, specialization
+
+    def _compile(
+        self, recording: Recording, wrapper: WrapperModule, tensors: list[torch.Tensor]
+    ) -> tuple[list[ReplayStep], CompiledModule]:
+        """Stages 2-4: compile custom calls, then trace the wrapper replaying them."""
+        start = time.perf_counter()
         rng = capture_rng()
         try:
             steps = compile_calls(recording.calls, self._engine)
         finally:
             restore_rng(rng)
         compiled_custom = time.perf_counter()
-        modules = recording.root_modules()
-        wrapper = make_wrapper(self._fn, key[0], modules, self._owner)
         cursor = ReplayCursor(steps, self._owner)
         example = tuple(_trace_input(t) for t in tensors)
         with recording.state.rewound(), tracing_frame(self._owner, cursor):
             compiled = self._engine.compile_module(wrapper, example, self._owner)
         cursor.finish()
-        if wrapper.output_spec != output_spec:
-            raise TraceError(
-                f"phi_torch_jit: {self._owner} returned a different structure while tracing "
-                f"({describe_spec(wrapper.output_spec or ('S', None, None))}) than while "
-                f"recording ({describe_spec(output_spec)}). Make the output structure depend "
-                "only on the inputs' shapes and static values."
-            )
-        traced = time.perf_counter()
-        unique = tuple({id(s.compiled): s.compiled for s in steps}.values())
-        specialization = Specialization(
-            key=key,
-            program=compiled.run,
-            output_spec=output_spec,
-            modules=tuple(name for name, _ in wrapper.named_children()),
-            calls=unique,
-            timings=Timings(recorded - start, compiled_custom - recorded, traced - compiled_custom),
-            tracer_warnings=compiled.warnings,
-        )
-        return result, specialization
+        self._stage_times = (compiled_custom - start, time.perf_counter() - compiled_custom)
+        return steps, compiled
 
-    def _note_trace(self, key: Key) -> None:
-        self._num_traces += 1
+    def _eager_reason(self, modules: Any) -> str:
+        """Why a specialization must run eagerly (empty if it can be compiled)."""
+        if not has_backward_hooks(modules):
+            return ""
         reason = (
-            "first call" if self._last_key is None else self._describe_change(self._last_key, key)
+            "a module it calls has backward hooks, which a compiled program cannot fire; "
+            "it runs eagerly so they fire as in eager mode"
         )
+        if not self._eager_logged:
+            self._eager_logged = True
+            logger.warning("phi_torch_jit: %s: %s", self._owner, reason)
+        return reason
+
+    def _note_trace(self, key: Key, failed_guard: ModuleGuard | None) -> None:
+        self._num_traces += 1
+        if failed_guard is not None:
+            reason = failed_guard.describe_change()
+        elif self._last_key is None:
+            reason = "first call"
+        else:
+            reason = self._describe_change(self._last_key, key)
         self._last_key = key
         logger.info("phi_torch_jit: traced %s (#%d): %s", self._owner, self._num_traces, reason)
         if self._num_traces > self._max_traces and not self._warned:
@@ -245,7 +309,7 @@ class JitFunction(Generic[P, R]):
         ]
         if self._engine.passthrough:
             lines.append("  runs eagerly: nothing is recorded or compiled")
-        for i, spec in enumerate(self._cache.values()):
+        for i, spec in enumerate(self.specializations):
             lines += _explain_specialization(i, spec)
         return "\n".join(lines)
 
@@ -258,11 +322,14 @@ def _explain_specialization(index: int, spec: Specialization) -> list[str]:
     t = spec.timings
     lines = [
         f"[{index}] {describe_spec(spec.key[0])}, {grad}",
-        f"    modules: {', '.join(spec.modules) or 'none'}",
+        f"    modules: {', '.join(spec.modules) or 'none'}"
+        + (f" ({len(spec.guard.modules)} guarded)" if spec.guard else ""),
         f"    times: record {t.record * 1e3:.1f} ms, compile custom functions "
         f"{t.compile_custom * 1e3:.1f} ms, trace {t.trace * 1e3:.1f} ms",
     ]
-    if not spec.calls:
+    if spec.eager_reason:
+        lines.append(f"    runs eagerly: {spec.eager_reason}")
+    elif not spec.calls:
         lines.append("    custom functions: none")
     for call in spec.calls:
         forward = call.forward.mode + (f" ({call.forward.reason})" if call.forward.reason else "")
@@ -282,13 +349,21 @@ def _explain_specialization(index: int, spec: Specialization) -> list[str]:
 
 @overload
 def jit(
-    fn: Callable[P, R], *, engine: str | Engine = ..., max_traces: int = ...
+    fn: Callable[P, R],
+    *,
+    engine: str | Engine = ...,
+    max_traces: int = ...,
+    guard_hooks: bool = ...,
 ) -> JitFunction[P, R]: ...
 
 
 @overload
 def jit(
-    fn: None = None, *, engine: str | Engine = ..., max_traces: int = ...
+    fn: None = None,
+    *,
+    engine: str | Engine = ...,
+    max_traces: int = ...,
+    guard_hooks: bool = ...,
 ) -> Callable[[Callable[P, R]], JitFunction[P, R]]: ...
 
 
@@ -297,6 +372,7 @@ def jit(
     *,
     engine: str | Engine = "torchscript",
     max_traces: int = 8,
+    guard_hooks: bool = True,
 ) -> JitFunction[P, R] | Callable[[Callable[P, R]], JitFunction[P, R]]:
     """Compile ``fn`` once per input signature; later calls run the compiled program.
 
@@ -320,6 +396,11 @@ def jit(
       the modules ``fn`` calls are live: ``optimizer.step()`` is seen.
     * Nested: a jitted function called while another is being traced is
       inlined into the outer trace.
+    * Module state: each module the function calls is guarded: a changed
+      training flag (``train()``/``eval()``), hooks added, removed or replaced,
+      or parameters/buffers replaced by new objects retrace (and the previous
+      specialization stays cached). A function whose modules have backward
+      hooks runs eagerly (logged once), so the hooks fire as in eager mode.
 
     Args:
         fn: a function, an nn.Module, or a method (``@jit`` on ``forward``).
@@ -328,6 +409,10 @@ def jit(
             debugging), or an :class:`~phi_torch_jit.engines.Engine`. The
             environment variable ``PHI_TORCH_JIT_DISABLE=1`` forces ``"eager"``.
         max_traces: number of specializations before a warning (>= 1).
+        guard_hooks: check hooks and parameter/buffer identity of the modules
+            before each call (about 0.3 us per module); with False only
+            training flags are checked and hooks changed after compiling are
+            ignored, like torch.compile's ``skip_nnmodule_hook_guards``.
 
     Returns:
         A :class:`JitFunction` with ``fn``'s signature.
@@ -348,5 +433,7 @@ def jit(
         1
     """
     if fn is None:
-        return functools.partial(jit, engine=engine, max_traces=max_traces)  # type: ignore[return-value]
-    return JitFunction(fn, engine=engine, max_traces=max_traces)
+        return functools.partial(  # type: ignore[return-value]
+            jit, engine=engine, max_traces=max_traces, guard_hooks=guard_hooks
+        )
+    return JitFunction(fn, engine=engine, max_traces=max_traces, guard_hooks=guard_hooks)

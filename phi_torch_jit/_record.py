@@ -33,7 +33,7 @@ from ._state import StateSnapshot
 if TYPE_CHECKING:
     from ._custom import CustomFunction
 
-__all__ = ["RecordedCall", "Recording", "record", "register_module_call"]
+__all__ = ["RecordedCall", "Recording", "record", "register_module_call", "MODULE_HOOK"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,12 @@ class _ModuleHook:
         self._users = 0
         self._handle: RemovableHandle | None = None
 
+    @property
+    def handle_id(self) -> int | None:
+        """Id of the installed hook in torch's global pre-hook dict (None if not installed)."""
+        handle = self._handle
+        return handle.id if handle is not None else None
+
     @contextmanager
     def active(self) -> Iterator[None]:
         with self._lock:
@@ -122,7 +128,7 @@ def _on_module_call(module: nn.Module, args: Any) -> None:
     register_module_call(module)
 
 
-_MODULE_HOOK = _ModuleHook()
+_MODULE_HOOK = MODULE_HOOK = _ModuleHook()
 
 
 def register_module_call(module: nn.Module) -> None:

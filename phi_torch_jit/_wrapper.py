@@ -1,13 +1,19 @@
 """Stage 3: the synthesized wrapper module that the engine traces.
 
 ``torch.jit.trace`` of a plain function turns module parameters it meets into
-constants (and refuses those that require grad). Tracing a module whose
-submodules own those parameters instead records them as attributes, so
-gradients reach ``param.grad`` and in-place updates (``optimizer.step()``) are
-seen without a retrace. The wrapper holds every recorded root module as a
-submodule, rebuilds the user's arguments from flat tensors, calls the user
-function and flattens its result. Its class is named after the user function
-so traced graphs and errors read well.
+constants (and refuses those that require grad). Tracing a *module* instead
+registers the tensors of its hierarchy, so a parameter met anywhere in the
+trace becomes an attribute read: gradients reach ``param.grad`` and in-place
+updates (``optimizer.step()``, ``load_state_dict``) are seen without a retrace.
+
+The wrapper therefore holds, in a flat :class:`TensorHolder` submodule, every
+parameter and buffer of the recorded modules (the same tensor objects, each
+once), rebuilds the user's arguments from flat tensors, calls the user
+function -- which calls the original modules, hooks and all -- and flattens
+its result. Holding tensors rather than the modules themselves keeps
+torch.jit's module conversion (which rejects modules with backward hooks and
+some attribute types) out of the way. Its class is named after the user
+function so traced graphs and errors read well.
 """
 
 from __future__ import annotations
@@ -21,11 +27,37 @@ from torch import nn
 
 from ._signature import Spec, flatten_outputs, unflatten_arguments
 
-__all__ = ["WrapperModule", "make_wrapper"]
+__all__ = ["TensorHolder", "WrapperModule", "make_wrapper", "module_names"]
+
+
+def module_names(modules: Sequence[nn.Module]) -> list[str]:
+    """Attribute-safe names for recorded modules: ``m0_Linear``, ``m1_Sequential``..."""
+    return [f"m{i}_{type(m).__name__}" for i, m in enumerate(modules)]
+
+
+class TensorHolder(nn.Module):
+    """Holds the parameters and buffers of some modules, by reference, each once."""
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        super().__init__()
+        seen: set[int] = set()
+        for prefix, module in zip(module_names(modules), modules):
+            for name, param in module.named_parameters(remove_duplicate=False):
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    self.register_parameter(_attr(prefix, name), param)
+            for name, buffer in module.named_buffers(remove_duplicate=False):
+                if id(buffer) not in seen:
+                    seen.add(id(buffer))
+                    self.register_buffer(_attr(prefix, name), buffer)
+
+
+def _attr(prefix: str, name: str) -> str:
+    return f"{prefix}__{name.replace('.', '__')}"
 
 
 class WrapperModule(nn.Module):
-    """Calls a user function on flat tensors; owns the modules it uses."""
+    """Calls a user function on flat tensors; holds the tensors of the modules it uses."""
 
     fn: Callable[..., Any]
     arg_spec: Spec
@@ -36,13 +68,12 @@ class WrapperModule(nn.Module):
         self, fn: Callable[..., Any], arg_spec: Spec, modules: Sequence[nn.Module], owner: str
     ) -> None:
         super().__init__()
-        # Plain attributes, set past nn.Module.__setattr__ so a module `fn` is not registered twice.
+        # Plain attributes, set past nn.Module.__setattr__ so a module `fn` is not registered.
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "arg_spec", arg_spec)
         object.__setattr__(self, "owner", owner)
         object.__setattr__(self, "output_spec", None)
-        for i, module in enumerate(modules):
-            self.add_module(f"m{i}_{type(module).__name__}", module)
+        self.tensors = TensorHolder(modules)
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten_arguments(self.arg_spec, tensors)

@@ -44,7 +44,7 @@ def test_data_dependent_loop_is_scripted_not_baked() -> None:
     step = ptj.jit(lambda b, k: solve(b, k))
     k = torch.tensor(0.5)
     step(torch.randn(16), k)
-    (call,) = next(iter(step._cache.values())).calls
+    (call,) = step.specializations[0].calls
     assert call.forward.mode == "scripted"
     assert "control flow depends on tensor values" in call.forward.reason
     at_rest = step(torch.zeros(16), k)  # a traced CG gives NaN here
@@ -80,7 +80,7 @@ def test_identical_calls_share_one_compiled_op() -> None:
 
     u, k = torch.randn(8), torch.tensor(0.2)
     out = four_steps(u, k)
-    (call,) = next(iter(four_steps._cache.values())).calls
+    (call,) = four_steps.specializations[0].calls
     assert call.forward.mode == "scripted"
     assert torch.allclose(four_steps(u, k), out)
 
@@ -108,7 +108,7 @@ def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op() -> None:
         got = torch.autograd.grad(step(b, k).sum(), [b, k])
         assert all(torch.allclose(g, w) for g, w in zip(got, want))
     assert counter.gradient == gradients_before + 1  # Python ran once, to build the backward
-    (call,) = next(iter(step._cache.values())).calls
+    (call,) = step.specializations[0].calls
     assert call.backward.specializations[(True, True)].mode == "traced"
     (adjoint,) = call.nested.calls.values()
     assert adjoint.forward.mode == "scripted" and adjoint.function is solve
@@ -125,7 +125,7 @@ def test_replay_outputs_do_not_leak_to_other_threads() -> None:
     step = ptj.jit(lambda x: double(x) + 1)
     x = torch.ones(3)
     step(x)
-    (call,) = next(iter(step._cache.values())).calls
+    (call,) = step.specializations[0].calls
     seen: list[torch.Tensor] = []
     token = _REPLAYING.set((call, (torch.full((3,), -7.0),)))  # as if this thread were tracing
     try:

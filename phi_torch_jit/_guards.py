@@ -1,0 +1,133 @@
+"""Stage 4: guard the module state a compiled program silently depends on.
+
+The argument spec does not see the modules a function calls, yet a trace
+bakes in their state: each module's training flag (Dropout and BatchNorm
+trace differently), the hooks that ran (forward hooks are traced in, and
+hooks added later would be ignored), and which tensor objects are its
+parameters and buffers (the traced program holds those objects; assigning a
+new ``nn.Parameter`` or ``load_state_dict(assign=True)`` replaces them).
+
+A :class:`ModuleGuard` snapshots that state after the record pass and is
+checked before every compiled call; a mismatch retraces (and the old
+specialization stays cached, so switching ``train()``/``eval()`` back and
+forth reuses both). ``jit(..., guard_hooks=False)`` checks training flags
+only, like torch.compile's ``skip_nnmodule_hook_guards``. In-place updates
+(``optimizer.step()``, ``load_state_dict`` without ``assign``) keep the
+objects and need no retrace. See NOTE [module guards] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from itertools import chain
+from typing import Any
+
+from torch import nn
+from torch.nn.modules import module as module_globals
+from torch.utils.hooks import RemovableHandle
+
+from ._record import MODULE_HOOK
+
+__all__ = ["ModuleGuard", "has_backward_hooks"]
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_GLOBAL_HOOK_DICTS = (
+    module_globals._global_forward_pre_hooks,
+    module_globals._global_forward_hooks,
+    module_globals._global_backward_pre_hooks,
+    module_globals._global_backward_hooks,
+)
+_training = operator.attrgetter("training")
+
+
+def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
+    """Whether backward hooks (per module or global) would fire for these modules."""
+    if module_globals._global_backward_hooks or module_globals._global_backward_pre_hooks:
+        return True
+    return any(m._backward_hooks or m._backward_pre_hooks for m in modules)
+
+
+class ModuleGuard:
+    """The state of a set of modules (and their submodules) that a trace baked in.
+
+    Checked before every compiled call, so :meth:`holds` is built from C-level
+    ``map`` calls over dicts collected once: training flags, the total size of
+    all hook dicts (a removal shrinks it), the ids of parameter and buffer
+    objects, and torch's global hook-handle counter (every new hook anywhere
+    advances it; only then are the hook ids themselves compared).
+    """
+
+    def __init__(self, roots: Iterable[nn.Module], hooks: bool = True) -> None:
+        named: dict[int, tuple[str, nn.Module]] = {}
+        for root in roots:
+            for name, module in root.named_modules(prefix=type(root).__name__):
+                named.setdefault(id(module), (name, module))
+        self.names = tuple(name for name, _ in named.values())
+        """Names of the guarded modules, e.g. ``Sequential.0``."""
+        self.modules = tuple(module for _, module in named.values())
+        """Every module whose state is checked."""
+        self.hooks = hooks
+        """Whether hooks, parameters and buffers are checked (else training flags only)."""
+        self._hook_dicts = (
+            *(m.__dict__[name] for m in self.modules for name in _HOOK_DICTS),
+            *_GLOBAL_HOOK_DICTS,
+        )
+        self._tensor_dicts = tuple(
+            d
+            for m in self.modules
+            for d in (m.__dict__["_parameters"], m.__dict__["_buffers"])
+            if d  # a tensor added to an empty dict later is not used by the traced program
+        )
+        self._trainings = self._training_flags()
+        self._sizes = self._hook_sizes()
+        self._tensor_ids = self._tensor_identities()
+        self._hook_ids = self._hook_keys()
+        self._handle_counter = RemovableHandle.next_id
+
+    def _training_flags(self) -> tuple[bool, ...]:
+        return tuple(map(_training, self.modules))
+
+    def _hook_sizes(self) -> int:
+        # Adding a hook anywhere advances the handle counter, so a sum detects every
+        # removal that is not paired with an addition.
+        ours = MODULE_HOOK.handle_id is not None  # our record-pass hook, while a thread records
+        return sum(map(len, self._hook_dicts)) - ours
+
+    def _tensor_identities(self) -> tuple[int, ...]:
+        return tuple(map(id, chain.from_iterable(map(dict.values, self._tensor_dicts))))
+
+    def _hook_keys(self) -> tuple[Any, ...]:
+        ours = MODULE_HOOK.handle_id
+        return tuple(tuple(k for k in d if k != ours) for d in self._hook_dicts)
+
+    def holds(self) -> bool:
+        """Whether the modules are still as they were traced."""
+        if self._training_flags() != self._trainings:
+            return False
+        if not self.hooks:
+            return True
+        if self._hook_sizes() != self._sizes or self._tensor_identities() != self._tensor_ids:
+            return False
+        if RemovableHandle.next_id != self._handle_counter:  # a hook was added somewhere
+            if self._hook_keys() != self._hook_ids:
+                return False
+            self._handle_counter = RemovableHandle.next_id  # not ours: skip this next time
+        return True
+
+    def describe_change(self) -> str:
+        """What changed since the trace, e.g. ``module Sequential.2 training True -> False``."""
+        for name, old, new in zip(self.names, self._trainings, self._training_flags()):
+            if old != new:
+                return f"module {name} training {old} -> {new}"
+        if self.hooks and self._hook_keys() != self._hook_ids:
+            keys = self._hook_keys()
+            for i, (old_keys, new_keys) in enumerate(zip(self._hook_ids, keys)):
+                if old_keys != new_keys:
+                    owner = "global" if i >= 4 * len(self.modules) else self.names[i // 4]
+                    return f"{_HOOK_DICTS[i % 4][1:]} of module {owner} changed"
+        if self.hooks and self._tensor_identities() != self._tensor_ids:
+            return (
+                "parameters or buffers were replaced by new tensors (load_state_dict(assign=True)?)"
+            )
+        return "nothing"

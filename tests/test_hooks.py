@@ -1,0 +1,181 @@
+"""nn.Module hooks, train/eval and state_dict inside jit, compared with eager (issue 3)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import phi_torch_jit as ptj
+
+
+def _net() -> nn.Sequential:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def _check_same(step: Any, net: nn.Module, x: torch.Tensor) -> None:
+    for _ in range(2):
+        assert torch.allclose(step(x), net(x))
+
+
+def test_forward_hooks_of_every_kind_are_compiled_in() -> None:
+    net = _net()
+    calls = {"pre": 0, "post": 0, "kw": 0, "global": 0}
+
+    def pre(m: nn.Module, args: Any) -> Any:
+        calls["pre"] += 1
+        return (args[0] * 2,)
+
+    def post(m: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        calls["post"] += 1
+        return out + 1
+
+    def with_kwargs(m: nn.Module, args: Any, kwargs: Any, out: torch.Tensor) -> torch.Tensor:
+        calls["kw"] += 1
+        return out * 3
+
+    def global_hook(m: nn.Module, args: Any, out: Any) -> Any:
+        if isinstance(m, nn.Tanh):
+            calls["global"] += 1
+            return out - 0.5
+        return None
+
+    net[0].register_forward_pre_hook(pre)
+    net[0].register_forward_hook(post)
+    net[2].register_forward_hook(with_kwargs, with_kwargs=True)
+    handle = nn.modules.module.register_module_forward_hook(global_hook)
+    try:
+        x = torch.randn(3, 4)
+        want = net(x)
+        step = ptj.jit(net)
+        for _ in range(3):
+            assert torch.allclose(step(x), want)
+        # eager call + record pass + trace pass; compiled calls run no hook Python
+        assert calls == {"pre": 3, "post": 3, "kw": 3, "global": 3}
+    finally:
+        handle.remove()
+    assert step.num_traces == 1  # the global hook was there for all compiled calls
+
+
+def test_hooks_added_removed_or_replaced_later_retrace() -> None:
+    net = _net()
+    step = ptj.jit(net)
+    x = torch.randn(3, 4)
+    _check_same(step, net, x)
+    handle = net[2].register_forward_hook(lambda m, a, o: o * 10)
+    _check_same(step, net, x)
+    assert step.num_traces == 2
+    handle.remove()
+    _check_same(step, net, x)
+    handle = net[2].register_forward_hook(lambda m, a, o: o - 5)  # replaced
+    _check_same(step, net, x)
+    assert step.num_traces == 3  # the hook-free specialization was reused once removed
+
+
+def test_guard_hooks_false_ignores_later_hooks_as_documented() -> None:
+    net = _net()
+    step = ptj.jit(net, guard_hooks=False)
+    x = torch.randn(3, 4)
+    before = step(x)
+    step(x)
+    net[2].register_forward_hook(lambda m, a, o: o * 10)
+    assert torch.allclose(step(x), before)  # ignored, like skip_nnmodule_hook_guards
+    assert step.num_traces == 1
+    net.eval()  # training flags are still guarded
+    step(x)
+    assert step.num_traces == 2
+
+
+def test_train_eval_switch_retraces_and_reuses() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 1))
+    step = ptj.jit(net)
+    x = torch.randn(16, 4)
+    step(x)
+    net.eval()
+    _check_same(step, net, x)  # deterministic in eval: no dropout, running stats
+    assert step.num_traces == 2
+    net.train()
+    torch.manual_seed(5)
+    got = step(x)
+    torch.manual_seed(5)
+    assert torch.allclose(got, net(x))
+    net.eval()
+    _check_same(step, net, x)
+    assert step.num_traces == 2  # both specializations stay cached
+
+
+def test_retrace_reason_names_module_and_change(caplog: pytest.LogCaptureFixture) -> None:
+    net = _net()
+    step = ptj.jit(net)
+    step(torch.randn(2, 4))
+    net[1].eval()
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        step(torch.randn(2, 4))
+    assert any(
+        "module Sequential.1 training True -> False" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_backward_hooks_fire_with_eager_gradients() -> None:
+    net = _net()
+    log: list[tuple[str, torch.Tensor]] = []
+
+    def full(m: nn.Module, grad_in: Any, grad_out: Any) -> None:
+        log.append(("full", grad_in[0].clone()))
+
+    def pre(m: nn.Module, grad_out: Any) -> Any:
+        log.append(("pre", grad_out[0].clone()))
+        return (grad_out[0] * 2,)  # backward pre-hooks may replace grad_output
+
+    net[2].register_full_backward_hook(full)
+    net[2].register_full_backward_pre_hook(pre)
+    x = torch.randn(3, 4, requires_grad=True)
+    net(x).sum().backward()
+    want_log, want_grad = list(log), x.grad.clone()
+    step = ptj.jit(net)
+    for _ in range(2):
+        log.clear()
+        x.grad = None
+        step(x).sum().backward()
+        assert [kind for kind, _ in log] == ["pre", "full"]
+        for (_, got), (_, want) in zip(log, want_log):
+            assert torch.allclose(got, want)
+        assert torch.allclose(x.grad, want_grad)
+    assert "runs eagerly: a module it calls has backward hooks" in step.explain()
+
+
+def test_state_dict_round_trip_and_loaded_weights_are_used() -> None:
+    net = _net()
+    seen: list[str] = []
+    net.register_state_dict_post_hook(lambda m, sd, prefix, local: seen.append("saved"))
+    net.register_load_state_dict_post_hook(lambda m, keys: seen.append("loaded"))
+    step = ptj.jit(net)
+    x = torch.randn(3, 4)
+    step(x)
+    saved = {k: v.clone() for k, v in net.state_dict().items()}
+    other = _net()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1)
+    net.load_state_dict(other.state_dict())
+    _check_same(step, net, x)
+    assert step.num_traces == 1  # loaded in place: no retrace
+    net.load_state_dict(saved, assign=True)  # new tensor objects: retrace
+    _check_same(step, net, x)
+    assert step.num_traces == 2
+    assert seen == ["saved", "loaded", "loaded"]
+
+
+def test_assigning_a_new_parameter_retraces() -> None:
+    net = _net()
+    step = ptj.jit(lambda x: net(x))
+    x = torch.randn(3, 4)
+    step(x)
+    net[0].weight = nn.Parameter(torch.zeros(4, 4))
+    _check_same(step, net, x)
+    assert step.num_traces == 2
