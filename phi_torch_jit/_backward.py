@@ -90,7 +90,10 @@ class _GradientProbe:
         """Gradients of the tensor inputs, None where not needed or not given."""
         n, m = self.n_inputs, self.n_outputs
         inputs = merge_tensors(self.template, flat[:n])
-        grads = self.function.gradients(inputs, tuple(flat[n : n + m]), tuple(flat[n + m :]))
+        needs = iter(self.pattern)
+        full_pattern = tuple(next(needs) if slot is TENSOR else False for slot in self.template)
+        outputs, grad_outputs = tuple(flat[n : n + m]), tuple(flat[n + m :])
+        grads = self.function.gradients(inputs, outputs, grad_outputs, full_pattern)
         tensor_grads = [g for g, slot in zip(grads, self.template) if slot is TENSOR]
         return tuple(g if need else None for g, need in zip(tensor_grads, self.pattern))
 

@@ -20,6 +20,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._intercept import function_capture
+
 if TYPE_CHECKING:
     from ._custom_op import NestedCalls
     from ._record import Recording
@@ -77,7 +79,11 @@ def current_frame() -> Frame | None:
 def _entered(frame: Frame | None) -> Iterator[Frame | None]:
     token = _FRAME.set(frame)
     try:
-        yield frame
+        if frame is None:
+            yield frame
+        else:  # autograd.Function calls inside the frame are captured (see _intercept)
+            with function_capture():
+                yield frame
     finally:
         _FRAME.reset(token)
 

@@ -91,6 +91,8 @@ class CustomFunction:
         self.__name__: str = name or getattr(f, "__name__", None) or type(f).__name__
         self.__doc__ = getattr(f, "__doc__", None)
         self.label = describe_function(f, name)
+        self.scriptable: Callable[..., Any] | None = f
+        """What an engine may script when all arguments are tensors (None: never)."""
         self._autograd = _make_autograd_function(self)
         self._fallback_logged = False
 
@@ -144,12 +146,26 @@ class CustomFunction:
         inputs: tuple[Any, ...],
         outputs: tuple[torch.Tensor, ...],
         grad_outputs: tuple[torch.Tensor, ...],
+        needs_input_grad: tuple[bool, ...] | None = None,
     ) -> tuple[torch.Tensor | None, ...]:
         """Call ``gradient`` and validate its result: one entry per input, shaped like it."""
         with inside_custom_function():
-            result = self.gradient(inputs, outputs, grad_outputs)
+            result = self._call_gradient(inputs, outputs, grad_outputs, needs_input_grad)
         with untraced():
             return self.check_gradients(result, inputs)
+
+    def _call_gradient(
+        self,
+        inputs: tuple[Any, ...],
+        outputs: tuple[torch.Tensor, ...],
+        grad_outputs: tuple[torch.Tensor, ...],
+        needs_input_grad: tuple[bool, ...] | None,
+    ) -> Any:
+        return self.gradient(inputs, outputs, grad_outputs)
+
+    def eager_reason(self, args: tuple[Any, ...], forward_mode: str) -> str:
+        """Why a specialization calling this function must run eagerly ("" if it need not)."""
+        return ""
 
     def check_gradients(
         self, result: Any, inputs: tuple[Any, ...]
@@ -211,13 +227,18 @@ def _make_autograd_function(function: CustomFunction) -> type[torch.autograd.Fun
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors
         inputs = merge_tensors(ctx.template, saved[: ctx.n_inputs])
-        return function.gradients(inputs, tuple(saved[ctx.n_inputs :]), grad_outputs)
+        outputs = tuple(saved[ctx.n_inputs :])
+        return function.gradients(inputs, outputs, grad_outputs, tuple(ctx.needs_input_grad))
 
     name = "".join(part.capitalize() for part in function.__name__.split("_")) or "Custom"
     return type(
         f"{name}Function",
         (torch.autograd.Function,),
-        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+        {
+            "forward": staticmethod(forward),
+            "backward": staticmethod(backward),
+            "_phi_torch_jit_internal": True,  # not captured by the autograd.Function adapter
+        },
     )
 
 

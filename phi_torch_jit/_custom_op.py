@@ -33,7 +33,7 @@ import torch
 from ._backward import LazyBackward
 from ._context import compiling_frame, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
-from ._record import RecordedCall
+from ._record import RecordedCall, RunEagerly
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
 
@@ -76,11 +76,14 @@ class CompiledCall:
             _FlatForward(function, template),
             tuple(tensors),
             f"forward of {function.label}",
-            scriptable=function.f if all_tensors else None,
+            scriptable=function.scriptable if all_tensors else None,
             expected=recorded.outputs,
         )
         with compiling_frame(function.label, self.nested):
             self.forward = engine.compile_function(target)
+        eager_reason = function.eager_reason(recorded.args, self.forward.mode)
+        if eager_reason:
+            raise RunEagerly(eager_reason)
         if self.forward.mode == "python":
             function.note_python_fallback("forward", self.forward.reason)
         self.backward = LazyBackward(function, template, self.n_outputs, engine, self.nested)

@@ -34,7 +34,7 @@ from torch import nn
 from ._context import current_frame, tracing_frame
 from ._custom_op import CompiledCall, compile_calls
 from ._guards import ModuleGuard, has_backward_hooks
-from ._record import Recording, record
+from ._record import Recording, RunEagerly, record
 from ._replay import ReplayCursor, ReplayStep
 from ._signature import (
     Spec,
@@ -213,20 +213,24 @@ class JitFunction(Generic[P, R]):
         modules = recording.root_modules()
         guard = ModuleGuard(modules, self._guard_hooks) if modules else None
         wrapper = make_wrapper(self._fn, key[0], modules, self._owner)
-        eager_reason = self._eager_reason(recording.modules.values())
+        eager_reason = self._eager_reason(recording)
         steps: list[ReplayStep] = []
         self._stage_times = (0.0, 0.0)
+        if not eager_reason:
+            try:
+                steps, compiled = self._compile(recording, wrapper, tensors)
+            except RunEagerly as signal:
+                eager_reason = self._log_eager(signal.reason)
         if eager_reason:
+            steps = []
             compiled = CompiledModule(wrapper.forward)  # custom functions run eagerly in there
-        else:
-            steps, compiled = self._compile(recording, wrapper, tensors)
-            if wrapper.output_spec != output_spec:
-                raise TraceError(
-                    f"phi_torch_jit: {self._owner} returned a different structure while tracing "
-                    f"({describe_spec(wrapper.output_spec or ('S', None, None))}) than while "
-                    f"recording ({describe_spec(output_spec)}). Make the output structure depend "
-                    "only on the inputs' shapes and static values."
-                )
+        elif wrapper.output_spec != output_spec:
+            raise TraceError(
+                f"phi_torch_jit: {self._owner} returned a different structure while tracing "
+                f"({describe_spec(wrapper.output_spec or ('S', None, None))}) than while "
+                f"recording ({describe_spec(output_spec)}). Make the output structure depend "
+                "only on the inputs' shapes and static values."
+            )
         compiled_custom, traced = self._stage_times
         unique = tuple({id(s.compiled): s.compiled for s in steps}.values())
         specialization = Specialization(
@@ -261,17 +265,20 @@ class JitFunction(Generic[P, R]):
         self._stage_times = (compiled_custom - start, time.perf_counter() - compiled_custom)
         return steps, compiled
 
-    def _eager_reason(self, modules: Any) -> str:
+    def _eager_reason(self, recording: Recording) -> str:
         """Why a specialization must run eagerly (empty if it can be compiled)."""
-        if not has_backward_hooks(modules):
-            return ""
-        reason = (
-            "a module it calls has backward hooks, which a compiled program cannot fire; "
-            "it runs eagerly so they fire as in eager mode"
-        )
+        reasons = list(recording.eager_reasons)
+        if has_backward_hooks(recording.modules.values()):
+            reasons.append(
+                "a module it calls has backward hooks, which a compiled program cannot fire"
+            )
+        return self._log_eager("; ".join(reasons)) if reasons else ""
+
+    def _log_eager(self, reason: str) -> str:
+        """Log (once per jitted function) that a specialization runs eagerly; return the reason."""
         if not self._eager_logged:
             self._eager_logged = True
-            logger.warning("phi_torch_jit: %s: %s", self._owner, reason)
+            logger.warning("phi_torch_jit: %s runs eagerly: %s", self._owner, reason)
         return reason
 
     def _note_trace(self, key: Key, failed_guard: ModuleGuard | None) -> None:

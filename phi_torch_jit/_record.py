@@ -33,7 +33,22 @@ from ._state import StateSnapshot
 if TYPE_CHECKING:
     from ._custom import CustomFunction
 
-__all__ = ["RecordedCall", "Recording", "record", "register_module_call", "MODULE_HOOK"]
+__all__ = [
+    "RecordedCall",
+    "Recording",
+    "RunEagerly",
+    "record",
+    "register_module_call",
+    "MODULE_HOOK",
+]
+
+
+class RunEagerly(Exception):
+    """Internal signal: this specialization cannot be compiled faithfully; run it eagerly."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,8 @@ class Recording:
     """Custom-function calls in call order."""
     state: StateSnapshot = field(default_factory=StateSnapshot)
     """RNG and buffer state from before the pass."""
+    eager_reasons: list[str] = field(default_factory=list)
+    """Why the specialization must run eagerly (e.g. an uncapturable autograd.Function)."""
 
     def add_module(self, module: nn.Module) -> None:
         """Note that ``module`` runs in this call (idempotent)."""

@@ -1,0 +1,384 @@
+"""Plain ``torch.autograd.Function`` subclasses inside jit, unchanged.
+
+While a jitted call is specialized, ``Function.apply`` is intercepted (see
+:mod:`._intercept`) and each call of a user Function goes through a
+:class:`FunctionAdapter`: a custom function (see :mod:`._custom`) whose
+
+* forward runs the Function's ``forward`` (and ``setup_context``) with a
+  :class:`FunctionContext` instead of torch's ctx, and returns the user's
+  outputs followed by the tensors the context holds -- saved tensors and
+  tensor attributes that are neither inputs nor outputs ("residuals");
+* gradient rebuilds a context from the inputs, outputs and residuals
+  (:class:`ContextLayout` says where each piece goes) and calls ``backward``.
+
+So a Function gets everything a custom function gets: recorded once,
+forward compiled once, backward compiled lazily per needs-input-grad
+pattern, None gradients filtered, no double execution, no baked loops.
+
+What cannot be expressed that way makes the whole specialization run
+eagerly, with one log line saying why (never a wrong result): ``mark_dirty``
+(in-place outputs), ``save_for_forward``, non-tensor outputs, torch's own
+internal Functions other than the reentrant checkpoint (which compiled
+programs inline: same values, no recomputation), and a forward that must run
+as Python while storing non-tensor values on ctx (those could differ from
+call to call). See NOTE [autograd.Function capture] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.modules._functions import BackwardHookFunction
+from torch.utils.checkpoint import CheckpointFunction
+
+from ._context import Phase, current_frame
+from ._custom import CustomFunction, untraced
+from ._intercept import original_apply
+from ._record import RunEagerly
+from .errors import JitError, describe_function
+
+__all__ = ["FunctionContext", "ContextLayout", "FunctionAdapter", "dispatch"]
+
+logger = logging.getLogger("phi_torch_jit")
+
+
+class Unsupported(Exception):
+    """A Function uses a feature the adapter cannot express."""
+
+
+Slot = tuple[Any, ...]
+"""Where a ctx tensor lives: ("none",), ("in", i), ("out", j) or ("res", r)."""
+
+
+class FunctionContext:
+    """Stands in for torch's ctx while a Function's forward or backward runs inside jit."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self._ptj_saved: tuple[torch.Tensor | None, ...] = ()
+        self._ptj_non_differentiable: list[torch.Tensor] = []
+        self._ptj_materialize = True
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
+        self._ptj_saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self._ptj_saved
+
+    saved_variables = saved_tensors
+
+    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None:
+        self._ptj_non_differentiable.extend(tensors)
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self._ptj_materialize = value
+
+    def mark_dirty(self, *tensors: torch.Tensor) -> None:
+        raise Unsupported("it modifies inputs in place (ctx.mark_dirty)")
+
+    def save_for_forward(self, *tensors: torch.Tensor | None) -> None:
+        raise Unsupported("it saves tensors for forward-mode AD (ctx.save_for_forward)")
+
+    def user_attributes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_ptj_")}
+
+
+@dataclass(frozen=True)
+class ContextLayout:
+    """What a Function's forward left on ctx, apart from the residual tensors themselves."""
+
+    saved: tuple[Slot, ...]
+    """One slot per ``save_for_backward`` entry."""
+    tensor_attributes: tuple[tuple[str, Slot], ...]
+    """ctx attributes holding tensors, with their slots."""
+    static_attributes: tuple[tuple[str, Any], ...]
+    """ctx attributes holding anything else (baked into compiled programs)."""
+    non_differentiable: tuple[int, ...]
+    """Indices of outputs marked non-differentiable."""
+    n_outputs: int
+    """Number of the Function's own outputs (residuals follow them)."""
+    single: bool
+    """Whether forward returned a bare tensor."""
+
+
+def _slot(t: Any, args: Sequence[Any], outs: Sequence[torch.Tensor], residuals: list[Any]) -> Slot:
+    if t is None:
+        return ("none",)
+    if not isinstance(t, torch.Tensor):
+        raise Unsupported(f"it saves a {type(t).__name__} with save_for_backward")
+    for i, a in enumerate(args):
+        if a is t:
+            return ("in", i)
+    for j, o in enumerate(outs):
+        if o is t:
+            return ("out", j)
+    residuals.append(t)
+    return ("res", len(residuals) - 1)
+
+
+def _needs_grad(args: Sequence[Any]) -> tuple[bool, ...]:
+    """ctx.needs_input_grad as seen inside jit: every differentiable tensor may need one."""
+    return tuple(
+        isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) for a in args
+    )
+
+
+def _has_setup_context(cls: type) -> bool:
+    return cls.setup_context is not torch.autograd.Function.setup_context  # type: ignore[attr-defined]
+
+
+def run_forward(cls: Any, args: tuple[Any, ...]) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
+    """Run ``cls.forward`` with a :class:`FunctionContext`; return (outputs + residuals, layout)."""
+    ctx = FunctionContext(_needs_grad(args))
+    with torch.no_grad():
+        if _has_setup_context(cls):
+            out = cls.forward(*args)
+            cls.setup_context(ctx, args, out)
+        else:
+            out = cls.forward(ctx, *args)
+    single = isinstance(out, torch.Tensor)
+    outs = (out,) if single else tuple(out) if isinstance(out, (tuple, list)) else None
+    if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise Unsupported("its forward returns non-tensor values")
+    residuals: list[torch.Tensor] = []
+    saved = tuple(_slot(t, args, outs, residuals) for t in ctx.saved_tensors)
+    tensor_attrs, static_attrs = [], []
+    for name, value in ctx.user_attributes().items():
+        if name == "needs_input_grad":
+            continue
+        if isinstance(value, torch.Tensor):
+            tensor_attrs.append((name, _slot(value, args, outs, residuals)))
+        else:
+            static_attrs.append((name, value))
+    marked = {id(t) for t in ctx._ptj_non_differentiable}
+    layout = ContextLayout(
+        saved=saved,
+        tensor_attributes=tuple(tensor_attrs),
+        static_attributes=tuple(static_attrs),
+        non_differentiable=tuple(j for j, o in enumerate(outs) if id(o) in marked),
+        n_outputs=len(outs),
+        single=single,
+    )
+    return (*outs, *residuals), layout
+
+
+def run_backward(
+    cls: Any,
+    layout: ContextLayout,
+    inputs: tuple[Any, ...],
+    outputs: tuple[torch.Tensor, ...],
+    grad_outputs: tuple[torch.Tensor, ...],
+    needs_input_grad: tuple[bool, ...],
+) -> tuple[Any, ...]:
+    """Rebuild ctx from ``layout`` and call ``cls.backward``; trailing extra Nones are dropped."""
+    own, residuals = outputs[: layout.n_outputs], outputs[layout.n_outputs :]
+
+    def resolve(slot: Slot) -> torch.Tensor | None:
+        kind = slot[0]
+        if kind == "none":
+            return None
+        return {"in": inputs, "out": own, "res": residuals}[kind][slot[1]]  # type: ignore[no-any-return]
+
+    ctx = FunctionContext(needs_input_grad)
+    ctx.save_for_backward(*(resolve(s) for s in layout.saved))
+    for name, slot in layout.tensor_attributes:
+        setattr(ctx, name, resolve(slot))
+    for name, value in layout.static_attributes:
+        setattr(ctx, name, value)
+    result = cls.backward(ctx, *grad_outputs[: layout.n_outputs])
+    grads = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    while len(grads) > len(inputs) and grads[-1] is None:
+        grads = grads[:-1]
+    return grads
+
+
+class _AdapterFunction(CustomFunction):
+    """The custom function standing for one Function subclass."""
+
+    def __init__(self, adapter: FunctionAdapter) -> None:
+        # The gradient goes through _call_gradient, which also passes needs_input_grad.
+        super().__init__(adapter.forward, adapter.gradient, name=adapter.cls.__name__)  # type: ignore[arg-type]
+        self.label = describe_function(adapter.cls)
+        self.scriptable = None  # the forward takes a ctx: never scriptable
+        self.adapter = adapter
+
+    def _call_gradient(
+        self,
+        inputs: tuple[Any, ...],
+        outputs: tuple[torch.Tensor, ...],
+        grad_outputs: tuple[torch.Tensor, ...],
+        needs_input_grad: tuple[bool, ...] | None,
+    ) -> Any:
+        pattern = needs_input_grad if needs_input_grad is not None else _needs_grad(inputs)
+        return self.adapter.gradient(inputs, outputs, grad_outputs, pattern)
+
+    def eager_reason(self, args: tuple[Any, ...], forward_mode: str) -> str:
+        layout = self.adapter.layouts.get(_layout_key(args))
+        if forward_mode != "python" or layout is None:
+            return ""
+        statics = [a for a in args if not isinstance(a, torch.Tensor)]
+        risky = [name for name, value in layout.static_attributes if not _keyed(value, statics)]
+        if risky:
+            names = ", ".join(risky)
+            return (
+                f"autograd.Function {self.label} runs as Python and stores non-tensor values on "
+                f"ctx ({names}), which could change from call to call"
+            )
+        return ""
+
+
+def _keyed(value: Any, statics: Sequence[Any]) -> bool:
+    """Whether a ctx value is fixed by the cache key (so a Python forward cannot change it)."""
+    if value is None or isinstance(value, (torch.Size, torch.dtype, torch.device)):
+        return True
+    return any(value is a or (type(value) is type(a) and value == a) for a in statics)
+
+
+def _layout_key(args: Sequence[Any]) -> Any:
+    with untraced():  # under a trace, shapes would be traced values
+        return _signature_of(args)
+
+
+def _signature_of(args: Sequence[Any]) -> Any:
+    key = tuple(
+        (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+        for a in args
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return None  # unhashable static arguments share one entry
+    return key
+
+
+class FunctionAdapter:
+    """Makes one ``torch.autograd.Function`` subclass behave as a custom function inside jit."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.layouts: dict[Any, ContextLayout] = {}
+        """Layout per call signature, from the latest forward run."""
+        self.custom = _AdapterFunction(self)
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        outputs, layout = run_forward(self.cls, args)
+        key = _layout_key(args)
+        known = self.layouts.setdefault(key, layout)
+        if known != layout:
+            raise JitError(
+                f"phi_torch_jit: the forward of {self.custom.label} left a different ctx layout "
+                "than on an earlier call with the same argument signature (saved tensors or ctx "
+                "attributes depend on tensor values). Save the same tensors on every call, and "
+                "store per-call numbers as tensors."
+            )
+        return outputs
+
+    def gradient(
+        self,
+        inputs: tuple[Any, ...],
+        outputs: tuple[torch.Tensor, ...],
+        grad_outputs: tuple[torch.Tensor, ...],
+        needs_input_grad: tuple[bool, ...],
+    ) -> tuple[Any, ...]:
+        layout = self.layouts[_layout_key(inputs)]
+        return run_backward(self.cls, layout, inputs, outputs, grad_outputs, needs_input_grad)
+
+    def __call__(self, *args: Any) -> Any:
+        outputs = self.custom(*args)
+        layout = self.layouts[_layout_key(args)]
+        own = outputs[: layout.n_outputs]
+        if layout.non_differentiable:
+            own = tuple(
+                o.detach() if j in layout.non_differentiable else o for j, o in enumerate(own)
+            )
+        return own[0] if layout.single else tuple(own)
+
+
+_ADAPTERS: weakref.WeakKeyDictionary[type, FunctionAdapter] = weakref.WeakKeyDictionary()
+_INLINED_LOGGED: set[str] = set()
+
+
+def _adapter(cls: type) -> FunctionAdapter:
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = FunctionAdapter(cls)
+    return adapter
+
+
+def _positional(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    if not kwargs:
+        return args
+    try:
+        signature = inspect.signature(cls.forward)
+        params = list(signature.parameters.values())
+        if not _has_setup_context(cls):
+            signature = signature.replace(parameters=params[1:])  # drop ctx
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())
+
+
+# torch's own Functions that are not captured: the autograd of custom ops (ours included)
+# and the backward-hook machinery (a module with backward hooks runs eagerly anyway).
+def _passes_through(cls: Any) -> bool:
+    return (
+        getattr(cls, "_phi_torch_jit_internal", False)
+        or cls.__module__.startswith("torch._library.")
+        or cls is BackwardHookFunction
+    )
+
+
+def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``cls.apply(*args, **kwargs)`` while ``Function.apply`` is intercepted."""
+    frame = current_frame()
+    if frame is None or _passes_through(cls):
+        return original_apply(cls, *args, **kwargs)
+    if cls is CheckpointFunction:
+        return _checkpoint(frame.phase, args)
+    positional = _positional(cls, args, kwargs)
+    reason = ""
+    if cls.__module__.startswith("torch."):
+        reason = f"it calls torch's internal autograd.Function {cls.__qualname__}"
+    elif positional is None:
+        reason = f"the arguments of {cls.__qualname__}.apply cannot be bound to its forward"
+    if not reason:
+        adapter = _adapter(cls)
+        try:
+            return adapter(*positional)  # type: ignore[misc]
+        except Unsupported as error:
+            reason = f"autograd.Function {adapter.custom.label} cannot be compiled: {error}"
+    return _run_eagerly(frame.phase, reason, cls, args, kwargs)
+
+
+def _run_eagerly(phase: Phase, reason: str, cls: Any, args: Any, kwargs: Any) -> Any:
+    if phase is Phase.RECORD:
+        frame = current_frame()
+        assert frame is not None and frame.recording is not None
+        frame.recording.eager_reasons.append(reason)
+        return original_apply(cls, *args, **kwargs)
+    raise RunEagerly(reason)  # compile phase: the enclosing compile falls back to Python
+
+
+def _checkpoint(phase: Phase, args: tuple[Any, ...]) -> Any:
+    """Reentrant checkpoint: eager in the record pass, inlined when compiled."""
+    run_function, _preserve_rng, *inputs = args
+    if phase is Phase.RECORD:
+        return original_apply(CheckpointFunction, *args)
+    label = describe_function(run_function)
+    if label not in _INLINED_LOGGED:
+        _INLINED_LOGGED.add(label)
+        logger.info(
+            "phi_torch_jit: torch.utils.checkpoint of %s is inlined in the compiled program "
+            "(same values, no recomputation in backward)",
+            label,
+        )
+    return run_function(*inputs)

@@ -1,0 +1,213 @@
+"""Plain torch.autograd.Function subclasses inside jit, unchanged (issue 3, section 1)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from helpers import Counter, cg_loop, laplace
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import checkpoint
+
+import phi_torch_jit as ptj
+
+COUNT = Counter()
+
+
+class ScaledSquare(torch.autograd.Function):
+    """Old style: forward(ctx, ...), tensor and non-tensor ctx attributes, needs_input_grad."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
+        COUNT.forward += 1
+        ctx.save_for_backward(x, w)
+        ctx.scale = scale
+        ctx.twice = 2 * x  # a tensor attribute: a residual
+        return scale * x * x * w
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        COUNT.gradient += 1
+        x, w = ctx.saved_tensors
+        gx = g * ctx.scale * ctx.twice * w if ctx.needs_input_grad[0] else None
+        gw = g * ctx.scale * x * x if ctx.needs_input_grad[1] else None
+        return gx, gw, None
+
+
+class SplitNewStyle(torch.autograd.Function):
+    """New style: forward + setup_context; several outputs, one non-differentiable."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * k, torch.argmax(x, dim=-1)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        _, k = inputs
+        ctx.k = k
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor, _g_index: Any) -> tuple[Any, ...]:
+        return g * ctx.k, None, None  # one more entry than inputs: a trailing None
+
+
+class CGSolve(torch.autograd.Function):
+    """A data-dependent loop in forward and backward; tol is a static float argument."""
+
+    @staticmethod
+    def forward(ctx: Any, b: torch.Tensor, k: torch.Tensor, tol: float | None) -> torch.Tensor:
+        x = cg_loop(b, k)
+        ctx.save_for_backward(x, k)
+        ctx.tol = tol
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        x, k = ctx.saved_tensors
+        lam = cg_loop(g, k)
+        return lam, (lam * laplace(x)).sum().reshape(k.shape), None
+
+
+class InPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.mark_dirty(x)
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def test_old_style_function_compiled_with_eager_results() -> None:
+    COUNT.__init__()  # type: ignore[misc]
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return ScaledSquare.apply(x, w, 1.5).sin()
+
+    step = ptj.jit(f)
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    step(x, w)
+    forwards = COUNT.forward
+    for _ in range(3):
+        assert torch.allclose(step(x, w), f(x, w))
+        got = torch.autograd.grad(step(x, w).sum(), [x, w])
+        want = torch.autograd.grad(f(x, w).sum(), [x, w])
+        assert all(torch.allclose(a, b) for a, b in zip(got, want))
+    assert COUNT.forward == forwards + 6  # only the eager reference calls ran Python
+    (call,) = step.specializations[0].calls
+    assert call.forward.mode == "traced" and call.op_name.startswith("ScaledSquare_")
+    assert call.backward.specializations[(True, True)].mode == "traced"
+    assert torch.autograd.gradcheck(step, (x, w))
+
+
+def test_backward_pattern_changes_reach_needs_input_grad() -> None:
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.rand(4) + 0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return ScaledSquare.apply(x, self.w, 2.0)
+
+    module = Scale()
+    step = ptj.jit(module)
+    x = torch.randn(4, requires_grad=True)
+    module.w.requires_grad_(False)
+    step(x).sum().backward()
+    step(x).sum().backward()
+    module.w.requires_grad_(True)
+    x.grad = None
+    step(x).sum().backward()
+    assert module.w.grad is not None and torch.allclose(module.w.grad, 2 * x.detach() ** 2)
+    assert torch.allclose(x.grad, 2 * 2 * x.detach() * module.w.detach())
+    (call,) = step.specializations[0].calls
+    assert set(call.backward.specializations) == {(True, False), (True, True)}
+
+
+def test_new_style_setup_context_non_differentiable_and_materialize() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, index = SplitNewStyle.apply(x, 3)
+        return y.sum(dim=-1), index
+
+    step = ptj.jit(f)
+    x = torch.randn(2, 6, requires_grad=True)
+    step(x)
+    y, index = step(x)
+    want_y, want_index = f(x)
+    assert torch.allclose(y, want_y) and torch.equal(index, want_index)
+    assert not index.requires_grad and y.requires_grad  # as in eager
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3.0))
+    spec = step.specializations[0]
+    assert not spec.eager_reason and spec.calls[0].op_name.startswith("SplitNewStyle_")
+
+
+def test_data_dependent_loop_is_not_baked_and_static_tol_is_fine() -> None:
+    step = ptj.jit(lambda b, k: CGSolve.apply(b, k, 1e-8))
+    b = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    k = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    step(b, k)
+    spec = step.specializations[0]
+    assert not spec.eager_reason
+    (call,) = spec.calls
+    assert call.forward.mode == "python"
+    assert torch.equal(step(torch.zeros_like(b), k), torch.zeros_like(b))
+    assert torch.autograd.gradcheck(step, (b, k))
+
+
+def test_keyword_and_none_arguments() -> None:
+    step = ptj.jit(lambda b, k: CGSolve.apply(b, k=k, tol=None))
+    b, k = torch.randn(6), torch.tensor(0.2)
+    step(b, k)
+    assert torch.allclose(step(b, k), cg_loop(b, k))
+
+
+def test_in_place_function_runs_eagerly_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    step = ptj.jit(lambda x: InPlace.apply(x.clone()) + 1)
+    x = torch.randn(3, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        for _ in range(3):
+            out = step(x)
+    assert torch.allclose(out, 2 * x + 1)
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    logs = [r.getMessage() for r in caplog.records]
+    assert len(logs) == 1 and "ctx.mark_dirty" in logs[0]
+    assert "runs eagerly" in step.explain()
+
+
+def test_reentrant_checkpoint_works_unchanged() -> None:
+    net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(net, x, use_reentrant=True).pow(2).sum()
+
+    x = torch.randn(3, 4, requires_grad=True)
+    f(x).backward()
+    want_w, want_x = net[0].weight.grad.clone(), x.grad.clone()
+    step = ptj.jit(f)
+    for _ in range(3):
+        net.zero_grad()
+        x.grad = None
+        step(x).backward()
+        assert torch.allclose(net[0].weight.grad, want_w) and torch.allclose(x.grad, want_x)
+    assert not step.specializations[0].eager_reason
+
+
+def test_functions_outside_jit_are_untouched() -> None:
+    assert (
+        torch.autograd.Function.__dict__["apply"].__func__.__module__ == "torch.autograd.function"
+    )
+    x = torch.randn(3, requires_grad=True)
+    ScaledSquare.apply(x, torch.ones(3), 1.0).sum().backward()
+    assert torch.allclose(x.grad, 2 * x.detach())
