@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from ._record import RunEagerly
 from .errors import ReplayError
 
 if TYPE_CHECKING:
@@ -80,20 +83,22 @@ class ReplayCursor:
         index: int,
         function: CustomFunction,
     ) -> None:
-        import torch
+        """Non-tensor arguments must be the same values as recorded, or the run goes eager.
 
-        same = len(recorded) == len(actual)
-        for old, new in zip(recorded, actual):
-            if not same:
-                break
+        Objects created anew on every call (a lambda closing over a tensor of
+        the step, a wrapper built by a library) would be baked into the
+        compiled call as their first-call version: a silently stale result.
+        """
+        for position, (old, new) in enumerate(zip(recorded, actual)):
             if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
-                same = isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
-            else:
-                same = old is new or old == new
-        if not same:
-            raise ReplayError(
-                f"phi_torch_jit: while tracing {self._owner}, custom-function call #{index + 1} "
-                f"({function.label}) got different arguments than in the record pass." + _FIX
+                continue
+            if old is new or _equal(old, new):
+                continue
+            raise RunEagerly(
+                f"argument {position} of custom-function call #{index + 1} ({function.label}) is "
+                f"a new {type(new).__name__} object on every call (a lambda or wrapper created "
+                "inside the jitted function?), so a compiled program would keep the first one. "
+                "Pass the tensors it uses as arguments of the custom function to compile it"
             )
 
     def finish(self) -> None:
@@ -105,3 +110,10 @@ class ReplayCursor:
                 f"{len(self._steps)} recorded custom-function calls happened; the first missing "
                 f"one is {missing}." + _FIX
             )
+
+
+def _equal(old: Any, new: Any) -> bool:
+    try:
+        return type(old) is type(new) and bool(old == new)
+    except Exception:  # comparisons that raise or return arrays: not provably equal
+        return False

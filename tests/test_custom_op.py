@@ -136,3 +136,23 @@ def test_replay_outputs_do_not_leak_to_other_threads() -> None:
     finally:
         _REPLAYING.reset(token)
     assert torch.equal(seen[0], torch.full((3,), 3.0))
+
+
+def test_per_call_closure_argument_runs_eagerly_instead_of_going_stale(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def apply_op(op: Any, b: torch.Tensor) -> torch.Tensor:
+        return op(b)
+
+    apply = ptj.custom_gradient(apply_op, lambda i, o, g: (None, g[0]))
+
+    @ptj.jit
+    def step(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return apply(lambda x: x * k, b)  # a new closure over k on every call
+
+    b = torch.ones(3)
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        assert torch.equal(step(b, torch.tensor(2.0)), torch.full((3,), 2.0))
+        assert torch.equal(step(b, torch.tensor(5.0)), torch.full((3,), 5.0))  # not stale
+    assert any("new function object on every call" in r.getMessage() for r in caplog.records)
+    assert step.specializations[0].eager_reason

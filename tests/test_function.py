@@ -211,3 +211,32 @@ def test_functions_outside_jit_are_untouched() -> None:
     x = torch.randn(3, requires_grad=True)
     ScaledSquare.apply(x, torch.ones(3), 1.0).sum().backward()
     assert torch.allclose(x.grad, 2 * x.detach())
+
+
+def test_ode_adjoint_from_a_library_works_unchanged() -> None:
+    torchdiffeq = pytest.importorskip("torchdiffeq")
+
+    class Dynamics(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2, dtype=torch.float64)
+
+        def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.lin(y))
+
+    dynamics = Dynamics()
+
+    def final_sum(y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        ys = torchdiffeq.odeint_adjoint(dynamics, y0, t, rtol=1e-8, atol=1e-8)
+        return ys[-1].sum()
+
+    y0 = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    t = torch.linspace(0, 1, 3, dtype=torch.float64)
+    final_sum(y0, t).backward()
+    want_y, want_w = y0.grad.clone(), dynamics.lin.weight.grad.clone()
+    step = ptj.jit(final_sum)
+    for _ in range(2):
+        y0.grad = None
+        dynamics.zero_grad()
+        step(y0, t).backward()
+        assert torch.allclose(y0.grad, want_y) and torch.allclose(dynamics.lin.weight.grad, want_w)
