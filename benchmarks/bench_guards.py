@@ -1,0 +1,83 @@
+"""Per-call cost of the module guard (issue 3): guard_hooks=True vs False vs eager.
+
+A jitted step calls a small CNN with N modules. Variants are interleaved
+within each repetition; medians of per-call times are reported, plus the
+guard check alone (ModuleGuard.holds). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import phi_torch_jit as ptj
+
+
+def make_net(blocks: int) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()]
+    return nn.Sequential(*layers).eval()
+
+
+def per_call(fn: Callable[[], Any], inner: int) -> float:
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - start) / inner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, nargs="+", default=[1, 5, 20])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--inner", type=int, default=200)
+    args = parser.parse_args()
+    x = torch.randn(1, 4, 8, 8)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.reps}")
+    print(
+        "| modules | eager | jit, guard_hooks=False | jit, guard_hooks=True "
+        "| full guard alone | training-only guard alone |"
+    )
+    print("|---|---|---|---|---|---|")
+    for blocks in args.blocks:
+        n, med = bench(blocks, x, args.reps, args.inner)
+        print(
+            f"| {n} | {med['eager']:.1f} us | {med['light']:.1f} us "
+            f"| {med['guarded']:.1f} us | {med['guard']:.2f} us | {med['light_guard']:.2f} us |"
+        )
+
+
+def bench(blocks: int, x: torch.Tensor, reps: int, inner: int) -> tuple[int, dict[str, float]]:
+    """(number of guarded modules, median microseconds per call of each variant)."""
+    net = make_net(blocks)
+    guarded = ptj.jit(lambda u: net(u))
+    light = ptj.jit(lambda u: net(u), guard_hooks=False)
+    with torch.no_grad():
+        for _ in range(5):
+            guarded(x), light(x)
+        guard = guarded.specializations[0].guard
+        light_guard = light.specializations[0].guard
+        assert guard is not None and light_guard is not None
+        variants: dict[str, tuple[Callable[[], Any], int]] = {
+            "eager": (lambda: net(x), inner),
+            "light": (lambda: light(x), inner),
+            "guarded": (lambda: guarded(x), inner),
+            "guard": (guard.holds, inner * 10),
+            "light_guard": (light_guard.holds, inner * 10),
+        }
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(reps):
+            for name, (fn, count) in variants.items():
+                times[name].append(per_call(fn, count))
+    return len(guard.modules), {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
+if __name__ == "__main__":
+    main()
