@@ -1,8 +1,10 @@
-"""Per-call cost of the module guard (issue 3): guard_hooks=True vs False vs eager.
+"""Per-call cost of guards: module guards (issue 3) and value guards (issue 6).
 
-A jitted step calls a small CNN with N modules. Variants are interleaved
-within each repetition; medians of per-call times are reported, plus the
-guard check alone (ModuleGuard.holds). Not a test.
+Module guards: a jitted step calls a small CNN with N modules; guard_hooks=True
+vs False vs eager, plus the guard check alone (ModuleGuard.holds). Value
+guards: a function that branches on a tensor value (one guard) vs the same
+arithmetic without the branch. Variants are interleaved within each
+repetition; medians of per-call times are reported. Not a test.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def main() -> None:
             f"| {n} | {med['eager']:.1f} us | {med['light']:.1f} us "
             f"| {med['guarded']:.1f} us | {med['guard']:.2f} us | {med['light_guard']:.2f} us |"
         )
+    value = bench_value_guard(args.reps, args.inner)
+    print(
+        f"\nValue guard: a guarded Python branch {value['guarded']:.1f} us per call vs "
+        f"{value['unguarded']:.1f} us for the same branch with torch.where "
+        f"({value['guarded'] - value['unguarded']:+.1f} us)"
+    )
 
 
 def bench(blocks: int, x: torch.Tensor, reps: int, inner: int) -> tuple[int, dict[str, float]]:
@@ -77,6 +85,26 @@ def bench(blocks: int, x: torch.Tensor, reps: int, inner: int) -> tuple[int, dic
             for name, (fn, count) in variants.items():
                 times[name].append(per_call(fn, count))
     return len(guard.modules), {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
+def bench_value_guard(reps: int, inner: int) -> dict[str, float]:
+    """Median microseconds per call: a guarded Python branch vs the same as torch.where."""
+    x = torch.randn(64)
+
+    def branchy(u: torch.Tensor) -> torch.Tensor:
+        return u * 2 if u.sum() > -1e9 else u
+
+    def plain(u: torch.Tensor) -> torch.Tensor:  # the same branch as tensor operations
+        return torch.where(u.sum() > -1e9, u * 2, u)
+
+    guarded, unguarded = ptj.jit(branchy), ptj.jit(plain)
+    guarded(x), unguarded(x)
+    variants = {"guarded": lambda: guarded(x), "unguarded": lambda: unguarded(x)}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            times[name].append(per_call(fn, inner))
+    return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 
 
 if __name__ == "__main__":

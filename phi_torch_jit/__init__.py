@@ -11,6 +11,7 @@ from ._record import register_module_call
 from .errors import (
     CustomFunctionError,
     GradientError,
+    GuardError,
     JitError,
     JitWarning,
     OutputError,
@@ -32,6 +33,7 @@ __all__ = [
     "CustomFunctionError",
     "GradientError",
     "TraceError",
+    "GuardError",
     "JitWarning",
 ]
 

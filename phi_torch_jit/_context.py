@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._custom_op import NestedCalls
     from ._record import Recording
     from ._replay import ReplayCursor
+    from ._value_guards import Conversion
 
 __all__ = [
     "Phase",
@@ -65,6 +66,8 @@ class Frame:
     """Hands out recorded custom calls in order (trace phase only)."""
     nested: NestedCalls | None = None
     """Compiles custom functions called inside the one being compiled (compile phase only)."""
+    conversions: list[Conversion] | None = None
+    """Tensor-to-Python conversions made by user code (trace phase, when value guards are on)."""
 
 
 _FRAME: ContextVar[Frame | None] = ContextVar("phi_torch_jit_frame", default=None)
@@ -93,9 +96,14 @@ def recording_frame(owner: str, recording: Recording) -> AbstractContextManager[
     return _entered(Frame(Phase.RECORD, owner, recording=recording))
 
 
-def tracing_frame(owner: str, cursor: ReplayCursor) -> AbstractContextManager[Frame | None]:
-    """Enter the trace phase for ``owner``; ``cursor`` replays the recording."""
-    return _entered(Frame(Phase.TRACE, owner, cursor=cursor))
+def tracing_frame(
+    owner: str, cursor: ReplayCursor, conversions: list[Conversion] | None = None
+) -> AbstractContextManager[Frame | None]:
+    """Enter the trace phase for ``owner``; ``cursor`` replays the recording.
+
+    ``conversions``, if given, collects the tensor-to-Python conversions of user code.
+    """
+    return _entered(Frame(Phase.TRACE, owner, cursor=cursor, conversions=conversions))
 
 
 def no_frame() -> AbstractContextManager[Frame | None]:

@@ -16,6 +16,7 @@ in order:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -46,9 +47,11 @@ from ._signature import (
     unflatten,
 )
 from ._state import capture_rng, restore_rng
+from ._value_guards import GUARD_POLICIES, Conversion, ValueGuard, conversion_capture
+from ._warnings import describe_warning, reemit
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
-from .errors import JitWarning, TraceError, describe_function
+from .errors import GuardError, JitWarning, TraceError, describe_function
 
 __all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV"]
 
@@ -97,9 +100,82 @@ class Specialization:
     """Module state this specialization is valid for (None: it calls no modules)."""
     eager_reason: str = ""
     """Why this specialization runs the Python function instead of a compiled one, if it does."""
+    value_guards: tuple[ValueGuard, ...] = ()
+    """Tensor values the traced Python branched on; checked after each compiled call."""
+    n_outputs: int = 0
+    """Number of output tensors; the program returns the value-guard tensors after them."""
+    buffers: tuple[torch.Tensor, ...] = ()
+    """Buffers restored when a value guard fails (only with value guards)."""
+    uses_rng: bool = True
+    """Whether the RNG state must be restored when a value guard fails."""
 
-    def __call__(self, tensors: list[torch.Tensor]) -> Any:
-        return unflatten(self.output_spec, iter(self.program(*tensors)))
+    def run(self, tensors: list[torch.Tensor]) -> Any:
+        """The result for these inputs, or a :class:`GuardFailure` (state restored) if a
+        value guard fails."""
+        if not self.value_guards:
+            return unflatten(self.output_spec, iter(self.program(*tensors)))
+        rng = capture_rng() if self.uses_rng else None
+        saved = [b.clone() for b in self.buffers]
+        flat = self.program(*tensors)
+        for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
+            if not guard.holds(tensor):
+                if rng is not None:
+                    restore_rng(rng)
+                with torch.no_grad():
+                    for buffer, value in zip(self.buffers, saved):
+                        buffer.copy_(value)
+                return GuardFailure(guard.describe(tensor))
+        return unflatten(self.output_spec, iter(flat[: self.n_outputs]))
+
+
+@dataclass(frozen=True)
+class GuardFailure:
+    """A value guard did not hold; the compiled result was discarded."""
+
+    description: str
+    """What changed, e.g. ``bool(...) at step.py:12: True -> False``."""
+
+
+@dataclass(frozen=True)
+class _Miss:
+    """No cached specialization could serve a call."""
+
+    failure: GuardFailure | None
+    """The first value-guard failure, if that is why."""
+
+
+@dataclass(frozen=True)
+class _Build:
+    """What stages 2-4 produced for one specialization."""
+
+    steps: list[ReplayStep]
+    module: CompiledModule
+    value_guards: tuple[ValueGuard, ...]
+    compile_custom_s: float
+    trace_s: float
+
+
+def _run_first_valid(entries: list[Specialization], tensors: list[torch.Tensor]) -> Any:
+    """Run the newest specialization whose guards hold; a :class:`_Miss` if none does."""
+    failure = None
+    for specialization in entries:
+        guard = specialization.guard
+        if guard is not None and not guard.holds():
+            continue
+        result = specialization.run(tensors)
+        if not isinstance(result, GuardFailure):
+            return result
+        failure = failure or result
+    return _Miss(failure)
+
+
+def _retrace_reason(entries: list[Specialization], miss: Any) -> str | None:
+    """Why the cached specializations did not serve (None: a new argument signature)."""
+    if isinstance(miss, _Miss) and miss.failure is not None:
+        return f"value guard failed: {miss.failure.description}"
+    if entries and entries[0].guard is not None:
+        return entries[0].guard.describe_change()
+    return None
 
 
 def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -127,11 +203,17 @@ class JitFunction(Generic[P, R]):
         engine: str | Engine = "torchscript",
         max_traces: int = 8,
         guard_hooks: bool = True,
+        on_guard_failure: str = "retrace",
     ) -> None:
         if not callable(fn):
             raise TypeError(f"phi_torch_jit: jit needs a callable, got {type(fn).__name__}.")
         if not isinstance(max_traces, int) or max_traces < 1:
             raise ValueError(f"phi_torch_jit: max_traces must be an int >= 1, got {max_traces!r}.")
+        if on_guard_failure not in GUARD_POLICIES:
+            raise ValueError(
+                f"phi_torch_jit: on_guard_failure must be one of {GUARD_POLICIES}, "
+                f"got {on_guard_failure!r}."
+            )
         if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
             engine = "eager"
         self._fn = fn
@@ -140,13 +222,13 @@ class JitFunction(Generic[P, R]):
         self._arg_names = _positional_names(fn)
         self._max_traces = max_traces
         self._guard_hooks = guard_hooks
+        self._on_guard_failure = on_guard_failure
         self._cache: dict[Key, list[Specialization]] = {}
         self._lock = threading.RLock()
         self._num_traces = 0
         self._last_key: Key | None = None
         self._warned = False
         self._eager_logged = False
-        self._stage_times = (0.0, 0.0)
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
         else:
@@ -180,27 +262,36 @@ class JitFunction(Generic[P, R]):
             return self._fn(*args, **kwargs)  # eager, or inlined into an enclosing trace
         spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)
         key = (spec, torch.is_grad_enabled())
-        hit = self._lookup(key)
-        if hit is not None:
-            return hit(tensors)  # type: ignore[no-any-return]
+        entries = self._cache.get(key, [])
+        seen = len(entries)
+        if seen:
+            result = _run_first_valid(entries, tensors)
+            if not isinstance(result, _Miss):
+                return result  # type: ignore[no-any-return]
+            if result.failure is not None and self._on_guard_failure != "retrace":
+                return self._guard_failed(result.failure, args, kwargs)  # type: ignore[no-any-return]
         with self._lock:
-            hit = self._lookup(key)
-            if hit is not None:
-                return hit(tensors)  # type: ignore[no-any-return]
             entries = self._cache.setdefault(key, [])
-            failed_guard = entries[0].guard if entries else None
-            result, specialization = self._specialize(key, args, kwargs, tensors)
+            if len(entries) > seen:  # another thread compiled meanwhile: try what it added
+                result = _run_first_valid(entries[: len(entries) - seen], tensors)
+                if not isinstance(result, _Miss):
+                    return result  # type: ignore[no-any-return]
+            reason = _retrace_reason(entries, result if seen else None)
+            value, specialization = self._specialize(key, args, kwargs, tensors)
             entries.insert(0, specialization)
-            self._note_trace(key, failed_guard)
-            return result  # type: ignore[no-any-return]
+            self._note_trace(key, reason)
+            return value  # type: ignore[no-any-return]
 
-    def _lookup(self, key: Key) -> Specialization | None:
-        """The cached specialization for ``key`` whose module guard holds, if any."""
-        for specialization in self._cache.get(key, ()):
-            guard = specialization.guard
-            if guard is None or guard.holds():
-                return specialization
-        return None
+    def _guard_failed(self, failure: GuardFailure, args: Any, kwargs: Any) -> Any:
+        """A value guard failed and the policy is not "retrace": run eagerly or raise."""
+        if self._on_guard_failure == "eager":
+            return self._fn(*args, **kwargs)
+        raise GuardError(
+            f"phi_torch_jit: {self._owner} branched on a tensor value that changed since it was "
+            f"traced: {failure.description}. The compiled program would return the traced "
+            "branch's result. Use jit(on_guard_failure='retrace') (the default) or 'eager', or "
+            "replace the Python branch by tensor operations (torch.where)."
+        )
 
     def _specialize(
         self, key: Key, args: Any, kwargs: Any, tensors: list[torch.Tensor]
@@ -208,22 +299,20 @@ class JitFunction(Generic[P, R]):
         """Run the stages for a cache miss; return (the eager result, the specialization)."""
         start = time.perf_counter()
         result, recording = record(self._fn, args, kwargs, self._owner, modules_in(key[0]))
-        output_spec, _ = flatten_outputs(result, self._owner)
-        recorded = time.perf_counter()
+        output_spec, outputs = flatten_outputs(result, self._owner)
+        record_s = time.perf_counter() - start
         modules = recording.root_modules()
         guard = ModuleGuard(modules, self._guard_hooks) if modules else None
         wrapper = make_wrapper(self._fn, key[0], modules, self._owner)
         eager_reason = self._eager_reason(recording)
-        steps: list[ReplayStep] = []
-        self._stage_times = (0.0, 0.0)
+        build = None
         if not eager_reason:
             try:
-                steps, compiled = self._compile(recording, wrapper, tensors)
+                build = self._compile(recording, wrapper, tensors)
             except RunEagerly as signal:
                 eager_reason = self._log_eager(signal.reason)
-        if eager_reason:
-            steps = []
-            compiled = CompiledModule(wrapper.forward)  # custom functions run eagerly in there
+        if build is None:  # custom functions run eagerly inside the wrapper's forward
+            build = _Build([], CompiledModule(wrapper.forward), (), 0.0, 0.0)
         elif wrapper.output_spec != output_spec:
             raise TraceError(
                 f"phi_torch_jit: {self._owner} returned a different structure while tracing "
@@ -231,24 +320,27 @@ class JitFunction(Generic[P, R]):
                 f"recording ({describe_spec(output_spec)}). Make the output structure depend "
                 "only on the inputs' shapes and static values."
             )
-        compiled_custom, traced = self._stage_times
-        unique = tuple({id(s.compiled): s.compiled for s in steps}.values())
+        guarded_state = tuple(b for m in modules for b in m.buffers()) if build.value_guards else ()
         specialization = Specialization(
             key=key,
-            program=compiled.run,
+            program=build.module.run,
             output_spec=output_spec,
             modules=tuple(module_names(modules)),
-            calls=unique,
-            timings=Timings(recorded - start, compiled_custom, traced),
-            tracer_warnings=compiled.warnings,
+            calls=tuple({id(s.compiled): s.compiled for s in build.steps}.values()),
+            timings=Timings(record_s, build.compile_custom_s, build.trace_s),
+            tracer_warnings=self._show_tracer_warnings(build),
             guard=guard,
             eager_reason=eager_reason,
+            value_guards=build.value_guards,
+            n_outputs=len(outputs),
+            buffers=guarded_state,
+            uses_rng=build.module.uses_rng,
         )
         return result, specialization
 
     def _compile(
         self, recording: Recording, wrapper: WrapperModule, tensors: list[torch.Tensor]
-    ) -> tuple[list[ReplayStep], CompiledModule]:
+    ) -> _Build:
         """Stages 2-4: compile custom calls, then trace the wrapper replaying them."""
         start = time.perf_counter()
         rng = capture_rng()
@@ -259,11 +351,25 @@ class JitFunction(Generic[P, R]):
         compiled_custom = time.perf_counter()
         cursor = ReplayCursor(steps, self._owner)
         example = tuple(_trace_input(t) for t in tensors)
-        with recording.state.rewound(), tracing_frame(self._owner, cursor):
+        guarding = self._on_guard_failure != "off"
+        conversions: list[Conversion] | None = [] if guarding else None
+        capture = conversion_capture() if guarding else contextlib.nullcontext()
+        with capture, recording.state.rewound(), tracing_frame(self._owner, cursor, conversions):
             compiled = self._engine.compile_module(wrapper, example, self._owner)
         cursor.finish()
-        self._stage_times = (compiled_custom - start, time.perf_counter() - compiled_custom)
-        return steps, compiled
+        value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
+        return _Build(
+            steps,
+            compiled,
+            value_guards,
+            compiled_custom - start,
+            time.perf_counter() - compiled_custom,
+        )
+
+    def _show_tracer_warnings(self, build: _Build) -> tuple[str, ...]:
+        """Pass the tracer warnings on to the user; return their descriptions for explain()."""
+        reemit(build.module.tracer_warnings)
+        return tuple(describe_warning(w) for w in build.module.tracer_warnings)
 
     def _eager_reason(self, recording: Recording) -> str:
         """Why a specialization must run eagerly (empty if it can be compiled)."""
@@ -281,14 +387,14 @@ class JitFunction(Generic[P, R]):
             logger.warning("phi_torch_jit: %s runs eagerly: %s", self._owner, reason)
         return reason
 
-    def _note_trace(self, key: Key, failed_guard: ModuleGuard | None) -> None:
+    def _note_trace(self, key: Key, reason: str | None) -> None:
         self._num_traces += 1
-        if failed_guard is not None:
-            reason = failed_guard.describe_change()
-        elif self._last_key is None:
-            reason = "first call"
-        else:
-            reason = self._describe_change(self._last_key, key)
+        if reason is None:
+            reason = (
+                "first call"
+                if self._last_key is None
+                else self._describe_change(self._last_key, key)
+            )
         self._last_key = key
         logger.info("phi_torch_jit: traced %s (#%d): %s", self._owner, self._num_traces, reason)
         if self._num_traces > self._max_traces and not self._warned:
@@ -350,6 +456,7 @@ def _explain_specialization(index: int, spec: Specialization) -> list[str]:
                 f" ({b.compiled.reason})" if b.compiled is not None and b.compiled.reason else ""
             )
             lines.append(f"      backward for needs_input_grad={pattern}: {b.mode}{reason}")
+    lines += [f"    value guard: {g.describe()}" for g in spec.value_guards]
     lines += [f"    tracer warning: {w}" for w in spec.tracer_warnings]
     return lines
 
@@ -361,6 +468,7 @@ def jit(
     engine: str | Engine = ...,
     max_traces: int = ...,
     guard_hooks: bool = ...,
+    on_guard_failure: str = ...,
 ) -> JitFunction[P, R]: ...
 
 
@@ -371,6 +479,7 @@ def jit(
     engine: str | Engine = ...,
     max_traces: int = ...,
     guard_hooks: bool = ...,
+    on_guard_failure: str = ...,
 ) -> Callable[[Callable[P, R]], JitFunction[P, R]]: ...
 
 
@@ -380,6 +489,7 @@ def jit(
     engine: str | Engine = "torchscript",
     max_traces: int = 8,
     guard_hooks: bool = True,
+    on_guard_failure: str = "retrace",
 ) -> JitFunction[P, R] | Callable[[Callable[P, R]], JitFunction[P, R]]:
     """Compile ``fn`` once per input signature; later calls run the compiled program.
 
@@ -403,6 +513,8 @@ def jit(
       the modules ``fn`` calls are live: ``optimizer.step()`` is seen.
     * Nested: a jitted function called while another is being traced is
       inlined into the outer trace.
+    * Values: tensor-to-Python conversions in ``fn`` become guards, checked
+      after each compiled call (a few microseconds each; none if there are none).
     * Module state: each module the function calls is guarded: a changed
       training flag (``train()``/``eval()``), hooks added, removed or replaced,
       or parameters/buffers replaced by new objects retrace (and the previous
@@ -420,6 +532,12 @@ def jit(
             before each call (about 0.3 us per module); with False only
             training flags are checked and hooks changed after compiling are
             ignored, like torch.compile's ``skip_nnmodule_hook_guards``.
+        on_guard_failure: what a compiled call does when a tensor value that the
+            traced Python branched on (``if x.sum() > 0``, ``int(t)``,
+            ``t.item()``) differs from the traced one: ``"retrace"`` (default;
+            compile the new branch too), ``"eager"`` (run the Python), ``"error"``
+            (raise :class:`~phi_torch_jit.GuardError`), or ``"off"`` (no guards:
+            the traced branch is silently reused -- torch's TracerWarning is shown).
 
     Returns:
         A :class:`JitFunction` with ``fn``'s signature.
@@ -439,8 +557,12 @@ def jit(
         >>> step.num_traces
         1
     """
+    options: dict[str, Any] = {
+        "engine": engine,
+        "max_traces": max_traces,
+        "guard_hooks": guard_hooks,
+        "on_guard_failure": on_guard_failure,
+    }
     if fn is None:
-        return functools.partial(  # type: ignore[return-value]
-            jit, engine=engine, max_traces=max_traces, guard_hooks=guard_hooks
-        )
-    return JitFunction(fn, engine=engine, max_traces=max_traces, guard_hooks=guard_hooks)
+        return functools.partial(jit, **options)  # type: ignore[return-value]
+    return JitFunction(fn, **options)

@@ -25,6 +25,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ._context import current_frame
 from ._signature import Spec, flatten_outputs, unflatten_arguments
 
 __all__ = ["TensorHolder", "WrapperModule", "make_wrapper", "module_names"]
@@ -79,6 +80,9 @@ class WrapperModule(nn.Module):
         args, kwargs = unflatten_arguments(self.arg_spec, tensors)
         spec, flat = flatten_outputs(self.fn(*args, **kwargs), self.owner)
         object.__setattr__(self, "output_spec", spec)
+        frame = current_frame()
+        if frame is not None and frame.conversions:  # value guards: see _value_guards
+            flat += [c.tensor for c in frame.conversions]
         return tuple(flat)
 
 

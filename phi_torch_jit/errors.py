@@ -19,6 +19,7 @@ __all__ = [
     "CustomFunctionError",
     "GradientError",
     "TraceError",
+    "GuardError",
     "JitWarning",
     "describe_function",
 ]
@@ -46,6 +47,10 @@ class CustomFunctionError(JitError, TypeError):
 
 class GradientError(JitError, ValueError):
     """The gradient function of a custom function broke its contract."""
+
+
+class GuardError(JitError, RuntimeError):
+    """A value that traced Python code branched on changed (``on_guard_failure="error"``)."""
 
 
 class TraceError(JitError, RuntimeError):

@@ -59,11 +59,11 @@ def test_deprecation_warnings_are_not_shown() -> None:
     assert step.num_traces == 2
 
 
-def test_tracer_warnings_of_user_code_reach_the_user() -> None:
+def test_tracer_warnings_reach_the_user_when_value_guards_are_off() -> None:
     def branchy(x: torch.Tensor) -> torch.Tensor:
         return x * 2 if x.sum() > 0 else x
 
-    step = ptj.jit(branchy)
+    step = ptj.jit(branchy, on_guard_failure="off")
     with pytest.warns(torch.jit.TracerWarning, match="Python boolean"):
         step(torch.ones(2))
     assert "tracer warning: Converting a tensor to a Python boolean" in step.explain()

@@ -18,6 +18,7 @@ torch.compile engine plugs in here without changes to the pipeline.
 from __future__ import annotations
 
 import abc
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -73,8 +74,10 @@ class CompiledModule:
 
     run: Callable[..., tuple[torch.Tensor, ...]]
     """Call with the flat input tensors; returns the flat output tensors."""
-    warnings: tuple[str, ...] = ()
-    """Tracer warnings raised while compiling (shown to the user and in ``explain()``)."""
+    tracer_warnings: tuple[warnings.WarningMessage, ...] = ()
+    """Tracer warnings from user code while compiling; the caller shows the relevant ones."""
+    uses_rng: bool = True
+    """Whether running it may draw random numbers (False only when the engine is sure)."""
 
 
 class Engine(abc.ABC):

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.jit._trace import TracerWarning
 
+from .._warnings import describe_warning, reemit
 from ..errors import TraceError
 from . import CompiledFunction, CompiledModule, Engine, FunctionTarget
 
@@ -73,20 +74,12 @@ def _sort_warnings(
     kept = [w for w in caught if not _is_deprecation(w)]
     for w in kept:
         if _is_library_check(w):
-            logger.debug("phi_torch_jit: ignored tracer warning from torch: %s", _describe(w))
+            logger.debug(
+                "phi_torch_jit: ignored tracer warning from torch: %s", describe_warning(w)
+            )
     kept = [w for w in kept if not _is_library_check(w)]
     tracer = [w for w in kept if issubclass(w.category, TracerWarning)]
     return tracer, [w for w in kept if w not in tracer]
-
-
-def _reemit(caught: list[warnings.WarningMessage]) -> None:
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-
-
-def _describe(w: warnings.WarningMessage) -> str:
-    first = str(w.message).splitlines()[0].split(". ")[0].rstrip(".")
-    return f"{first} ({w.filename}:{w.lineno})"
 
 
 class _AsTuple:
@@ -124,6 +117,31 @@ def _as_function(fn: Any) -> Any:
     return flat
 
 
+_RANDOM = (
+    "rand",
+    "dropout",
+    "bernoulli",
+    "normal",
+    "multinomial",
+    "uniform",
+    "exponential",
+    "geometric",
+    "cauchy",
+    "poisson",
+)
+
+
+def _uses_rng(graph: Any) -> bool:
+    """Whether a traced graph may draw random numbers (custom and Python ops count as may)."""
+    for node in graph.nodes():
+        kind = node.kind()
+        if kind.startswith(("phi_torch_jit::", "prim::PythonOp")) or any(
+            r in kind for r in _RANDOM
+        ):
+            return True
+    return False
+
+
 class TorchScriptEngine(Engine):
     """Compiles with ``torch.jit.trace``; scripts or falls back to Python where tracing bakes."""
 
@@ -138,11 +156,13 @@ class TorchScriptEngine(Engine):
             except Exception as error:  # anything the tracer cannot follow
                 traced, failure = None, f"tracing failed: {type(error).__name__}: {error}"
         tracer, other = _sort_warnings(caught)
-        _reemit(other)
+        reemit(other)
         if traced is not None and not tracer:
             return CompiledFunction(traced, "traced")
         if traced is not None:
-            failure = "its Python control flow depends on tensor values: " + _describe(tracer[0])
+            failure = "its Python control flow depends on tensor values: " + describe_warning(
+                tracer[0]
+            )
         return self._without_trace(target, failure)
 
     def _without_trace(self, target: FunctionTarget, reason: str) -> CompiledFunction:
@@ -161,7 +181,7 @@ class TorchScriptEngine(Engine):
                     actual = candidate(*target.example_inputs)
             except Exception:  # not scriptable: fall back to Python
                 return None
-        _reemit(_sort_warnings(caught)[1])
+        reemit(_sort_warnings(caught)[1])
         return candidate if _reproduces(actual, target.expected) else None
 
     def compile_module(
@@ -180,6 +200,6 @@ class TorchScriptEngine(Engine):
                     "registers with phi_torch_jit.register_module_call(module)."
                 ) from None
         tracer, other = _sort_warnings(caught)
-        _reemit(tracer + other)
+        reemit(other)
         # .forward skips nn.Module.__call__ (about 5 us); nobody hooks the traced wrapper.
-        return CompiledModule(traced.forward, tuple(_describe(w) for w in tracer))
+        return CompiledModule(traced.forward, tuple(tracer), _uses_rng(traced.inlined_graph))

@@ -1,0 +1,151 @@
+"""Stage 4b: guard the tensor values that traced Python turned into control flow.
+
+A trace records operations, not Python decisions: ``if x.sum() > 0:``,
+``int(n)``, ``t.item()`` are evaluated once and the branch taken is baked in.
+torch only warns (TracerWarning); the ancestor even hid the warning. Here,
+while the wrapper is traced, the tensor-to-Python conversions
+(``__bool__``, ``__int__``, ``__float__``, ``__index__``, ``item``,
+``tolist``) are intercepted: each one made by user code is recorded as a
+:class:`Conversion` -- the traced tensor, the Python value it gave and the
+user's ``file:line``. The wrapper returns those tensors as extra outputs of
+the compiled program, and every compiled call converts them the same way and
+compares with the recorded values (:class:`ValueGuard`). On a mismatch the
+jitted function retraces for the new branch, runs eagerly, or raises,
+depending on ``jit(on_guard_failure=...)``.
+
+Conversions made inside torch's own Python (shape checks such as
+BatchNorm's batch-size test) are not guarded: shapes are part of the cache
+key. Functions without conversions pay nothing. See NOTE [value guards].
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.jit._trace import TracerWarning
+
+from ._context import Phase, current_frame
+
+__all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
+
+GUARD_POLICIES = ("retrace", "eager", "error", "off")
+"""Accepted values of ``jit(on_guard_failure=...)``."""
+
+_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A tensor turned into a Python value while the wrapper was traced."""
+
+    tensor: torch.Tensor
+    """The traced tensor (becomes an extra output of the compiled program)."""
+    kind: str
+    """The conversion: ``__bool__``, ``__int__``, ``__float__``, ``__index__``, ``item``..."""
+    value: Any
+    """What it gave during the trace: the branch that was baked in."""
+    location: str
+    """The user's ``file:line`` that made it."""
+
+
+@dataclass(frozen=True)
+class ValueGuard:
+    """Checks, on each compiled call, that a converted value is still what was traced."""
+
+    kind: str
+    """The conversion to repeat."""
+    expected: Any
+    """The value it gave while tracing."""
+    location: str
+    """The user's ``file:line``."""
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        return _same(_convert(self.kind, tensor), self.expected)
+
+    def describe(self, tensor: torch.Tensor | None = None) -> str:
+        call = {"__bool__": "bool", "__int__": "int", "__float__": "float", "__index__": "index"}
+        name = call.get(self.kind, f".{self.kind}")
+        now = "" if tensor is None else f" -> {_convert(self.kind, tensor)!r}"
+        return f"{name}(...) at {self.location}: {self.expected!r}{now}"
+
+
+def _convert(kind: str, tensor: torch.Tensor) -> Any:
+    return getattr(torch._C.TensorBase, kind)(tensor)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def _user_location() -> str | None:
+    """``file:line`` of the user code that converted a tensor; None for torch's or ours."""
+    frame = sys._getframe(2)
+    filename = frame.f_code.co_filename
+    if filename.startswith((_TORCH_DIR, _OUR_DIR)):
+        return None
+    return f"{filename}:{frame.f_lineno}"
+
+
+def _intercepting(kind: str) -> Callable[..., Any]:
+    original = getattr(torch._C.TensorBase, kind)
+
+    def convert(self: torch.Tensor, *args: Any) -> Any:
+        frame = current_frame()
+        if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:
+            return original(self, *args)
+        # Guarded (user code) or a shape check inside torch: torch's TracerWarning is moot.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TracerWarning)
+            value = original(self, *args)
+        location = _user_location()
+        if location is not None:
+            frame.conversions.append(Conversion(self, kind, value, location))
+        return value
+
+    convert.__name__ = kind
+    return convert
+
+
+class _Capture:
+    """Installs the intercepting conversions on torch.Tensor while any thread traces."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                for kind in _CONVERSIONS:
+                    setattr(torch.Tensor, kind, _intercepting(kind))
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    for kind in _CONVERSIONS:
+                        delattr(torch.Tensor, kind)
+
+
+_CAPTURE = _Capture()
+
+
+def conversion_capture() -> Any:
+    """Context manager: record user conversions made in trace frames while the block runs."""
+    return _CAPTURE.active()

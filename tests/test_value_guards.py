@@ -1,0 +1,136 @@
+"""Guarded data-dependent control flow (issue 6, section 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import Counter
+from torch import nn
+
+import phi_torch_jit as ptj
+
+
+def branchy(x: torch.Tensor) -> torch.Tensor:
+    if x.sum() > 0:
+        return x * 2
+    return -x
+
+
+def test_guards_off_gives_the_traced_branch_guards_on_the_right_one() -> None:
+    positive, negative = torch.ones(3), -torch.ones(3)
+    with pytest.warns(torch.jit.TracerWarning):
+        unguarded = ptj.jit(branchy, on_guard_failure="off")
+        unguarded(positive)
+    assert torch.equal(unguarded(negative), negative * 2)  # wrong: the baked branch
+
+    guarded = ptj.jit(branchy)
+    guarded(positive)
+    assert torch.equal(guarded(negative), -negative)  # right
+    assert torch.equal(guarded(positive), positive * 2)
+    assert torch.equal(guarded(negative), -negative)
+    assert guarded.num_traces == 2  # one specialization per branch, both cached
+
+
+def test_int_float_item_and_tolist_conversions_are_guarded() -> None:
+    def f(x: torch.Tensor, n: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        for _ in range(int(n)):
+            x = x + 1
+        return x * scale.item() + sum(scale.reshape(1).tolist())
+
+    step = ptj.jit(f)
+    x = torch.zeros(2)
+    for n, s in [(2, 1.0), (3, 1.0), (2, 0.5), (2, 1.0)]:
+        got = step(x, torch.tensor(n), torch.tensor(s))
+        assert torch.allclose(got, f(x, torch.tensor(n), torch.tensor(s)))
+    assert step.num_traces == 3
+
+
+def test_eager_policy_runs_python_on_mismatch_without_retracing() -> None:
+    counter = Counter()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1
+        return branchy(x)
+
+    step = ptj.jit(f, on_guard_failure="eager")
+    step(torch.ones(2))
+    before = counter.forward
+    assert torch.equal(step(-torch.ones(2)), torch.ones(2))
+    assert counter.forward == before + 1 and step.num_traces == 1
+
+
+def test_error_policy_names_location_and_values() -> None:
+    step = ptj.jit(branchy, on_guard_failure="error")
+    step(torch.ones(2))
+    with pytest.raises(
+        ptj.GuardError, match=r"bool\(\.\.\.\) at .*test_value_guards.py:\d+: True -> False"
+    ):
+        step(-torch.ones(2))
+
+
+def test_invalid_policy_lists_accepted_values() -> None:
+    with pytest.raises(ValueError, match=r"one of \('retrace', 'eager', 'error', 'off'\)"):
+        ptj.jit(branchy, on_guard_failure="warn")
+
+
+def test_explain_lists_guards_and_functions_without_conversions_have_none() -> None:
+    step = ptj.jit(branchy)
+    step(torch.ones(2))
+    assert (
+        "value guard: bool(...) at" in step.explain() and "test_value_guards.py" in step.explain()
+    )
+    plain = ptj.jit(lambda x: x * 2)
+    plain(torch.ones(2))
+    assert plain.specializations[0].value_guards == ()
+
+
+def test_torch_internal_shape_checks_are_not_guarded() -> None:
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    step = ptj.jit(net)
+    step(torch.randn(4, 3))
+    assert step.specializations[0].value_guards == ()
+
+
+def test_failed_guard_leaves_no_state_behind() -> None:
+    bn = nn.BatchNorm1d(2)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = bn(x)
+        return y * 2 if x.mean() > 0 else y
+
+    step = ptj.jit(f)
+    step(torch.randn(4, 2) + 5)
+    assert int(bn.num_batches_tracked) == 1
+    step(torch.randn(4, 2) - 5)  # guard fails: the discarded run's updates are rolled back
+    assert int(bn.num_batches_tracked) == 2
+    step(torch.randn(4, 2) + 5)
+    step(torch.randn(4, 2) - 5)
+    assert int(bn.num_batches_tracked) == 4 and step.num_traces == 2
+
+
+def test_gradients_flow_through_guarded_programs() -> None:
+    step = ptj.jit(branchy)
+    for sign in (1.0, -1.0, 1.0):
+        x = torch.full((3,), sign, requires_grad=True)
+        step(x).sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), 2.0 if sign > 0 else -1.0))
+
+
+def test_failed_guard_rolls_back_random_draws() -> None:
+    drop = nn.Dropout(0.5)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = drop(x)
+        return y * 2 if x.mean() > 0 else y
+
+    step = ptj.jit(f)
+    step(torch.ones(8))
+    negative = -torch.ones(8)
+    torch.manual_seed(7)
+    got = step(negative)  # compiled run discarded, then the record pass runs
+    got_next = torch.rand(3)
+    torch.manual_seed(7)
+    want = f(negative)
+    want_next = torch.rand(3)
+    assert torch.equal(got, want) and torch.equal(got_next, want_next)
+    assert step.specializations[0].uses_rng
