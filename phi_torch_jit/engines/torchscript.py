@@ -151,7 +151,10 @@ class TorchScriptEngine(Engine):
         with _caught_warnings() as caught:
             try:
                 traced = torch.jit.trace(
-                    _as_function(target.fn), target.example_inputs, check_trace=False
+                    _as_function(target.fn),
+                    target.example_inputs,
+                    check_trace=False,
+                    _store_inputs=False,
                 )
             except Exception as error:  # anything the tracer cannot follow
                 traced, failure = None, f"tracing failed: {type(error).__name__}: {error}"
@@ -189,7 +192,9 @@ class TorchScriptEngine(Engine):
     ) -> CompiledModule:
         with _caught_warnings() as caught:
             try:
-                traced = torch.jit.trace(module, example_inputs, check_trace=False)
+                traced = torch.jit.trace(
+                    module, example_inputs, check_trace=False, _store_inputs=False
+                )
             except RuntimeError as error:
                 if _CAPTURED_CONSTANT not in str(error):
                     raise
