@@ -6,7 +6,7 @@ and the error hierarchy rooted at :class:`JitError`. Engines live in
 """
 
 from ._custom import CustomFunction, custom_gradient
-from ._jit import JitFunction, jit
+from ._jit import JitFunction, clear_caches, jit
 from ._record import register_module_call
 from .errors import (
     CustomFunctionError,
@@ -23,6 +23,7 @@ from .errors import (
 __all__ = [
     "jit",
     "JitFunction",
+    "clear_caches",
     "custom_gradient",
     "CustomFunction",
     "register_module_call",

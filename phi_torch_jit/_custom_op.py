@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Hashable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -57,6 +58,22 @@ class _FlatForward:
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.function.run_forward(merge_tensors(self.template, tensors))[0]
+
+
+def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A function calling ``method`` without keeping its object alive."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call(*args: Any, **kwargs: Any) -> Any:  # torch passes setup_context's ctx by name
+        bound = ref()
+        if bound is None:
+            raise RuntimeError(
+                "phi_torch_jit: a compiled program outlived its custom op; this is a bug, "
+                "please report it. Calling phi_torch_jit.clear_caches() recovers."
+            )
+        return bound(*args, **kwargs)
+
+    return call
 
 
 class CompiledCall:
@@ -96,13 +113,16 @@ class CompiledCall:
         inputs = ", ".join(f"Tensor x{i}" for i in range(self.n_inputs))
         returns = "Tensor" if self.n_outputs == 1 else f"({', '.join(['Tensor'] * self.n_outputs)})"
         self._library.define(f"{name}({inputs}) -> {returns}")
-        self._library.impl(name, self._impl, "CompositeExplicitAutograd")
+        # torch's registry is C++ and would keep strong references alive forever: register
+        # weak ones, and remove the op when this object is collected (NOTE [custom calls as ops]).
+        self._library.impl(name, _weak(self._impl), "CompositeExplicitAutograd")
         torch.library.register_autograd(
             f"phi_torch_jit::{name}",
-            self._backward,
-            setup_context=self._setup_context,
+            _weak(self._backward),
+            setup_context=_weak(self._setup_context),
             lib=self._library,
         )
+        weakref.finalize(self, self._library._destroy)
         self.op = getattr(torch.ops.phi_torch_jit, name).default
         return name
 

@@ -25,6 +25,8 @@ import threading
 import time
 import types
 import warnings
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -53,7 +55,7 @@ from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
 from .errors import GuardError, JitWarning, TraceError, describe_function
 
-__all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV"]
+__all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV", "clear_caches"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -223,12 +225,13 @@ class JitFunction(Generic[P, R]):
         self._max_traces = max_traces
         self._guard_hooks = guard_hooks
         self._on_guard_failure = on_guard_failure
-        self._cache: dict[Key, list[Specialization]] = {}
+        self._cache: OrderedDict[Key, list[Specialization]] = OrderedDict()  # LRU order
         self._lock = threading.RLock()
         self._num_traces = 0
         self._last_key: Key | None = None
         self._warned = False
         self._eager_logged = False
+        _LIVE.add(self)
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
         else:
@@ -267,6 +270,8 @@ class JitFunction(Generic[P, R]):
         if seen:
             result = _run_first_valid(entries, tensors)
             if not isinstance(result, _Miss):
+                if len(self._cache) > 1:
+                    self._cache.move_to_end(key)
                 return result  # type: ignore[no-any-return]
             if result.failure is not None and self._on_guard_failure != "retrace":
                 return self._guard_failed(result.failure, args, kwargs)  # type: ignore[no-any-return]
@@ -279,8 +284,28 @@ class JitFunction(Generic[P, R]):
             reason = _retrace_reason(entries, result if seen else None)
             value, specialization = self._specialize(key, args, kwargs, tensors)
             entries.insert(0, specialization)
+            self._cache.move_to_end(key)
             self._note_trace(key, reason)
+            self._evict()
             return value  # type: ignore[no-any-return]
+
+    def _evict(self) -> None:
+        """Keep at most ``max_traces`` specializations: drop the least recently used ones."""
+        while sum(map(len, self._cache.values())) > self._max_traces:
+            key, entries = next(iter(self._cache.items()))
+            dropped = entries.pop()  # the oldest of the least recently used signature
+            if not entries:
+                del self._cache[key]
+            logger.info(
+                "phi_torch_jit: dropped the least recently used specialization of %s: %s",
+                self._owner,
+                describe_spec(dropped.key[0]),
+            )
+
+    def clear_cache(self) -> None:
+        """Drop every compiled specialization (and the tensors and ops they hold)."""
+        with self._lock:
+            self._cache.clear()
 
     def _guard_failed(self, failure: GuardFailure, args: Any, kwargs: Any) -> Any:
         """A value guard failed and the policy is not "retrace": run eagerly or raise."""
@@ -398,12 +423,13 @@ class JitFunction(Generic[P, R]):
         self._last_key = key
         logger.info("phi_torch_jit: traced %s (#%d): %s", self._owner, self._num_traces, reason)
         if self._num_traces > self._max_traces and not self._warned:
-            self._warned = True
+            self._warned = True  # and _evict drops the least recently used specialization
             warnings.warn(
                 JitWarning(
                     f"phi_torch_jit: {self._owner} has been traced {self._num_traces} times "
                     f"(max_traces={self._max_traces}); the last retrace was caused by {reason}. "
-                    "Pass values that change from call to call as tensors, or raise max_traces."
+                    "The least recently used specializations are dropped from now on. Pass "
+                    "values that change from call to call as tensors, or raise max_traces."
                 ),
                 stacklevel=4,
             )
@@ -428,6 +454,15 @@ class JitFunction(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<jitted {self._owner}, engine={self._engine.name!r}>"
+
+
+_LIVE: weakref.WeakSet[JitFunction[..., Any]] = weakref.WeakSet()
+
+
+def clear_caches() -> None:
+    """Drop the compiled specializations of every jitted function (frees their memory)."""
+    for function in list(_LIVE):
+        function.clear_cache()
 
 
 def _explain_specialization(index: int, spec: Specialization) -> list[str]:
