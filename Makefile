@@ -28,6 +28,7 @@ test: lint
 bench: $(VENV)/.ready
 	$(PY) benchmarks/bench_demo.py
 	$(PY) benchmarks/bench_guards.py
+	$(PY) benchmarks/bench_memory.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
