@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
@@ -38,7 +39,7 @@ from ._record import RecordedCall, RunEagerly
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
 
-__all__ = ["CompiledCall", "NestedCalls", "compile_calls"]
+__all__ = ["CompiledCall", "NestedCalls", "compile_calls", "original_error"]
 
 _OP_NUMBERS = itertools.count()
 
@@ -58,6 +59,20 @@ class _FlatForward:
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.function.run_forward(merge_tensors(self.template, tensors))[0]
+
+
+class _LastError(threading.local):
+    error: BaseException | None = None
+
+
+_LAST_ERROR = _LastError()
+
+
+def original_error(wrapped: BaseException) -> BaseException | None:
+    """The exception a custom forward raised inside a compiled program, if ``wrapped`` is how
+    the program reported it (TorchScript turns it into a RuntimeError); taken only once."""
+    error, _LAST_ERROR.error = _LAST_ERROR.error, None
+    return error if error is not None and str(error) in str(wrapped) else None
 
 
 def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -145,9 +160,13 @@ class CompiledCall:
         if replaying is not None and replaying[0] is self:
             outputs = replaying[1]
         else:
+            try:
+                results = self.forward.run(*tensors)
+            except BaseException as error:  # re-raised unchanged by Specialization.run
+                _LAST_ERROR.error = error
+                raise
             outputs = tuple(
-                o.clone() if any(o is t for t in tensors) or o._is_view() else o
-                for o in self.forward.run(*tensors)
+                o.clone() if any(o is t for t in tensors) or o._is_view() else o for o in results
             )
         return outputs[0] if self.n_outputs == 1 else tuple(outputs)
 

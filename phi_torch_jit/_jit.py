@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ._context import current_frame, tracing_frame
-from ._custom_op import CompiledCall, compile_calls
+from ._custom_op import CompiledCall, compile_calls, original_error
 from ._guards import ModuleGuard, has_backward_hooks
 from ._record import Recording, RunEagerly, record
 from ._replay import ReplayCursor, ReplayStep
@@ -115,10 +115,10 @@ class Specialization:
         """The result for these inputs, or a :class:`GuardFailure` (state restored) if a
         value guard fails."""
         if not self.value_guards:
-            return unflatten(self.output_spec, iter(self.program(*tensors)))
+            return unflatten(self.output_spec, iter(self._execute(tensors)))
         rng = capture_rng() if self.uses_rng else None
         saved = [b.clone() for b in self.buffers]
-        flat = self.program(*tensors)
+        flat = self._execute(tensors)
         for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
             if not guard.holds(tensor):
                 if rng is not None:
@@ -128,6 +128,15 @@ class Specialization:
                         buffer.copy_(value)
                 return GuardFailure(guard.describe(tensor))
         return unflatten(self.output_spec, iter(flat[: self.n_outputs]))
+
+    def _execute(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        try:
+            return self.program(*tensors)
+        except RuntimeError as wrapped:
+            error = original_error(wrapped)
+            if error is None:
+                raise
+            raise error.with_traceback(error.__traceback__) from None
 
 
 @dataclass(frozen=True)
@@ -231,6 +240,7 @@ class JitFunction(Generic[P, R]):
         self._last_key: Key | None = None
         self._warned = False
         self._eager_logged = False
+        self._side_effects_warned = False
         _LIVE.add(self)
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
@@ -345,6 +355,8 @@ class JitFunction(Generic[P, R]):
                 f"recording ({describe_spec(output_spec)}). Make the output structure depend "
                 "only on the inputs' shapes and static values."
             )
+        if recording.side_effects and not eager_reason:
+            self._warn_side_effects(recording.side_effects)
         guarded_state = tuple(b for m in modules for b in m.buffers()) if build.value_guards else ()
         specialization = Specialization(
             key=key,
@@ -389,6 +401,21 @@ class JitFunction(Generic[P, R]):
             value_guards,
             compiled_custom - start,
             time.perf_counter() - compiled_custom,
+        )
+
+    def _warn_side_effects(self, seen: list[str]) -> None:
+        """Warn once per jitted function about Python side effects compiled calls skip."""
+        if self._side_effects_warned:
+            return
+        self._side_effects_warned = True
+        warnings.warn(
+            JitWarning(
+                f"phi_torch_jit: {self._owner} has Python side effects ({', '.join(seen)}) that "
+                "ran while it was compiled but will not run on compiled calls, which execute no "
+                "Python. Move them outside the jitted function, return the values instead, or "
+                "use engine='eager' while debugging."
+            ),
+            stacklevel=5,
         )
 
     def _show_tracer_warnings(self, build: _Build) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ._context import Phase, current_frame, recording_frame
+from ._side_effects import print_capture
 from ._state import StateSnapshot
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class Recording:
     """Custom-function calls in call order."""
     state: StateSnapshot = field(default_factory=StateSnapshot)
     """RNG and buffer state from before the pass."""
+    side_effects: list[str] = field(default_factory=list)
+    """Python side effects seen (``print at file:line``) that compiled calls will not repeat."""
     eager_reasons: list[str] = field(default_factory=list)
     """Why the specialization must run eagerly (e.g. an uncapturable autograd.Function)."""
 
@@ -176,6 +179,6 @@ def record(
     recording = Recording()
     for module in modules:
         recording.add_module(module)
-    with _MODULE_HOOK.active(), recording_frame(owner, recording):
+    with _MODULE_HOOK.active(), print_capture(), recording_frame(owner, recording):
         result = fn(*args, **kwargs)
     return result, recording

@@ -156,3 +156,23 @@ def test_per_call_closure_argument_runs_eagerly_instead_of_going_stale(
         assert torch.equal(step(b, torch.tensor(5.0)), torch.full((3,), 5.0))  # not stale
     assert any("new function object on every call" in r.getMessage() for r in caplog.records)
     assert step.specializations[0].eager_reason
+
+
+def test_exception_in_python_forward_of_compiled_call_keeps_its_type() -> None:
+    class Diverged(ArithmeticError):
+        pass
+
+    def checked_solve(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        if torch.isnan(b).any():
+            raise Diverged("NaN in the right-hand side")
+        return cg_loop(b, k)
+
+    solve = ptj.custom_gradient(checked_solve, lambda i, o, g: (g[0], None))
+    step = ptj.jit(lambda b, k: solve(b, k) + 1)
+    k = torch.tensor(0.2)
+    step(torch.ones(4), k)
+    assert step.specializations[0].calls[0].forward.mode == "python"
+    with pytest.raises(Diverged, match="NaN in the right-hand side") as info:
+        step(torch.full((4,), float("nan")), k)
+    assert info.traceback[-1].name == "checked_solve"
+    assert torch.allclose(step(torch.ones(4), k), cg_loop(torch.ones(4), k) + 1)

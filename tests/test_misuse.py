@@ -1,0 +1,72 @@
+"""The misuse catalog (docs/troubleshooting.md): each entry triggered, message matched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import Counter, cg_loop
+
+import phi_torch_jit as ptj
+
+
+def test_print_in_jitted_function_warns_once_and_does_not_repeat(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        print("step!")
+        return x + 1
+
+    step = ptj.jit(noisy)
+    with pytest.warns(ptj.JitWarning, match=r"side effects \(print at .*test_misuse.py:\d+\)"):
+        step(torch.ones(1))
+    capsys.readouterr()
+    step(torch.ones(1))
+    step(torch.ones(2))  # a retrace prints again but does not warn again
+    assert capsys.readouterr().out.count("step!") == 2  # record + trace pass of the retrace
+
+
+def test_output_structure_changing_between_passes_is_an_error() -> None:
+    runs = Counter()
+
+    def unstable(x: torch.Tensor) -> Any:
+        runs.forward += 1
+        return (x, x) if runs.forward == 1 else x
+
+    with pytest.raises(ptj.TraceError, match="different structure while tracing"):
+        ptj.jit(unstable)(torch.ones(1))
+
+
+def test_jit_of_a_non_callable() -> None:
+    with pytest.raises(TypeError, match="jit needs a callable, got int"):
+        ptj.jit(3)  # type: ignore[call-overload]
+
+
+class SavesDependingOnValue(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = cg_loop(x, torch.tensor(0.1))  # data-dependent loop: the forward runs as Python
+        ctx.save_for_backward(x if x.sum() > 0 else None)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+def test_function_whose_ctx_layout_depends_on_values() -> None:
+    step = ptj.jit(lambda x: SavesDependingOnValue.apply(x) * 2)
+    step(torch.ones(3))
+    with pytest.raises(ptj.JitError, match="different ctx layout"):
+        step(-torch.ones(3))
+
+
+def test_returning_inputs_and_views_of_inputs_is_supported() -> None:
+    step = ptj.jit(lambda x: (x, x[1:], x.view(2, 2)))
+    x = torch.arange(4.0)
+    step(x)
+    same, tail, square = step(x)
+    assert same is x or torch.equal(same, x)
+    x.add_(1)  # views alias the input as in eager
+    assert torch.equal(tail, x[1:]) and torch.equal(square, x.view(2, 2))
