@@ -162,7 +162,10 @@ def test_exception_in_python_forward_of_compiled_call_keeps_its_type() -> None:
     class Diverged(ArithmeticError):
         pass
 
+    counter = Counter()
+
     def checked_solve(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1  # Python state: not scriptable, so it runs as Python
         if torch.isnan(b).any():
             raise Diverged("NaN in the right-hand side")
         return cg_loop(b, k)
