@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench fuzz clean
 
 $(VENV)/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ bench: $(VENV)/.ready
 	$(PY) benchmarks/bench_demo.py
 	$(PY) benchmarks/bench_guards.py
 	$(PY) benchmarks/bench_memory.py
+
+fuzz: $(VENV)/.ready
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

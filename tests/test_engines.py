@@ -109,3 +109,17 @@ def test_custom_engine_plugs_in_by_instance_and_by_name() -> None:
     assert (engine.functions, engine.modules) == (1, 1)
     register_engine("counting", CountingEngine)
     assert isinstance(get_engine("counting"), CountingEngine)
+
+
+def test_complex_gradients_stay_right_after_the_executor_optimizes() -> None:
+    # TorchScript's optimizing executor returns wrong complex gradients from the second
+    # call on (torch 2.13); the engine turns optimizations off for complex programs.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * x * 0.5
+
+    step = ptj.jit(f)
+    for _ in range(4):
+        x = torch.randn(3, dtype=torch.complex64, requires_grad=True)
+        (got,) = torch.autograd.grad((step(x).abs() ** 2).sum(), x)
+        (want,) = torch.autograd.grad((f(x).abs() ** 2).sum(), x)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
