@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,6 +61,8 @@ class BackwardSpecialization:
     """Which tensor inputs get a gradient from ``compiled`` (the others get None)."""
     compiled: CompiledFunction | None
     """Flat backward ``(inputs, outputs, grad_outputs) -> present gradients``; None if none."""
+    context: Any = None
+    """The call context it was compiled with; other contexts run the Python backward."""
 
     @property
     def mode(self) -> str:
@@ -85,15 +87,20 @@ class _GradientProbe:
         self.present: tuple[bool, ...] = ()
         self.last_values: tuple[torch.Tensor, ...] | None = None
         """Result of the last complete run (the engine's compile run computes real values)."""
+        self.context: Any = None
+        """The call context that compiling runs use."""
 
-    def masked(self, flat: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+    def masked(
+        self, flat: Sequence[torch.Tensor], context: Any = None
+    ) -> tuple[torch.Tensor | None, ...]:
         """Gradients of the tensor inputs, None where not needed or not given."""
         n, m = self.n_inputs, self.n_outputs
         inputs = merge_tensors(self.template, flat[:n])
         needs = iter(self.pattern)
         full_pattern = tuple(next(needs) if slot is TENSOR else False for slot in self.template)
         outputs, grad_outputs = tuple(flat[n : n + m]), tuple(flat[n + m :])
-        grads = self.function.gradients(inputs, outputs, grad_outputs, full_pattern)
+        context = self.context if context is None else context
+        grads = self.function.gradients(inputs, outputs, grad_outputs, full_pattern, context)
         tensor_grads = [g for g, slot in zip(grads, self.template) if slot is TENSOR]
         return tuple(g if need else None for g, need in zip(tensor_grads, self.pattern))
 
@@ -119,7 +126,7 @@ class LazyBackward:
         self.engine = engine
         self.nested = nested
         self._specializations: dict[tuple[bool, ...], BackwardSpecialization] = {}
-        self._python: dict[tuple[bool, ...], _GradientProbe] = {}
+        self._probes: dict[tuple[bool, ...], _GradientProbe] = {}
         self._lock = threading.Lock()
 
     @property
@@ -133,24 +140,31 @@ class LazyBackward:
         inputs: Sequence[torch.Tensor],
         outputs: Sequence[torch.Tensor],
         grad_outputs: Sequence[torch.Tensor],
+        context: Any = None,
     ) -> tuple[torch.Tensor | None, ...]:
-        """Gradients for the tensor inputs (None where not needed or not given)."""
+        """Gradients for the tensor inputs (None where not needed or not given).
+
+        ``context`` is the forward call's context (NOTE [call context]); a compiled backward
+        is used only for the context it was compiled with.
+        """
         flat = (*inputs, *outputs, *grad_outputs)
         spec = self._specializations.get(pattern)
         if spec is None:
             with self._lock:
-                return self._build(pattern, flat)
+                return self._build(pattern, flat, context)
         if spec.compiled is None:
             return (None,) * len(pattern)
-        if spec.compiled.mode == "python":
-            return self._python[pattern].masked(flat)
+        if spec.compiled.mode == "python" or spec.context != context:
+            return self._probes[pattern].masked(flat, context)
         return restore_none(spec.compiled.run(*flat), spec.present)
 
     def _build(
-        self, pattern: tuple[bool, ...], flat: tuple[torch.Tensor, ...]
+        self, pattern: tuple[bool, ...], flat: tuple[torch.Tensor, ...], context: Any
     ) -> tuple[torch.Tensor | None, ...]:
         """Compile the backward for ``pattern`` and return this backward's gradients."""
         probe = _GradientProbe(self.function, self.template, self.n_outputs, pattern)
+        probe.context = context
+        self._probes[pattern] = probe
         if not any(pattern):
             self._specializations[pattern] = BackwardSpecialization(pattern, pattern, None)
             return (None,) * len(pattern)
@@ -159,12 +173,11 @@ class LazyBackward:
             compiled = self.engine.compile_function(FunctionTarget(probe, flat, label))
         if compiled.mode == "python":
             self.function.note_python_fallback("backward", compiled.reason)
-            self._python[pattern] = probe
         if probe.last_values is None:  # the compile run did not finish: run it as Python
             result = probe.masked(flat)
         else:
             result = restore_none(probe.last_values, probe.present)
         present = tuple(g is not None for g in result)
         probe.last_values = None
-        self._specializations[pattern] = BackwardSpecialization(pattern, present, compiled)
+        self._specializations[pattern] = BackwardSpecialization(pattern, present, compiled, context)
         return result

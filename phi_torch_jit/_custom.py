@@ -106,7 +106,7 @@ class CustomFunction:
         if frame.phase is Phase.RECORD:
             assert frame.recording is not None
             outputs = self._autograd.apply(*args)
-            frame.recording.add_call(self, args, outputs)
+            frame.recording.add_call(self, args, outputs, self.last_call_context())
             return outputs
         if frame.phase is Phase.COMPILE:
             assert frame.nested is not None
@@ -147,10 +147,15 @@ class CustomFunction:
         outputs: tuple[torch.Tensor, ...],
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...] | None = None,
+        context: Any = None,
     ) -> tuple[torch.Tensor | None, ...]:
-        """Call ``gradient`` and validate its result: one entry per input, shaped like it."""
+        """Call ``gradient`` and validate its result: one entry per input, shaped like it.
+
+        ``context`` is what :meth:`last_call_context` gave after the forward call these
+        gradients are for (None for plain custom functions).
+        """
         with inside_custom_function():
-            result = self._call_gradient(inputs, outputs, grad_outputs, needs_input_grad)
+            result = self._call_gradient(inputs, outputs, grad_outputs, needs_input_grad, context)
         with untraced():
             return self.check_gradients(result, inputs)
 
@@ -160,12 +165,14 @@ class CustomFunction:
         outputs: tuple[torch.Tensor, ...],
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...] | None,
+        context: Any,
     ) -> Any:
         return self.gradient(inputs, outputs, grad_outputs)
 
-    def eager_reason(self, args: tuple[Any, ...], forward_mode: str) -> str:
-        """Why a specialization calling this function must run eagerly ("" if it need not)."""
-        return ""
+    def last_call_context(self) -> Any:
+        """Per-call state the latest forward in this thread left for its backward (see
+        NOTE [call context]); None for plain custom functions."""
+        return None
 
     def check_gradients(
         self, result: Any, inputs: tuple[Any, ...]
@@ -222,13 +229,15 @@ def _make_autograd_function(function: CustomFunction) -> type[torch.autograd.Fun
         ctx.template = template
         ctx.n_inputs = len(tensors)
         ctx.save_for_backward(*tensors, *outputs)
+        ctx.call_context = function.last_call_context()
         return outputs[0] if single else outputs
 
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors
         inputs = merge_tensors(ctx.template, saved[: ctx.n_inputs])
         outputs = tuple(saved[ctx.n_inputs :])
-        return function.gradients(inputs, outputs, grad_outputs, tuple(ctx.needs_input_grad))
+        needs = tuple(ctx.needs_input_grad)
+        return function.gradients(inputs, outputs, grad_outputs, needs, ctx.call_context)
 
     name = "".join(part.capitalize() for part in function.__name__.split("_")) or "Custom"
     return type(

@@ -43,11 +43,20 @@ __all__ = ["CompiledCall", "NestedCalls", "compile_calls", "original_error"]
 
 _OP_NUMBERS = itertools.count()
 
-# The call being replayed in this context and the outputs its op must return. A ContextVar,
-# not an attribute: another thread may run the same op compiled while this one traces.
-_REPLAYING: ContextVar[tuple[CompiledCall, tuple[torch.Tensor, ...]] | None] = ContextVar(
+# The call being replayed in this context: (call, outputs its op must return, call context).
+# A ContextVar, not an attribute: another thread may run the same op compiled meanwhile.
+_REPLAYING: ContextVar[tuple[CompiledCall, tuple[torch.Tensor, ...], Any] | None] = ContextVar(
     "phi_torch_jit_replaying", default=None
 )
+
+
+class _PendingContext(threading.local):
+    """The call context of the op call that just ran, until autograd's setup_context takes it."""
+
+    value: Any = None
+
+
+_PENDING = _PendingContext()
 
 
 class _FlatForward:
@@ -113,9 +122,10 @@ class CompiledCall:
         )
         with compiling_frame(function.label, self.nested):
             self.forward = engine.compile_function(target)
-        eager_reason = function.eager_reason(recorded.args, self.forward.mode)
-        if eager_reason:
-            raise RunEagerly(eager_reason)
+        # A compiled forward runs no Python, so its context is the one of the compile run.
+        self.static_context = (
+            function.last_call_context() if self.forward.mode != "python" else None
+        )
         if self.forward.mode == "python":
             function.note_python_fallback("forward", self.forward.reason)
         self.backward = LazyBackward(function, template, self.n_outputs, engine, self.nested)
@@ -147,7 +157,7 @@ class CompiledCall:
         if self.n_inputs == 0:  # nothing to trace through: the outputs are constants
             outputs = recorded.outputs
         else:
-            token = _REPLAYING.set((self, recorded.outputs))
+            token = _REPLAYING.set((self, recorded.outputs, recorded.context))
             try:
                 result = self.op(*tensors)
             finally:
@@ -158,13 +168,15 @@ class CompiledCall:
     def _impl(self, *tensors: torch.Tensor) -> Any:
         replaying = _REPLAYING.get()
         if replaying is not None and replaying[0] is self:
-            outputs = replaying[1]
+            outputs, _PENDING.value = replaying[1], replaying[2]
         else:
             try:
                 results = self.forward.run(*tensors)
             except BaseException as error:  # re-raised unchanged by Specialization.run
                 _LAST_ERROR.error = error
                 raise
+            python = self.forward.mode == "python"
+            _PENDING.value = self.function.last_call_context() if python else self.static_context
             outputs = tuple(
                 o.clone() if any(o is t for t in tensors) or o._is_view() else o for o in results
             )
@@ -173,12 +185,13 @@ class CompiledCall:
     def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
         ctx.save_for_backward(*inputs, *outputs)
+        ctx.call_context, _PENDING.value = _PENDING.value, None
 
     def _backward(self, ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors
         inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
         pattern = tuple(bool(n) for n in ctx.needs_input_grad)
-        return self.backward(pattern, inputs, outputs, grad_outputs)
+        return self.backward(pattern, inputs, outputs, grad_outputs, ctx.call_context)
 
     def __repr__(self) -> str:
         return f"<compiled call phi_torch_jit::{self.op_name} of {self.function.label}>"
@@ -200,7 +213,8 @@ class NestedCalls:
     def call(self, function: CustomFunction, args: tuple[Any, ...]) -> Any:
         with untraced(), no_frame(), torch.no_grad():
             outputs, single = function.run_forward(args)
-            recorded = RecordedCall.of(function, args, outputs[0] if single else outputs)
+            context = function.last_call_context()
+            recorded = RecordedCall.of(function, args, outputs[0] if single else outputs, context)
             key = _dedup_key(recorded)
             if key not in self.calls:
                 self.calls[key] = CompiledCall(recorded, self.engine)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -215,30 +216,13 @@ class _AdapterFunction(CustomFunction):
         outputs: tuple[torch.Tensor, ...],
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...] | None,
+        context: Any,
     ) -> Any:
         pattern = needs_input_grad if needs_input_grad is not None else _needs_grad(inputs)
-        return self.adapter.gradient(inputs, outputs, grad_outputs, pattern)
+        return self.adapter.gradient(inputs, outputs, grad_outputs, pattern, context)
 
-    def eager_reason(self, args: tuple[Any, ...], forward_mode: str) -> str:
-        layout = self.adapter.layouts.get(_layout_key(args))
-        if forward_mode != "python" or layout is None:
-            return ""
-        statics = [a for a in args if not isinstance(a, torch.Tensor)]
-        risky = [name for name, value in layout.static_attributes if not _keyed(value, statics)]
-        if risky:
-            names = ", ".join(risky)
-            return (
-                f"autograd.Function {self.label} runs as Python and stores non-tensor values on "
-                f"ctx ({names}), which could change from call to call"
-            )
-        return ""
-
-
-def _keyed(value: Any, statics: Sequence[Any]) -> bool:
-    """Whether a ctx value is fixed by the cache key (so a Python forward cannot change it)."""
-    if value is None or isinstance(value, (torch.Size, torch.dtype, torch.device)):
-        return True
-    return any(value is a or (type(value) is type(a) and value == a) for a in statics)
+    def last_call_context(self) -> Any:
+        return getattr(self.adapter.last, "layout", None)
 
 
 def _layout_key(args: Sequence[Any]) -> Any:
@@ -265,19 +249,14 @@ class FunctionAdapter:
         self.cls = cls
         self.layouts: dict[Any, ContextLayout] = {}
         """Layout per call signature, from the latest forward run."""
+        self.last = threading.local()
+        """``last.layout``: the layout of this thread's latest forward run (its call context)."""
         self.custom = _AdapterFunction(self)
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         outputs, layout = run_forward(self.cls, args)
-        key = _layout_key(args)
-        known = self.layouts.setdefault(key, layout)
-        if known != layout:
-            raise JitError(
-                f"phi_torch_jit: the forward of {self.custom.label} left a different ctx layout "
-                "than on an earlier call with the same argument signature (saved tensors or ctx "
-                "attributes depend on tensor values). Save the same tensors on every call, and "
-                "store per-call numbers as tensors."
-            )
+        self.layouts[_layout_key(args)] = layout
+        self.last.layout = layout
         return outputs
 
     def gradient(
@@ -286,8 +265,9 @@ class FunctionAdapter:
         outputs: tuple[torch.Tensor, ...],
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...],
+        context: ContextLayout | None = None,
     ) -> tuple[Any, ...]:
-        layout = self.layouts[_layout_key(inputs)]
+        layout = context if context is not None else self.layouts[_layout_key(inputs)]
         return run_backward(self.cls, layout, inputs, outputs, grad_outputs, needs_input_grad)
 
     def __call__(self, *args: Any) -> Any:

@@ -64,13 +64,18 @@ class RecordedCall:
     """Detached copies of its outputs, returned again by the trace pass."""
     single: bool
     """Whether ``f`` returned a bare tensor rather than a tuple."""
+    context: Any = None
+    """The forward's per-call context for its backward (see NOTE [call context])."""
 
     @classmethod
-    def of(cls, function: CustomFunction, args: tuple[Any, ...], outputs: Any) -> RecordedCall:
+    def of(
+        cls, function: CustomFunction, args: tuple[Any, ...], outputs: Any, context: Any = None
+    ) -> RecordedCall:
         """Record a call; tensors are copied so later in-place edits cannot leak in."""
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
-        return cls(function, tuple(_copy(a) for a in args), tuple(_copy(o) for o in outs), single)
+        copied = tuple(_copy(a) for a in args)
+        return cls(function, copied, tuple(_copy(o) for o in outs), single, context)
 
 
 @dataclass
@@ -94,9 +99,11 @@ class Recording:
             self.modules[id(module)] = module
             self.state.add_module(module)
 
-    def add_call(self, function: CustomFunction, args: tuple[Any, ...], outputs: Any) -> None:
+    def add_call(
+        self, function: CustomFunction, args: tuple[Any, ...], outputs: Any, context: Any = None
+    ) -> None:
         """Append a custom-function call (see :meth:`RecordedCall.of`)."""
-        self.calls.append(RecordedCall.of(function, args, outputs))
+        self.calls.append(RecordedCall.of(function, args, outputs, context))
 
     def root_modules(self) -> list[nn.Module]:
         """Recorded modules that are not submodules of another recorded module."""

@@ -127,7 +127,7 @@ def test_replay_outputs_do_not_leak_to_other_threads() -> None:
     step(x)
     (call,) = step.specializations[0].calls
     seen: list[torch.Tensor] = []
-    token = _REPLAYING.set((call, (torch.full((3,), -7.0),)))  # as if this thread were tracing
+    token = _REPLAYING.set((call, (torch.full((3,), -7.0),), None))  # as if this thread traced
     try:
         assert torch.equal(call.op(x), torch.full((3,), -7.0))
         worker = threading.Thread(target=lambda: seen.append(step(x)))

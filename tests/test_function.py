@@ -240,3 +240,33 @@ def test_ode_adjoint_from_a_library_works_unchanged() -> None:
         dynamics.zero_grad()
         step(y0, t).backward()
         assert torch.allclose(y0.grad, want_y) and torch.allclose(dynamics.lin.weight.grad, want_w)
+
+
+class SavesDependingOnValue(torch.autograd.Function):
+    """A Python-mode forward whose ctx contents depend on tensor values, per call."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = cg_loop(x, torch.tensor(0.0))  # a data-dependent loop: runs as Python (k=0: y = x)
+        positive = bool(x.sum() > 0)
+        ctx.save_for_backward(x if positive else None)
+        ctx.factor = 3.0 if positive else 1.0  # a per-call Python value
+        return y * ctx.factor
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        assert (x is not None) == (ctx.factor == 3.0)
+        return g * ctx.factor
+
+
+def test_per_call_ctx_contents_reach_their_own_backward() -> None:
+    step = ptj.jit(lambda x: SavesDependingOnValue.apply(x) * 2)
+    step(torch.ones(3))
+    xs = [torch.full((3,), v, requires_grad=True) for v in (1.0, -1.0, 2.0, -3.0)]
+    outs = [step(x) for x in xs]  # several forwards before any backward
+    torch.stack(outs).sum().backward()
+    for x in xs:
+        factor = 3.0 if x.sum() > 0 else 1.0
+        assert torch.equal(x.grad, torch.full((3,), 2 * factor))
+    assert not step.specializations[0].eager_reason

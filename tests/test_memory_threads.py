@@ -53,8 +53,8 @@ def test_recorded_tensors_are_released_after_compiling(monkeypatch: pytest.Monke
     original_of = _record.RecordedCall.of.__func__  # type: ignore[attr-defined]
     original_input = _jit._trace_input
 
-    def spy_of(cls: Any, function: Any, args: Any, outputs: Any) -> Any:
-        recorded = original_of(cls, function, args, outputs)
+    def spy_of(cls: Any, function: Any, args: Any, outputs: Any, context: Any = None) -> Any:
+        recorded = original_of(cls, function, args, outputs, context)
         refs.extend(
             weakref.ref(t) for t in (*recorded.args, *recorded.outputs) if torch.is_tensor(t)
         )

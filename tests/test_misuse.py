@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, cg_loop
+from helpers import Counter
 
 import phi_torch_jit as ptj
 
@@ -41,25 +41,6 @@ def test_output_structure_changing_between_passes_is_an_error() -> None:
 def test_jit_of_a_non_callable() -> None:
     with pytest.raises(TypeError, match="jit needs a callable, got int"):
         ptj.jit(3)  # type: ignore[call-overload]
-
-
-class SavesDependingOnValue(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        y = cg_loop(x, torch.tensor(0.1))  # data-dependent loop: the forward runs as Python
-        ctx.save_for_backward(x if x.sum() > 0 else None)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return g
-
-
-def test_function_whose_ctx_layout_depends_on_values() -> None:
-    step = ptj.jit(lambda x: SavesDependingOnValue.apply(x) * 2)
-    step(torch.ones(3))
-    with pytest.raises(ptj.JitError, match="different ctx layout"):
-        step(-torch.ones(3))
 
 
 def test_returning_inputs_and_views_of_inputs_is_supported() -> None:
