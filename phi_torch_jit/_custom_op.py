@@ -35,7 +35,7 @@ import torch
 from ._backward import LazyBackward
 from ._context import compiling_frame, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
-from ._record import RecordedCall, RunEagerly
+from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
 

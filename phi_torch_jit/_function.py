@@ -42,7 +42,7 @@ from ._context import Phase, current_frame
 from ._custom import CustomFunction, untraced
 from ._intercept import original_apply
 from ._record import RunEagerly
-from .errors import JitError, describe_function
+from .errors import describe_function
 
 __all__ = ["FunctionContext", "ContextLayout", "FunctionAdapter", "dispatch"]
 
