@@ -169,6 +169,10 @@ class CustomFunction:
     ) -> Any:
         return self.gradient(inputs, outputs, grad_outputs)
 
+    def matches(self, other: CustomFunction) -> bool:
+        """Whether a call of ``other`` in the trace pass replays a recorded call of ``self``."""
+        return other is self
+
     def last_call_context(self) -> Any:
         """Per-call state the latest forward in this thread left for its backward (see
         NOTE [call context]); None for plain custom functions."""

@@ -224,6 +224,23 @@ class _AdapterFunction(CustomFunction):
     def last_call_context(self) -> Any:
         return getattr(self.adapter.last, "layout", None)
 
+    def matches(self, other: CustomFunction) -> bool:
+        """Same Function code, even if a factory made a new class for the trace pass (PhiML
+        does): the recorded class is the one compiled and run."""
+        if other is self:
+            return True
+        if not isinstance(other, _AdapterFunction):
+            return False
+        mine, theirs = self.adapter.cls, other.adapter.cls
+        return (
+            all(
+                getattr(mine, name).__code__ is getattr(theirs, name).__code__
+                for name in ("forward", "backward")
+                if hasattr(getattr(mine, name), "__code__")
+            )
+            and mine.__qualname__ == theirs.__qualname__
+        )
+
 
 def _layout_key(args: Sequence[Any]) -> Any:
     with untraced():  # under a trace, shapes would be traced values
@@ -271,8 +288,15 @@ class FunctionAdapter:
         return run_backward(self.cls, layout, inputs, outputs, grad_outputs, needs_input_grad)
 
     def __call__(self, *args: Any) -> Any:
-        outputs = self.custom(*args)
-        layout = self.layouts[_layout_key(args)]
+        frame = current_frame()
+        if frame is not None and frame.phase is Phase.TRACE:  # replay: layout as recorded
+            assert frame.cursor is not None
+            step = frame.cursor.next(self.custom, args)
+            outputs = step.compiled.replay(step.recorded, args)
+            layout = step.recorded.context
+        else:
+            outputs = self.custom(*args)
+            layout = self.last.layout
         own = outputs[: layout.n_outputs]
         if layout.non_differentiable:
             own = tuple(

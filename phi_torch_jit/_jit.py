@@ -391,7 +391,12 @@ class JitFunction(Generic[P, R]):
         guarding = self._on_guard_failure != "off"
         conversions: list[Conversion] | None = [] if guarding else None
         capture = conversion_capture() if guarding else contextlib.nullcontext()
-        with capture, recording.state.rewound(), tracing_frame(self._owner, cursor, conversions):
+        with (
+            capture,
+            recording.state.rewound(),
+            tracing_frame(self._owner, cursor, conversions),
+            recording.phiml.active(),
+        ):
             compiled = self._engine.compile_module(wrapper, example, self._owner)
         cursor.finish()
         value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ._context import Phase, current_frame, recording_frame
+from ._phiml import PhiMLBridge
 from ._side_effects import print_capture
 from ._state import StateSnapshot
 
@@ -90,6 +91,8 @@ class Recording:
     """RNG and buffer state from before the pass."""
     side_effects: list[str] = field(default_factory=list)
     """Python side effects seen (``print at file:line``) that compiled calls will not repeat."""
+    phiml: PhiMLBridge = field(default_factory=PhiMLBridge)
+    """Lets PhiML's torch backend see our record and trace passes as its jit."""
     eager_reasons: list[str] = field(default_factory=list)
     """Why the specialization must run eagerly (e.g. an uncapturable autograd.Function)."""
 
@@ -186,6 +189,11 @@ def record(
     recording = Recording()
     for module in modules:
         recording.add_module(module)
-    with _MODULE_HOOK.active(), print_capture(), recording_frame(owner, recording):
+    with (
+        _MODULE_HOOK.active(),
+        print_capture(),
+        recording_frame(owner, recording),
+        recording.phiml.active(),
+    ):
         result = fn(*args, **kwargs)
     return result, recording

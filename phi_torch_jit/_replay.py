@@ -67,7 +67,7 @@ class ReplayCursor:
             )
         step = self._steps[index]
         expected = step.recorded.function
-        if expected is not function:
+        if not expected.matches(function):
             raise ReplayError(
                 f"phi_torch_jit: while tracing {self._owner}, custom-function call #{index + 1} "
                 f"was {function.label}, but the record pass called {expected.label} there." + _FIX

@@ -21,6 +21,7 @@ tag    node                                                 meaning
 ``N``  ``("N", namedtuple class, children)``                namedtuple
 ``D``  ``("D", dict type, keys, children)``                 dict
 ``C``  ``("C", dataclass, field names, children)``          dataclass
+``P``  ``("P", PhiKey)``                                    PhiML/PhiFlow value
 =====  ===================================================  ==================
 
 Static leaves are ``None``, bool, int, float, complex, str, bytes, enums,
@@ -41,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._phiml import assemble, disassemble, is_phiml
 from .errors import OutputError, SignatureError
 
 __all__ = [
@@ -101,6 +103,11 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
         return ("Q", cls, _flatten_items(obj, tensors, meta, None))
     if cls in _PRIMITIVES:
         return ("S", cls, obj)
+    if is_phiml(obj):
+        try:
+            return ("P", disassemble(obj, tensors))
+        except TypeError as error:
+            raise _Unsupported(obj, str(error)) from None
     if isinstance(obj, dict):
         keys = tuple(obj)
         for key in keys:
@@ -226,6 +233,8 @@ def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
         return obj
     if tag == "M":
         return spec[1]
+    if tag == "P":
+        return assemble(spec[1], tensors)
     raise AssertionError(f"unknown spec tag {tag!r}")
 
 
@@ -260,6 +269,8 @@ def describe_spec(spec: Spec) -> str:
         return repr(spec[2])
     if tag == "M":
         return f"<{type(spec[1]).__name__} module>"
+    if tag == "P":
+        return repr(spec[1])
     children = spec[-1]
     inner = ", ".join(describe_spec(c) for c in children)
     if tag == "D":
@@ -290,7 +301,7 @@ def first_difference(old: Spec, new: Spec, arg_names: Sequence[str] = ()) -> str
 def _difference(a: Spec, b: Spec, path: str) -> str | None:
     if a == b:
         return None
-    if a[0] != b[0] or a[0] in ("T", "S", "M") or a[:-1] != b[:-1]:
+    if a[0] != b[0] or a[0] in ("T", "S", "M", "P") or a[:-1] != b[:-1]:
         if a[0] == b[0] == "T":
             fields = ("shape", "dtype", "device", "requires_grad")
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]

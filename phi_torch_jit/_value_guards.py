@@ -99,6 +99,40 @@ def _user_location() -> str | None:
     return f"{filename}:{frame.f_lineno}"
 
 
+# Nodes through which a traced value can only carry shape information.
+_SHAPE_KINDS = frozenset(
+    (
+        "aten::size prim::Constant prim::NumToTensor aten::Int aten::ScalarImplicit aten::mul "
+        "aten::add aten::sub aten::floordiv aten::floor_divide aten::div aten::remainder "
+        "aten::neg prim::ListConstruct prim::TupleConstruct prim::TupleUnpack aten::__getitem__ "
+        "aten::numel aten::dim aten::len aten::eq aten::ne aten::lt aten::gt aten::le aten::ge "
+        "aten::__and__ aten::__or__ aten::__not__ aten::min aten::max"
+    ).split()
+)
+
+
+def _from_shapes(tensor: torch.Tensor) -> bool:
+    """Whether a traced tensor derives only from tensor sizes (``x.shape[0] * 2``).
+
+    Shapes are part of the cache key, so such a value cannot change between calls of one
+    specialization: no guard needed (PhiML converts every size with ``int``).
+    """
+    try:
+        value = torch._C._get_value_trace(tensor)  # type: ignore[attr-defined]
+    except RuntimeError:  # not a traced value (e.g. a constant)
+        return False
+    pending, seen = [value.node()], 0
+    while pending and seen < 50:
+        node = pending.pop()
+        seen += 1
+        kind = node.kind()
+        if kind not in _SHAPE_KINDS:
+            return False
+        if kind != "aten::size":  # the tensor a size is taken of does not matter
+            pending.extend(v.node() for v in node.inputs())
+    return not pending
+
+
 def _intercepting(kind: str) -> Callable[..., Any]:
     original = getattr(torch._C.TensorBase, kind)
 
@@ -111,7 +145,7 @@ def _intercepting(kind: str) -> Callable[..., Any]:
             warnings.simplefilter("ignore", TracerWarning)
             value = original(self, *args)
         location = _user_location()
-        if location is not None:
+        if location is not None and not _from_shapes(self):
             frame.conversions.append(Conversion(self, kind, value, location))
         return value
 

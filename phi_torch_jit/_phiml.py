@@ -1,0 +1,145 @@
+"""PhiML / PhiFlow values as arguments and results of jitted functions.
+
+PhiML tensors, fields, geometries and other PhiML tree nodes are split with
+PhiML's own tree functions into native tensors (traced) and a static
+structure -- shapes, dimension names, extrapolations, bounds -- that becomes
+part of the cache key. Used by :mod:`._signature` when it meets an object of
+a ``phiml`` or ``phi`` module; PhiML is imported only then.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["is_phiml", "PhiKey", "disassemble", "assemble", "PhiMLBridge"]
+
+_MODULES = ("phiml.", "phi.")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def is_phiml(obj: Any) -> bool:
+    """Whether ``obj`` is a PhiML/PhiFlow value (decided by its class's module, cheaply)."""
+    return type(obj).__module__.startswith(_MODULES)
+
+
+class PhiKey:
+    """The static part of a PhiML value: hashable by its shapes, equal by its whole structure."""
+
+    __slots__ = ("_hash", "count", "shapes", "specs", "tree")
+
+    def __init__(
+        self, tree: Any, shapes: tuple[Any, ...], specs: tuple[Any, ...], count: int
+    ) -> None:
+        self.tree = tree
+        self.shapes = shapes
+        self.specs = specs
+        self.count = count
+        """How many native tensors the value holds."""
+        self._hash = hash(shapes)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PhiKey):
+            return NotImplemented
+        if self.shapes != other.shapes:
+            return False
+        try:
+            return bool(self.specs == other.specs) and bool(self.tree == other.tree)
+        except Exception:  # structures that cannot be compared are not equal
+            return False
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(_ANSI.sub("", str(shape)) for shape in self.shapes)
+        return f"PhiML[{shapes}]"
+
+
+def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:
+    """Append the native tensors of ``obj`` to ``tensors``; return its static structure.
+
+    Raises:
+        TypeError: the value holds native tensors of another backend than torch.
+    """
+    from phiml.math._tensors import disassemble_tensors
+    from phiml.math._tree import disassemble_tree
+
+    tree, values = disassemble_tree(obj, cache=False)
+    natives, shapes, specs = disassemble_tensors(values, expand=False)
+    for native in natives:
+        if not isinstance(native, torch.Tensor):
+            raise TypeError(
+                f"a PhiML value holds a {type(native).__name__}, not a torch tensor (use the "
+                "torch backend: `from phi.torch.flow import *` or math.use('torch'))"
+            )
+    tensors.extend(natives)
+    return PhiKey(tree, tuple(shapes), tuple(specs), len(natives))
+
+
+def assemble(key: PhiKey, tensors: Iterator[torch.Tensor]) -> Any:
+    """Inverse of :func:`disassemble`: rebuild the value from new native tensors."""
+    from phiml.math._tensors import assemble_tensors
+    from phiml.math._tree import assemble_tree
+
+    natives = [next(tensors) for _ in range(key.count)]
+    return assemble_tree(key.tree, assemble_tensors(natives, key.specs))
+
+
+class PhiMLBridge:
+    """Lets PhiML's torch backend treat a phi_torch_jit specialization as its own jit.
+
+    PhiML's custom gradients (e.g. the implicit pressure solve) keep per-signature output
+    mappings and, under tracing, expect the jit that traces them to hand back the mapping
+    recorded on the untraced pass. PhiML asks the last entry of its ``CURRENT_JIT_CALLS``
+    list; while our record and trace passes run, that entry is this object. See NOTE
+    [PhiML bridge] in docs/design.md.
+    """
+
+    def __init__(self) -> None:
+        self.called_modules: set[Any] = set()
+        """Modules PhiML's networks registered (forwarded to register_module_call)."""
+        self._calls: list[Any] = []
+        self._replayed = 0
+        self._calls_seen = 0
+
+    def record_autograd_function_call(
+        self, function: Any, args: Any, output: Any, ext_cache: Any, jit_compile: bool = True
+    ) -> None:
+        """PhiML, untraced pass: a custom-gradient call happened (our adapter recorded it)."""
+        self._calls.append(ext_cache)
+
+    def get_compiled_function(self, function: Any, args: Any) -> tuple[Any, Any]:
+        """PhiML, traced pass: return (what to apply, the recorded external cache)."""
+        if self._replayed >= len(self._calls):
+            raise RuntimeError("phi_torch_jit: PhiML made more custom-gradient calls while tracing")
+        ext_cache = self._calls[self._replayed]
+        self._replayed += 1
+        return function, ext_cache  # its apply() reaches our replay through the interception
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Make PhiML see this bridge as the current jit while the block runs (if PhiML is used)."""
+        backend = sys.modules.get("phiml.backend.torch._torch_backend")
+        if backend is None:
+            yield
+            return
+        self._replayed = 0
+        stack = backend.CURRENT_JIT_CALLS
+        stack.append(self)
+        try:
+            yield
+        finally:
+            stack.remove(self)
+            self._forward_modules()
+
+    def _forward_modules(self) -> None:
+        from ._record import register_module_call
+
+        for module in self.called_modules:
+            register_module_call(module)
