@@ -1,17 +1,22 @@
 """PhiML / PhiFlow values as arguments and results of jitted functions.
 
 PhiML tensors, fields, geometries and other PhiML tree nodes are split with
-PhiML's own tree functions into native tensors (traced) and a static
-structure -- shapes, dimension names, extrapolations, bounds -- that becomes
-part of the cache key. Used by :mod:`._signature` when it meets an object of
-a ``phiml`` or ``phi`` module; PhiML is imported only then.
+PhiML's own tree functions into native tensors and a static structure --
+shapes, dimension names, extrapolations, bounds -- that becomes part of the
+cache key (:class:`PhiKey`). Torch natives are traced; natives of other
+backends (numpy arrays of a geometry built from Python numbers) are constants
+in the key, compared by value. Used by :mod:`._signature` when it meets an
+object of a ``phiml`` or ``phi`` module; PhiML is imported only then.
+
+:class:`PhiMLBridge` makes PhiML's torch backend see our record and trace
+passes as its own jit (see NOTE [PhiML bridge] in docs/design.md).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,20 +33,34 @@ def is_phiml(obj: Any) -> bool:
     return type(obj).__module__.startswith(_MODULES)
 
 
+def _comparable(constant: Any) -> Any:
+    """A hashable, comparable stand-in for a constant native (numpy array or number)."""
+    if hasattr(constant, "tobytes"):
+        return (type(constant).__name__, str(constant.dtype), constant.shape, constant.tobytes())
+    return (type(constant).__name__, constant)
+
+
 class PhiKey:
     """The static part of a PhiML value: hashable by its shapes, equal by its whole structure."""
 
-    __slots__ = ("_hash", "count", "shapes", "specs", "tree")
+    __slots__ = ("_hash", "constants", "metas", "shapes", "slots", "specs", "tree")
 
     def __init__(
-        self, tree: Any, shapes: tuple[Any, ...], specs: tuple[Any, ...], count: int
+        self, tree: Any, shapes: tuple[Any, ...], specs: tuple[Any, ...], natives: Sequence[Any]
     ) -> None:
         self.tree = tree
         self.shapes = shapes
         self.specs = specs
-        self.count = count
-        """How many native tensors the value holds."""
-        self._hash = hash(shapes)
+        self.slots = tuple(None if isinstance(n, torch.Tensor) else n for n in natives)
+        """Per native: None for a traced torch tensor, else the constant itself."""
+        self.constants = tuple(_comparable(n) for n in self.slots if n is not None)
+        self.metas = tuple(
+            (tuple(n.shape), n.dtype, n.device, n.requires_grad)
+            for n in natives
+            if isinstance(n, torch.Tensor)
+        )
+        """Shape, dtype, device and requires_grad of each traced native, as for plain tensors."""
+        self._hash = hash((shapes, self.metas))
 
     def __hash__(self) -> int:
         return self._hash
@@ -49,7 +68,9 @@ class PhiKey:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PhiKey):
             return NotImplemented
-        if self.shapes != other.shapes:
+        if self.metas != other.metas or self.shapes != other.shapes:
+            return False
+        if self.constants != other.constants:
             return False
         try:
             return bool(self.specs == other.specs) and bool(self.tree == other.tree)
@@ -62,32 +83,22 @@ class PhiKey:
 
 
 def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:
-    """Append the native tensors of ``obj`` to ``tensors``; return its static structure.
-
-    Raises:
-        TypeError: the value holds native tensors of another backend than torch.
-    """
+    """Append the torch tensors of ``obj`` to ``tensors``; return its static structure."""
     from phiml.math._tensors import disassemble_tensors
     from phiml.math._tree import disassemble_tree
 
     tree, values = disassemble_tree(obj, cache=False)
     natives, shapes, specs = disassemble_tensors(values, expand=False)
-    for native in natives:
-        if not isinstance(native, torch.Tensor):
-            raise TypeError(
-                f"a PhiML value holds a {type(native).__name__}, not a torch tensor (use the "
-                "torch backend: `from phi.torch.flow import *` or math.use('torch'))"
-            )
-    tensors.extend(natives)
-    return PhiKey(tree, tuple(shapes), tuple(specs), len(natives))
+    tensors.extend(n for n in natives if isinstance(n, torch.Tensor))
+    return PhiKey(tree, tuple(shapes), tuple(specs), natives)
 
 
 def assemble(key: PhiKey, tensors: Iterator[torch.Tensor]) -> Any:
-    """Inverse of :func:`disassemble`: rebuild the value from new native tensors."""
+    """Inverse of :func:`disassemble`: rebuild the value from new torch tensors."""
     from phiml.math._tensors import assemble_tensors
     from phiml.math._tree import assemble_tree
 
-    natives = [next(tensors) for _ in range(key.count)]
+    natives = [next(tensors) if slot is None else slot for slot in key.slots]
     return assemble_tree(key.tree, assemble_tensors(natives, key.specs))
 
 

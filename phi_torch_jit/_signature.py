@@ -104,10 +104,7 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     if cls in _PRIMITIVES:
         return ("S", cls, obj)
     if is_phiml(obj):
-        try:
-            return ("P", disassemble(obj, tensors))
-        except TypeError as error:
-            raise _Unsupported(obj, str(error)) from None
+        return ("P", disassemble(obj, tensors))
     if isinstance(obj, dict):
         keys = tuple(obj)
         for key in keys:

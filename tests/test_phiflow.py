@@ -1,0 +1,135 @@
+"""PhiFlow / PhiML values and simulations through jit (issue 4, section 1)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("phi")
+pytest.importorskip("phiml")
+
+from phi.torch.flow import (
+    ZERO_GRADIENT,
+    Box,
+    CenteredGrid,
+    Noise,
+    Solve,
+    Sphere,
+    StaggeredGrid,
+    advect,
+    fluid,
+    math,
+    resample,
+    spatial,
+)
+
+import phi_torch_jit as ptj
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::UserWarning"),  # PhiML: sparse CSR beta, from_numpy
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # PhiFlow calling PhiML
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # PhiML: rank deficiency notice
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),  # PhiML's constant tensors
+]
+
+DOMAIN = Box(x=16, y=16)
+N = 12
+
+
+def smoke_step(v: Any, s: Any, dt: float = 1.0) -> tuple[Any, Any]:
+    s = advect.mac_cormack(s, v, dt)
+    buoyancy = resample(s * (0, 0.1), to=v)
+    v = advect.semi_lagrangian(v, v, dt) + buoyancy * dt
+    v, _ = fluid.make_incompressible(v, (), Solve("CG", 1e-5, 1e-5, max_iterations=300, x0=None))
+    return v, s
+
+
+def initial(seed: int = 0) -> tuple[Any, Any]:
+    math.seed(seed)
+    s = resample(Sphere(x=8, y=4, radius=3), to=CenteredGrid(0, ZERO_GRADIENT, DOMAIN, x=N, y=N))
+    v = StaggeredGrid(Noise(), 0, DOMAIN, x=N, y=N) * 0.1
+    return v, s
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    return float(math.max(abs(a.values - b.values)))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_phiml() -> None:
+    logging.getLogger("phiml").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Sparse CSR")
+
+
+def test_smoke_steps_equal_eager_and_compile_once_per_structure() -> None:
+    step = ptj.jit(smoke_step)
+    v, s = initial()
+    ve, se = v, s
+    for _ in range(4):
+        v, s = step(v, s)
+        ve, se = smoke_step(ve, se)
+        assert _max_diff(s, se) < 1e-5 and _max_diff(v, ve) < 1e-5
+    assert step.num_traces <= 2  # the initial fields' structure may differ from later states
+    assert "TorchCustomFunction" in step.explain()  # the pressure solve is a captured op
+
+
+def test_fluid_at_rest_stays_at_rest() -> None:
+    step = ptj.jit(smoke_step)
+    v, s = initial()
+    step(v, s)
+    step(*step(v, s))
+    rest_v = v * 0
+    rest_s = s * 0
+    v2, s2 = step(rest_v, rest_s)
+    assert _max_diff(v2, rest_v) == 0 and _max_diff(s2, rest_s) == 0
+
+
+def test_gradients_through_several_jitted_steps_equal_eager() -> None:
+    def loss_gradient(stepper: Any) -> torch.Tensor:
+        native = torch.rand(N, N, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        v, _ = initial()
+        s = CenteredGrid(math.tensor(native, spatial("x,y")), ZERO_GRADIENT, DOMAIN)
+        for _ in range(3):
+            v, s = stepper(v, s)
+        loss = math.sum(s.values**2) + math.sum(v.values**2)
+        loss.native().backward()
+        assert native.grad is not None
+        return native.grad
+
+    want = loss_gradient(smoke_step)
+    step = ptj.jit(smoke_step)
+    for _ in range(2):
+        assert torch.allclose(loss_gradient(step), want, atol=1e-5)
+
+
+def test_phiml_tensors_and_geometries_as_arguments_and_results() -> None:
+    def f(t: Any, box: Any, scale: float) -> tuple[Any, Any]:
+        return t * scale + box.size[0], box
+
+    step = ptj.jit(f)
+    t = math.random_normal(spatial(x=5))
+    box = Box(x=2, y=3)
+    out, same_box = step(t, box, 2.0)
+    out, same_box = step(math.random_normal(spatial(x=5)) * 0 + t, box, 2.0)
+    assert float(math.max(abs(out - (t * 2 + 2)))) < 1e-6 and same_box == box
+    step(math.random_normal(spatial(x=6)), box, 2.0)  # new shape: retrace
+    step(t, Box(x=4, y=3), 2.0)  # new geometry (static): retrace
+    assert step.num_traces == 3
+
+
+def test_native_dtype_and_requires_grad_are_part_of_the_key() -> None:
+    from phi_torch_jit._signature import flatten_arguments
+
+    def key(native: torch.Tensor) -> Any:
+        return flatten_arguments((math.tensor(native, spatial("x")),), {}, "f")[0]
+
+    base = key(torch.zeros(3))
+    assert key(torch.ones(3)) == base  # values are not keyed
+    assert key(torch.zeros(3, dtype=torch.int64)) != base
+    assert key(torch.zeros(3, requires_grad=True)) != base
+    assert key(torch.zeros(4)) != base
