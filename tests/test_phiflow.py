@@ -133,3 +133,60 @@ def test_native_dtype_and_requires_grad_are_part_of_the_key() -> None:
     assert key(torch.zeros(3, dtype=torch.int64)) != base
     assert key(torch.zeros(3, requires_grad=True)) != base
     assert key(torch.zeros(4)) != base
+
+
+def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import phi_torch_jit.phiflow as integration
+
+    compiled: list[Any] = []
+    original = ptj.jit
+
+    def spy(f: Any, **kwargs: Any) -> Any:
+        compiled.append(original(f, **kwargs))
+        return compiled[-1]
+
+    monkeypatch.setattr(integration, "jit", spy)
+    integration.install()
+    integration.install()  # idempotent
+    try:
+        stepper = math.jit_compile(smoke_step)
+        v, s = initial()
+        ve, se = v, s
+        for _ in range(3):
+            v, s = stepper(v, s)
+            ve, se = smoke_step(ve, se)
+            assert _max_diff(s, se) < 1e-5 and _max_diff(v, ve) < 1e-5
+        assert compiled and all(isinstance(c, ptj.JitFunction) for c in compiled)
+        assert sum(c.num_traces for c in compiled) >= 1
+    finally:
+        integration.uninstall()
+    assert not integration.installed()
+    from phiml.backend.torch._torch_backend import TorchBackend
+
+    assert TorchBackend.jit_compile is not integration._compile_with_phi_torch_jit
+
+
+def test_phiml_network_trained_through_jitted_steps() -> None:
+    from phiml import nn as phiml_nn
+
+    def train(jitted: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        net = phiml_nn.mlp(2, 2, layers=[8], activation="ReLU")
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = math.random_normal(spatial(points=16), math.channel(vector="a,b"))
+        target = x * 0.5
+
+        def loss(x: Any) -> Any:
+            return math.l2_loss(math.native_call(net, x, channels_last=True) - target)
+
+        step = ptj.jit(loss) if jitted else loss
+        for _ in range(5):
+            opt.zero_grad()
+            math.mean(step(x), "points").native().backward()
+            opt.step()
+        return [p.detach().clone() for p in net.parameters()]
+
+    for want, got in zip(train(False), train(True)):
+        assert torch.allclose(want, got, atol=1e-6)
