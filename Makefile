@@ -15,7 +15,7 @@ $(VENV)/.ready: pyproject.toml Makefile
 	touch $@
 
 demo: $(VENV)/.ready
-	$(PY) demos/diffusion_cg.py
+	$(PY) demos/smoke_plume.py
 
 lint: $(VENV)/.ready
 	$(PY) -m ruff check phi_torch_jit tests demos benchmarks

@@ -25,3 +25,21 @@ def test_demo_runs_and_jit_matches_eager(
     assert result["loss_last"] < result["loss_first"]
     assert "steps per second: eager" in out
     assert (tmp_path / "diffusion_cg.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_smoke_plume_demo_runs_and_jit_matches_eager(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("phi")
+    import smoke_plume
+
+    result = smoke_plume.main(
+        ["--size", "10", "--steps", "3", "--eager-steps", "2", "--out", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert result["max_diff"] < 1e-5
+    assert "steps per second: eager" in out
+    assert (tmp_path / "smoke_plume.png").exists() and (tmp_path / "smoke_plume.gif").exists()

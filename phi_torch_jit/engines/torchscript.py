@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import types
 import warnings
@@ -59,12 +60,25 @@ def _is_deprecation(w: warnings.WarningMessage) -> bool:
 
 
 def _is_library_check(w: warnings.WarningMessage) -> bool:
-    """A tracer warning raised by torch's own Python (e.g. BatchNorm's batch-size check).
+    """A tracer warning that cannot mean a wrong result (see NOTE [tracer warnings]).
 
-    Those convert shapes for validation; shapes are part of the cache key, so
-    they cannot change within a specialization. See NOTE [tracer warnings].
+    Raised by torch's own Python (e.g. BatchNorm's batch-size check): those convert shapes,
+    and shapes are part of the cache key. Or PhiML turning its numpy constants into tensors:
+    those constants are part of the cache key too, compared by value.
     """
-    return issubclass(w.category, TracerWarning) and w.filename.startswith(_TORCH_DIR)
+    if not issubclass(w.category, TracerWarning):
+        return False
+    if w.filename.startswith(_TORCH_DIR):
+        return True
+    return "registered as constants" in str(w.message) and w.filename.startswith(_phiml_dirs())
+
+
+def _phiml_dirs() -> tuple[str, ...]:
+    return tuple(
+        os.path.dirname(module.__file__) + os.sep
+        for name in ("phiml", "phi")
+        if (module := sys.modules.get(name)) is not None and module.__file__
+    )
 
 
 def _sort_warnings(
