@@ -5,13 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint bench fuzz clean
+.PHONY: demo test lint docs bench fuzz clean
 
 $(VENV)/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,demo,dev]'
+	$(PY) -m pip install -q -e '.[test,demo,dev,docs]'
 	touch $@
 
 demo: $(VENV)/.ready
@@ -22,7 +22,10 @@ lint: $(VENV)/.ready
 	$(PY) -m ruff format --check phi_torch_jit tests demos benchmarks
 	$(PY) -m mypy
 
-test: lint
+docs: $(VENV)/.ready
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint docs
 	$(PY) -m pytest
 
 bench: $(VENV)/.ready

@@ -43,3 +43,18 @@ def test_smoke_plume_demo_runs_and_jit_matches_eager(
     assert result["max_diff"] < 1e-5
     assert "steps per second: eager" in out
     assert (tmp_path / "smoke_plume.png").exists() and (tmp_path / "smoke_plume.gif").exists()
+
+
+@pytest.mark.slow
+def test_learned_correction_demo_trains_and_agrees_with_eager(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import learned_correction
+
+    result = learned_correction.main(
+        ["--size", "8", "--unroll", "2", "--iters", "4", "--batch", "2", "--out", str(tmp_path)]
+    )
+    assert result["agreement"] < 1e-4  # eager and jit training give the same losses
+    assert result["loss_last"] < result["loss_first"]
+    assert "iterations per second: eager" in capsys.readouterr().out
+    assert (tmp_path / "learned_correction.png").exists()
