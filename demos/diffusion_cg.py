@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 import phi_torch_jit as ptj
 
@@ -124,7 +125,7 @@ def optimize_initial_state(
     u0 = torch.zeros_like(target, requires_grad=True)
     opt = torch.optim.Adam([u0], lr=0.05)
     losses = []
-    for _ in range(iters):
+    for _ in tqdm(range(iters), desc="optimize u0", leave=False):
         opt.zero_grad()
         loss = ((rollout(step, u0, k, steps) - target) ** 2).mean()
         loss.backward()
