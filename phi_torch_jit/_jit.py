@@ -199,6 +199,25 @@ def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.kind in kinds)
 
 
+def _reject_data_parallel(modules: Any, owner: str) -> None:
+    """DDP/DataParallel do per-call Python work a compiled program would skip: refuse them.
+
+    See docs/distributed.md: the supported pattern jits the step *inside* the module that
+    DistributedDataParallel wraps, so DDP's own forward runs around the compiled call.
+    """
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    for module in modules:
+        if isinstance(module, wrappers):
+            raise TraceError(
+                f"phi_torch_jit: {owner} calls a {type(module).__name__} module. Its forward "
+                "does per-call work (gradient-reduction bookkeeping, buffer broadcasts) that a "
+                "compiled program would skip, so gradients would silently not be averaged. Jit "
+                "the step inside the module instead and wrap that module: "
+                "DistributedDataParallel(Trainer(net)) where Trainer.forward calls the jitted "
+                "step (see docs/distributed.md)."
+            )
+
+
 def _trace_input(t: torch.Tensor) -> torch.Tensor:
     """A copy of an input for the trace pass, so in-place edits do not reach the caller's tensor."""
     return t.detach().clone().requires_grad_(t.requires_grad)
@@ -336,6 +355,7 @@ class JitFunction(Generic[P, R]):
         result, recording = record(self._fn, args, kwargs, self._owner, modules_in(key[0]))
         output_spec, outputs = flatten_outputs(result, self._owner)
         record_s = time.perf_counter() - start
+        _reject_data_parallel(recording.modules.values(), self._owner)
         modules = recording.root_modules()
         guard = ModuleGuard(modules, self._guard_hooks) if modules else None
         wrapper = make_wrapper(self._fn, key[0], modules, self._owner)
