@@ -12,12 +12,11 @@ torch.compile, which recognizes ``Function.apply``, is not disturbed).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from ._patches import RefCounted
 
 __all__ = ["function_capture", "original_apply"]
 
@@ -37,27 +36,15 @@ def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     return _function.dispatch(cls, args, kwargs)
 
 
-class _Capture:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                _FUNCTION.apply = classmethod(_apply)  # type: ignore[assignment,method-assign]
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    _FUNCTION.apply = _ORIGINAL  # type: ignore[method-assign]
+def _install() -> None:
+    _FUNCTION.apply = classmethod(_apply)  # type: ignore[assignment,method-assign]
 
 
-_CAPTURE = _Capture()
+def _remove() -> None:
+    _FUNCTION.apply = _ORIGINAL  # type: ignore[method-assign]
+
+
+_CAPTURE = RefCounted(_install, _remove)
 
 
 def function_capture() -> Any:

@@ -17,9 +17,8 @@ of a jitted function returns.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ._context import Phase, current_frame, recording_frame
+from ._patches import RefCounted
 from ._phiml import PhiMLBridge
 from ._side_effects import print_capture
 from ._state import StateSnapshot
@@ -124,13 +124,12 @@ class _ModuleHook:
     """A process-wide forward pre-hook, installed while at least one thread records.
 
     Every module call in the process pays for a global hook, so it is only
-    present during record passes; a counter shared by threads decides when.
+    present during record passes (reference counted: see :mod:`._patches`).
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
         self._handle: RemovableHandle | None = None
+        self._patch = RefCounted(self._install, self._remove)
 
     @property
     def handle_id(self) -> int | None:
@@ -138,20 +137,16 @@ class _ModuleHook:
         handle = self._handle
         return handle.id if handle is not None else None
 
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                self._handle = nn.modules.module.register_module_forward_pre_hook(_on_module_call)
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0 and self._handle is not None:
-                    self._handle.remove()
-                    self._handle = None
+    def active(self) -> AbstractContextManager[None]:
+        return self._patch.active()
+
+    def _install(self) -> None:
+        self._handle = nn.modules.module.register_module_forward_pre_hook(_on_module_call)
+
+    def _remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
 
 def _on_module_call(module: nn.Module, args: Any) -> None:

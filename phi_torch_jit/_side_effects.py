@@ -14,14 +14,12 @@ from __future__ import annotations
 import builtins
 import os
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from ._context import Phase, current_frame
+from ._patches import RefCounted
 
 __all__ = ["print_capture"]
 
@@ -39,27 +37,15 @@ def _print(*args: Any, **kwargs: Any) -> None:
     _ORIGINAL_PRINT(*args, **kwargs)
 
 
-class _PrintCapture:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                builtins.print = _print
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    builtins.print = _ORIGINAL_PRINT
+def _install() -> None:
+    builtins.print = _print
 
 
-_CAPTURE = _PrintCapture()
+def _remove() -> None:
+    builtins.print = _ORIGINAL_PRINT
+
+
+_CAPTURE = RefCounted(_install, _remove)
 
 
 def print_capture() -> Any:

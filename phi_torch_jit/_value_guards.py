@@ -23,10 +23,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +32,7 @@ import torch
 from torch.jit._trace import TracerWarning
 
 from ._context import Phase, current_frame
+from ._patches import RefCounted
 
 __all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
 
@@ -153,31 +152,17 @@ def _intercepting(kind: str) -> Callable[..., Any]:
     return convert
 
 
-class _Capture:
-    """Installs the intercepting conversions on torch.Tensor while any thread traces."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                for kind in _CONVERSIONS:
-                    setattr(torch.Tensor, kind, _intercepting(kind))
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    for kind in _CONVERSIONS:
-                        delattr(torch.Tensor, kind)
+def _install() -> None:
+    for kind in _CONVERSIONS:
+        setattr(torch.Tensor, kind, _intercepting(kind))
 
 
-_CAPTURE = _Capture()
+def _remove() -> None:
+    for kind in _CONVERSIONS:
+        delattr(torch.Tensor, kind)
+
+
+_CAPTURE = RefCounted(_install, _remove)
 
 
 def conversion_capture() -> Any:
