@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint docs bench fuzz clean
+.PHONY: demo test lint docs bench bench-peers fuzz clean
 
 $(VENV)/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ bench: $(VENV)/.ready
 	$(PY) benchmarks/bench_demo.py
 	$(PY) benchmarks/bench_guards.py
 	$(PY) benchmarks/bench_memory.py
+
+bench-peers: $(VENV)/.ready
+	$(PY) benchmarks/bench_peers.py
 
 fuzz: $(VENV)/.ready
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -p no:cacheprovider
