@@ -28,25 +28,33 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import torch
 from torch import nn
 
 from ._context import current_frame, tracing_frame
-from ._custom_op import CompiledCall, compile_calls, original_error
+from ._custom_op import compile_calls
+from ._explain import explain_specialization
 from ._guards import ModuleGuard, has_backward_hooks
 from ._record import Recording, RunEagerly, record
-from ._replay import ReplayCursor, ReplayStep
+from ._replay import ReplayCursor
 from ._signature import (
-    Spec,
     describe_spec,
     first_difference,
     flatten_arguments,
     flatten_outputs,
     modules_in,
-    unflatten,
+)
+from ._specialization import (
+    Build,
+    GuardFailure,
+    Key,
+    Miss,
+    Specialization,
+    Timings,
+    retrace_reason,
+    run_first_valid,
 )
 from ._state import capture_rng, restore_rng
 from ._value_guards import GUARD_POLICIES, Conversion, ValueGuard, conversion_capture
@@ -64,129 +72,6 @@ logger = logging.getLogger("phi_torch_jit")
 
 DISABLE_ENV = "PHI_TORCH_JIT_DISABLE"
 """Set to ``1`` to make every jitted function created afterwards use engine ``eager``."""
-
-Key = tuple[Spec, bool]
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Seconds spent in each stage of one specialization."""
-
-    record: float
-    """The untraced record pass (one eager call)."""
-    compile_custom: float
-    """Compiling the forwards of recorded custom functions."""
-    trace: float
-    """Tracing the wrapper module."""
-
-
-@dataclass(frozen=True)
-class Specialization:
-    """One compiled version of a jitted function, for one input signature."""
-
-    key: Key
-    """(argument spec, grad mode) it was built for."""
-    program: Callable[..., tuple[torch.Tensor, ...]]
-    """The compiled wrapper: flat input tensors -> flat output tensors."""
-    output_spec: Spec
-    """Structure of the result, with static leaves as recorded."""
-    modules: tuple[str, ...]
-    """Names of the recorded modules (submodules of the wrapper)."""
-    calls: tuple[CompiledCall, ...]
-    """The distinct compiled custom calls."""
-    timings: Timings
-    """Time spent building it."""
-    tracer_warnings: tuple[str, ...]
-    """Tracer warnings raised while tracing the wrapper."""
-    guard: ModuleGuard | None
-    """Module state this specialization is valid for (None: it calls no modules)."""
-    eager_reason: str = ""
-    """Why this specialization runs the Python function instead of a compiled one, if it does."""
-    value_guards: tuple[ValueGuard, ...] = ()
-    """Tensor values the traced Python branched on; checked after each compiled call."""
-    n_outputs: int = 0
-    """Number of output tensors; the program returns the value-guard tensors after them."""
-    buffers: tuple[torch.Tensor, ...] = ()
-    """Buffers restored when a value guard fails (only with value guards)."""
-    uses_rng: bool = True
-    """Whether the RNG state must be restored when a value guard fails."""
-
-    def run(self, tensors: list[torch.Tensor]) -> Any:
-        """The result for these inputs, or a :class:`GuardFailure` (state restored) if a
-        value guard fails."""
-        if not self.value_guards:
-            return unflatten(self.output_spec, iter(self._execute(tensors)))
-        rng = capture_rng() if self.uses_rng else None
-        saved = [b.clone() for b in self.buffers]
-        flat = self._execute(tensors)
-        for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
-            if not guard.holds(tensor):
-                if rng is not None:
-                    restore_rng(rng)
-                with torch.no_grad():
-                    for buffer, value in zip(self.buffers, saved):
-                        buffer.copy_(value)
-                return GuardFailure(guard.describe(tensor))
-        return unflatten(self.output_spec, iter(flat[: self.n_outputs]))
-
-    def _execute(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        try:
-            return self.program(*tensors)
-        except RuntimeError as wrapped:
-            error = original_error(wrapped)
-            if error is None:
-                raise
-            raise error.with_traceback(error.__traceback__) from None
-
-
-@dataclass(frozen=True)
-class GuardFailure:
-    """A value guard did not hold; the compiled result was discarded."""
-
-    description: str
-    """What changed, e.g. ``bool(...) at step.py:12: True -> False``."""
-
-
-@dataclass(frozen=True)
-class _Miss:
-    """No cached specialization could serve a call."""
-
-    failure: GuardFailure | None
-    """The first value-guard failure, if that is why."""
-
-
-@dataclass(frozen=True)
-class _Build:
-    """What stages 2-4 produced for one specialization."""
-
-    steps: list[ReplayStep]
-    module: CompiledModule
-    value_guards: tuple[ValueGuard, ...]
-    compile_custom_s: float
-    trace_s: float
-
-
-def _run_first_valid(entries: list[Specialization], tensors: list[torch.Tensor]) -> Any:
-    """Run the newest specialization whose guards hold; a :class:`_Miss` if none does."""
-    failure = None
-    for specialization in entries:
-        guard = specialization.guard
-        if guard is not None and not guard.holds():
-            continue
-        result = specialization.run(tensors)
-        if not isinstance(result, GuardFailure):
-            return result
-        failure = failure or result
-    return _Miss(failure)
-
-
-def _retrace_reason(entries: list[Specialization], miss: Any) -> str | None:
-    """Why the cached specializations did not serve (None: a new argument signature)."""
-    if isinstance(miss, _Miss) and miss.failure is not None:
-        return f"value guard failed: {miss.failure.description}"
-    if entries and entries[0].guard is not None:
-        return entries[0].guard.describe_change()
-    return None
 
 
 def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -297,8 +182,8 @@ class JitFunction(Generic[P, R]):
         entries = self._cache.get(key, [])
         seen = len(entries)
         if seen:
-            result = _run_first_valid(entries, tensors)
-            if not isinstance(result, _Miss):
+            result = run_first_valid(entries, tensors)
+            if not isinstance(result, Miss):
                 if len(self._cache) > 1:
                     self._cache.move_to_end(key)
                 return result  # type: ignore[no-any-return]
@@ -307,10 +192,10 @@ class JitFunction(Generic[P, R]):
         with self._lock:
             entries = self._cache.setdefault(key, [])
             if len(entries) > seen:  # another thread compiled meanwhile: try what it added
-                result = _run_first_valid(entries[: len(entries) - seen], tensors)
-                if not isinstance(result, _Miss):
+                result = run_first_valid(entries[: len(entries) - seen], tensors)
+                if not isinstance(result, Miss):
                     return result  # type: ignore[no-any-return]
-            reason = _retrace_reason(entries, result if seen else None)
+            reason = retrace_reason(entries, result if seen else None)
             value, specialization = self._specialize(key, args, kwargs, tensors)
             entries.insert(0, specialization)
             self._cache.move_to_end(key)
@@ -367,7 +252,7 @@ class JitFunction(Generic[P, R]):
             except RunEagerly as signal:
                 eager_reason = self._log_eager(signal.reason)
         if build is None:  # custom functions run eagerly inside the wrapper's forward
-            build = _Build([], CompiledModule(wrapper.forward), (), 0.0, 0.0)
+            build = Build([], CompiledModule(wrapper.forward), (), 0.0, 0.0)
         elif wrapper.output_spec != output_spec:
             raise TraceError(
                 f"phi_torch_jit: {self._owner} returned a different structure while tracing "
@@ -397,7 +282,7 @@ class JitFunction(Generic[P, R]):
 
     def _compile(
         self, recording: Recording, wrapper: WrapperModule, tensors: list[torch.Tensor]
-    ) -> _Build:
+    ) -> Build:
         """Stages 2-4: compile custom calls, then trace the wrapper replaying them."""
         start = time.perf_counter()
         rng = capture_rng()
@@ -420,7 +305,7 @@ class JitFunction(Generic[P, R]):
             compiled = self._engine.compile_module(wrapper, example, self._owner)
         cursor.finish()
         value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
-        return _Build(
+        return Build(
             steps,
             compiled,
             value_guards,
@@ -443,7 +328,7 @@ class JitFunction(Generic[P, R]):
             stacklevel=5,
         )
 
-    def _show_tracer_warnings(self, build: _Build) -> tuple[str, ...]:
+    def _show_tracer_warnings(self, build: Build) -> tuple[str, ...]:
         """Pass the tracer warnings on to the user; return their descriptions for explain()."""
         reemit(build.module.tracer_warnings)
         return tuple(describe_warning(w) for w in build.module.tracer_warnings)
@@ -501,7 +386,7 @@ class JitFunction(Generic[P, R]):
         if self._engine.passthrough:
             lines.append("  runs eagerly: nothing is recorded or compiled")
         for i, spec in enumerate(self.specializations):
-            lines += _explain_specialization(i, spec)
+            lines += explain_specialization(i, spec)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -515,37 +400,6 @@ def clear_caches() -> None:
     """Drop the compiled specializations of every jitted function (frees their memory)."""
     for function in list(_LIVE):
         function.clear_cache()
-
-
-def _explain_specialization(index: int, spec: Specialization) -> list[str]:
-    grad = "grad enabled" if spec.key[1] else "grad disabled"
-    t = spec.timings
-    lines = [
-        f"[{index}] {describe_spec(spec.key[0])}, {grad}",
-        f"    modules: {', '.join(spec.modules) or 'none'}"
-        + (f" ({len(spec.guard.modules)} guarded)" if spec.guard else ""),
-        f"    times: record {t.record * 1e3:.1f} ms, compile custom functions "
-        f"{t.compile_custom * 1e3:.1f} ms, trace {t.trace * 1e3:.1f} ms",
-    ]
-    if spec.eager_reason:
-        lines.append(f"    runs eagerly: {spec.eager_reason}")
-    elif not spec.calls:
-        lines.append("    custom functions: none")
-    for call in spec.calls:
-        forward = call.forward.mode + (f" ({call.forward.reason})" if call.forward.reason else "")
-        lines.append(f"    custom function {call.function.label} as op {call.op_name}:")
-        lines.append(f"      forward: {forward}")
-        backwards = call.backward.specializations
-        if not backwards:
-            lines.append("      backward: not compiled yet (compiled at the first backward)")
-        for pattern, b in backwards.items():
-            reason = (
-                f" ({b.compiled.reason})" if b.compiled is not None and b.compiled.reason else ""
-            )
-            lines.append(f"      backward for needs_input_grad={pattern}: {b.mode}{reason}")
-    lines += [f"    value guard: {g.describe()}" for g in spec.value_guards]
-    lines += [f"    tracer warning: {w}" for w in spec.tracer_warnings]
-    return lines
 
 
 @overload

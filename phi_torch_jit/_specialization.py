@@ -1,0 +1,159 @@
+"""Compiled specializations and how the cache picks one.
+
+A :class:`Specialization` is one compiled version of a jitted function for one
+input signature: the compiled program, the structure of its result, the module
+guard and value guards it is valid under, and what building it cost.
+:func:`run_first_valid` serves a call from the cached specializations of its
+signature (newest first), or says why none could.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._custom_op import CompiledCall, original_error
+from ._guards import ModuleGuard
+from ._replay import ReplayStep
+from ._signature import Spec, unflatten
+from ._state import capture_rng, restore_rng
+from ._value_guards import ValueGuard
+from .engines import CompiledModule
+
+__all__ = [
+    "Key",
+    "Timings",
+    "Specialization",
+    "GuardFailure",
+    "Miss",
+    "Build",
+    "run_first_valid",
+    "retrace_reason",
+]
+
+Key = tuple[Spec, bool]
+"""(argument spec, grad mode): what a specialization is cached under."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds spent in each stage of one specialization."""
+
+    record: float
+    """The untraced record pass (one eager call)."""
+    compile_custom: float
+    """Compiling the forwards of recorded custom functions."""
+    trace: float
+    """Tracing the wrapper module."""
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One compiled version of a jitted function, for one input signature."""
+
+    key: Key
+    """(argument spec, grad mode) it was built for."""
+    program: Callable[..., tuple[torch.Tensor, ...]]
+    """The compiled wrapper: flat input tensors -> flat output tensors."""
+    output_spec: Spec
+    """Structure of the result, with static leaves as recorded."""
+    modules: tuple[str, ...]
+    """Names of the recorded modules (submodules of the wrapper)."""
+    calls: tuple[CompiledCall, ...]
+    """The distinct compiled custom calls."""
+    timings: Timings
+    """Time spent building it."""
+    tracer_warnings: tuple[str, ...]
+    """Tracer warnings raised while tracing the wrapper."""
+    guard: ModuleGuard | None
+    """Module state this specialization is valid for (None: it calls no modules)."""
+    eager_reason: str = ""
+    """Why this specialization runs the Python function instead of a compiled one, if it does."""
+    value_guards: tuple[ValueGuard, ...] = ()
+    """Tensor values the traced Python branched on; checked after each compiled call."""
+    n_outputs: int = 0
+    """Number of output tensors; the program returns the value-guard tensors after them."""
+    buffers: tuple[torch.Tensor, ...] = ()
+    """Buffers restored when a value guard fails (only with value guards)."""
+    uses_rng: bool = True
+    """Whether the RNG state must be restored when a value guard fails."""
+
+    def run(self, tensors: list[torch.Tensor]) -> Any:
+        """The result for these inputs, or a :class:`GuardFailure` (state restored) if a
+        value guard fails."""
+        if not self.value_guards:
+            return unflatten(self.output_spec, iter(self._execute(tensors)))
+        rng = capture_rng() if self.uses_rng else None
+        saved = [b.clone() for b in self.buffers]
+        flat = self._execute(tensors)
+        for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
+            if not guard.holds(tensor):
+                if rng is not None:
+                    restore_rng(rng)
+                with torch.no_grad():
+                    for buffer, value in zip(self.buffers, saved):
+                        buffer.copy_(value)
+                return GuardFailure(guard.describe(tensor))
+        return unflatten(self.output_spec, iter(flat[: self.n_outputs]))
+
+    def _execute(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        try:
+            return self.program(*tensors)
+        except RuntimeError as wrapped:
+            error = original_error(wrapped)
+            if error is None:
+                raise
+            raise error.with_traceback(error.__traceback__) from None
+
+
+@dataclass(frozen=True)
+class GuardFailure:
+    """A value guard did not hold; the compiled result was discarded."""
+
+    description: str
+    """What changed, e.g. ``bool(...) at step.py:12: True -> False``."""
+
+
+@dataclass(frozen=True)
+class Miss:
+    """No cached specialization could serve a call."""
+
+    failure: GuardFailure | None
+    """The first value-guard failure, if that is why."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """What stages 2-4 produced for one specialization."""
+
+    steps: list[ReplayStep]
+    module: CompiledModule
+    value_guards: tuple[ValueGuard, ...]
+    compile_custom_s: float
+    trace_s: float
+
+
+def run_first_valid(entries: list[Specialization], tensors: list[torch.Tensor]) -> Any:
+    """Run the newest specialization whose guards hold; a :class:`Miss` if none does."""
+    failure = None
+    for specialization in entries:
+        guard = specialization.guard
+        if guard is not None and not guard.holds():
+            continue
+        result = specialization.run(tensors)
+        if not isinstance(result, GuardFailure):
+            return result
+        failure = failure or result
+    return Miss(failure)
+
+
+def retrace_reason(entries: list[Specialization], miss: Any) -> str | None:
+    """Why the cached specializations did not serve (None: a new argument signature)."""
+    if isinstance(miss, Miss) and miss.failure is not None:
+        return f"value guard failed: {miss.failure.description}"
+    if entries and entries[0].guard is not None:
+        return entries[0].guard.describe_change()
+    return None
