@@ -12,28 +12,23 @@ are listed in docs/troubleshooting.md.
 from __future__ import annotations
 
 import builtins
-import os
-import sys
 from typing import Any
-
-import torch
 
 from ._context import Phase, current_frame
 from ._patches import RefCounted
+from ._sources import user_location
 
 __all__ = ["print_capture"]
 
 _ORIGINAL_PRINT = builtins.print
-_SKIP = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _print(*args: Any, **kwargs: Any) -> None:
     frame = current_frame()
     if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        caller = sys._getframe(1)
-        filename = caller.f_code.co_filename
-        if not filename.startswith(_SKIP):
-            frame.recording.side_effects.append(f"print at {filename}:{caller.f_lineno}")
+        location = user_location(1)  # who called print
+        if location is not None:
+            frame.recording.side_effects.append(f"print at {location}")
     _ORIGINAL_PRINT(*args, **kwargs)
 
 

@@ -21,8 +21,6 @@ key. Functions without conversions pay nothing. See NOTE [value guards].
 from __future__ import annotations
 
 import math
-import os
-import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from torch.jit._trace import TracerWarning
 
 from ._context import Phase, current_frame
 from ._patches import RefCounted
+from ._sources import user_location
 
 __all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
 
@@ -40,8 +39,6 @@ GUARD_POLICIES = ("retrace", "eager", "error", "off")
 """Accepted values of ``jit(on_guard_failure=...)``."""
 
 _CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -89,15 +86,6 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _user_location() -> str | None:
-    """``file:line`` of the user code that converted a tensor; None for torch's or ours."""
-    frame = sys._getframe(2)
-    filename = frame.f_code.co_filename
-    if filename.startswith((_TORCH_DIR, _OUR_DIR)):
-        return None
-    return f"{filename}:{frame.f_lineno}"
-
-
 # Nodes through which a traced value can only carry shape information.
 _SHAPE_KINDS = frozenset(
     (
@@ -143,7 +131,7 @@ def _intercepting(kind: str) -> Callable[..., Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TracerWarning)
             value = original(self, *args)
-        location = _user_location()
+        location = user_location(1)  # who converted the tensor
         if location is not None and not _from_shapes(self):
             frame.conversions.append(Conversion(self, kind, value, location))
         return value

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.jit._trace import TracerWarning
 
+from .._sources import TORCH_DIR
 from .._warnings import describe_warning, reemit
 from ..errors import TraceError
 from . import CompiledFunction, CompiledModule, Engine, FunctionTarget
@@ -39,7 +40,6 @@ __all__ = ["TorchScriptEngine"]
 # warnings.catch_warnings swaps a process-wide list; serialize our uses of it.
 _WARNINGS_LOCK = threading.RLock()
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 logger = logging.getLogger("phi_torch_jit")
 
 _CAPTURED_CONSTANT = "Cannot insert a Tensor that requires grad as a constant"
@@ -68,7 +68,7 @@ def _is_library_check(w: warnings.WarningMessage) -> bool:
     """
     if not issubclass(w.category, TracerWarning):
         return False
-    if w.filename.startswith(_TORCH_DIR):
+    if w.filename.startswith(TORCH_DIR):
         return True
     return "registered as constants" in str(w.message) and w.filename.startswith(_phiml_dirs())
 
