@@ -28,9 +28,11 @@ import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ._backward import LazyBackward
 from ._context import compiling_frame, no_frame
@@ -38,6 +40,7 @@ from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untra
 from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
+from .errors import TraceError
 
 __all__ = ["CompiledCall", "NestedCalls", "compile_calls", "original_error"]
 
@@ -129,8 +132,14 @@ class CompiledCall:
         if self.forward.mode == "python":
             function.note_python_fallback("forward", self.forward.reason)
         self.backward = LazyBackward(function, template, self.n_outputs, engine, self.nested)
+        self.recorded_context = recorded.context
+        self.graph_captured = False
+        """Set when a captured graph (engine "compile") calls this op: its backward op then
+        serves every call with the recorded call context (NOTE [opaque backward])."""
+        self.output_meta = tuple(_Meta.of(o) for o in recorded.outputs)
         self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
         self.op_name = self._define_op()
+        self.backward_op = self._define_backward_op()
 
     def _define_op(self) -> str:
         base = re.sub(r"\W", "_", self.function.__name__).strip("_") or "custom"
@@ -147,9 +156,15 @@ class CompiledCall:
             setup_context=_weak(self._setup_context),
             lib=self._library,
         )
+        torch.library.register_fake(f"phi_torch_jit::{name}", _weak(self._fake), lib=self._library)
         weakref.finalize(self, self._library._destroy)
         self.op = getattr(torch.ops.phi_torch_jit, name).default
         return name
+
+    def _fake(self, *tensors: torch.Tensor) -> Any:
+        """Outputs like the recorded ones, for graph capture (torch.compile's fake tensors)."""
+        outputs = tuple(m.empty() for m in self.output_meta)
+        return outputs[0] if self.n_outputs == 1 else outputs
 
     def replay(self, recorded: RecordedCall, args: Sequence[Any]) -> Any:
         """The trace pass's call: record the op in the trace, return the recorded outputs."""
@@ -177,6 +192,14 @@ class CompiledCall:
                 raise
             python = self.forward.mode == "python"
             _PENDING.value = self.function.last_call_context() if python else self.static_context
+            if python and self.graph_captured and _PENDING.value != self.recorded_context:
+                raise TraceError(
+                    f"phi_torch_jit: {self.function.label} runs as Python and left other values "
+                    "on its ctx than in the call that was compiled; the backward of a "
+                    "torch.compile graph cannot receive per-call ctx values. Use "
+                    "engine='torchscript' for this function, or keep ctx contents independent "
+                    "of tensor values."
+                )
             outputs = tuple(
                 o.clone() if any(o is t for t in tensors) or o._is_view() else o for o in results
             )
@@ -189,12 +212,76 @@ class CompiledCall:
 
     def _backward(self, ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors
-        inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
         pattern = tuple(bool(n) for n in ctx.needs_input_grad)
+        if any(_is_fake(t) for t in (*saved, *grad_outputs)):  # NOTE [opaque backward]
+            grads = self.backward_op(list(saved), list(grad_outputs), list(pattern))
+            return tuple(g if need else None for g, need in zip(grads, pattern))
+        inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
         return self.backward(pattern, inputs, outputs, grad_outputs, ctx.call_context)
+
+    def _define_backward_op(self) -> Any:
+        """The backward as an op of its own, ``<name>_bwd(saved, grad_outputs, pattern)``.
+
+        Graph capture (torch.compile's AOTAutograd) traces the autograd formula with fake
+        tensors, but a :class:`LazyBackward` compiles on real ones: the captured graph calls
+        this op instead, which runs the lazy backward on the real tensors when the graph runs.
+        Gradients the backward leaves None come back as zeros (an op returns tensors only).
+        Defined with the forward op: code that torch.compile cached on disk may call it
+        without tracing the formula again. See NOTE [opaque backward].
+        """
+        name = f"{self.op_name}_bwd"
+        self._library.define(
+            f"{name}(Tensor[] saved, Tensor[] grad_outputs, bool[] pattern) -> Tensor[]"
+        )
+        self._library.impl(name, _weak(self._backward_impl), "CompositeExplicitAutograd")
+        torch.library.register_fake(
+            f"phi_torch_jit::{name}", _weak(self._backward_fake), lib=self._library
+        )
+        return getattr(torch.ops.phi_torch_jit, name).default
+
+    def _backward_impl(
+        self, saved: list[torch.Tensor], grad_outputs: list[torch.Tensor], pattern: list[bool]
+    ) -> list[torch.Tensor]:
+        inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
+        context = self.recorded_context if self.forward.mode == "python" else self.static_context
+        grads = self.backward(tuple(pattern), inputs, outputs, grad_outputs, context)
+        flat = (*saved, *grad_outputs)
+        return [
+            torch.zeros_like(x)
+            if g is None
+            else (g.clone() if g._is_view() or any(g is t for t in flat) else g)
+            for g, x in zip(grads, inputs)
+        ]
+
+    def _backward_fake(
+        self, saved: list[torch.Tensor], grad_outputs: list[torch.Tensor], pattern: list[bool]
+    ) -> list[torch.Tensor]:
+        return [torch.empty_like(x) for x in saved[: self.n_inputs]]
 
     def __repr__(self) -> str:
         return f"<compiled call phi_torch_jit::{self.op_name} of {self.function.label}>"
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """Shape, strides, dtype and device of a recorded output (not the tensor: it is freed)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> _Meta:
+        return cls(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device)
+
+    def empty(self) -> torch.Tensor:
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+
+
+def _is_fake(tensor: Any) -> bool:
+    """Whether autograd is being traced by graph capture (fake or functional tensors)."""
+    return isinstance(tensor, torch.Tensor) and is_fake(tensor)
 
 
 class NestedCalls:

@@ -61,9 +61,10 @@ from ._value_guards import GUARD_POLICIES, Conversion, ValueGuard, conversion_ca
 from ._warnings import describe_warning, reemit
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
+from .engines.compile import Backend
 from .errors import GuardError, JitWarning, TraceError, describe_function
 
-__all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV", "clear_caches"]
+__all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV", "ENGINE_ENV", "clear_caches"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -72,6 +73,17 @@ logger = logging.getLogger("phi_torch_jit")
 
 DISABLE_ENV = "PHI_TORCH_JIT_DISABLE"
 """Set to ``1`` to make every jitted function created afterwards use engine ``eager``."""
+
+ENGINE_ENV = "PHI_TORCH_JIT_ENGINE"
+"""The engine of jitted functions created without ``engine=``: a name, or ``compile:<backend>``."""
+
+
+def _default_engine(options: dict[str, Any]) -> str:
+    """The engine named by ``PHI_TORCH_JIT_ENGINE`` (``torchscript`` if unset)."""
+    name, _, backend = os.environ.get(ENGINE_ENV, "").partition(":")
+    if backend and "backend" not in options:
+        options["backend"] = backend
+    return name or "torchscript"
 
 
 def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -115,10 +127,11 @@ class JitFunction(Generic[P, R]):
         self,
         fn: Callable[P, R],
         *,
-        engine: str | Engine = "torchscript",
+        engine: str | Engine | None = None,
         max_traces: int = 8,
         guard_hooks: bool = True,
         on_guard_failure: str = "retrace",
+        **engine_options: Any,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"phi_torch_jit: jit needs a callable, got {type(fn).__name__}.")
@@ -129,10 +142,13 @@ class JitFunction(Generic[P, R]):
                 f"phi_torch_jit: on_guard_failure must be one of {GUARD_POLICIES}, "
                 f"got {on_guard_failure!r}."
             )
+        engine_options = {k: v for k, v in engine_options.items() if v is not None}
+        if engine is None:
+            engine = _default_engine(engine_options)
+        self._engine = get_engine(engine, engine_options)
         if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-            engine = "eager"
+            self._engine = get_engine("eager")
         self._fn = fn
-        self._engine = get_engine(engine)
         self._owner = describe_function(fn)
         self._arg_names = _positional_names(fn)
         self._max_traces = max_traces
@@ -277,6 +293,7 @@ class JitFunction(Generic[P, R]):
             n_outputs=len(outputs),
             buffers=guarded_state,
             uses_rng=build.module.uses_rng,
+            engine_notes=build.module.notes,
         )
         return result, specialization
 
@@ -406,10 +423,12 @@ def clear_caches() -> None:
 def jit(
     fn: Callable[P, R],
     *,
-    engine: str | Engine = ...,
+    engine: str | Engine | None = ...,
     max_traces: int = ...,
     guard_hooks: bool = ...,
     on_guard_failure: str = ...,
+    backend: Backend | None = ...,
+    **compile_options: Any,
 ) -> JitFunction[P, R]: ...
 
 
@@ -417,20 +436,24 @@ def jit(
 def jit(
     fn: None = None,
     *,
-    engine: str | Engine = ...,
+    engine: str | Engine | None = ...,
     max_traces: int = ...,
     guard_hooks: bool = ...,
     on_guard_failure: str = ...,
+    backend: Backend | None = ...,
+    **compile_options: Any,
 ) -> Callable[[Callable[P, R]], JitFunction[P, R]]: ...
 
 
 def jit(
     fn: Callable[P, R] | None = None,
     *,
-    engine: str | Engine = "torchscript",
+    engine: str | Engine | None = None,
     max_traces: int = 8,
     guard_hooks: bool = True,
     on_guard_failure: str = "retrace",
+    backend: Backend | None = None,
+    **compile_options: Any,
 ) -> JitFunction[P, R] | Callable[[Callable[P, R]], JitFunction[P, R]]:
     """Compile ``fn`` once per input signature; later calls run the compiled program.
 
@@ -465,9 +488,13 @@ def jit(
     Args:
         fn: a function, an nn.Module, or a method (``@jit`` on ``forward``).
             May be omitted to use ``jit(...)`` as a decorator factory.
-        engine: ``"torchscript"`` (default), ``"eager"`` (no compilation, for
-            debugging), or an :class:`~phi_torch_jit.engines.Engine`. The
-            environment variable ``PHI_TORCH_JIT_DISABLE=1`` forces ``"eager"``.
+        engine: ``"torchscript"`` (default; fastest first call), ``"compile"``
+            (``torch.compile`` of the captured graph: slower first call, fused
+            steady state; see docs/engines.md), ``"eager"`` (no compilation, for
+            debugging), or an :class:`~phi_torch_jit.engines.Engine`. Left out:
+            the environment variable ``PHI_TORCH_JIT_ENGINE`` (``"compile"``,
+            ``"compile:aot_eager"``...) or ``"torchscript"``. The environment
+            variable ``PHI_TORCH_JIT_DISABLE=1`` forces ``"eager"``.
         max_traces: number of specializations before a warning (>= 1).
         guard_hooks: check hooks and parameter/buffer identity of the modules
             before each call (about 0.3 us per module); with False only
@@ -479,6 +506,11 @@ def jit(
             compile the new branch too), ``"eager"`` (run the Python), ``"error"``
             (raise :class:`~phi_torch_jit.GuardError`), or ``"off"`` (no guards:
             the traced branch is silently reused -- torch's TracerWarning is shown).
+        backend: with ``engine="compile"``: the torch.compile backend, a name
+            (``"inductor"``, the default; any of ``torch._dynamo.list_backends()``
+            or registered ones) or a callable ``(gm, example_inputs) -> callable``.
+        **compile_options: with ``engine="compile"``: ``mode``, ``options``,
+            ``fullgraph``, ``dynamic`` for torch.compile.
 
     Returns:
         A :class:`JitFunction` with ``fn``'s signature.
@@ -503,6 +535,8 @@ def jit(
         "max_traces": max_traces,
         "guard_hooks": guard_hooks,
         "on_guard_failure": on_guard_failure,
+        "backend": backend,
+        **compile_options,
     }
     if fn is None:
         return functools.partial(jit, **options)  # type: ignore[return-value]

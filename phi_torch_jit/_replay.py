@@ -52,6 +52,11 @@ class ReplayCursor:
         self._index = 0
 
     @property
+    def steps(self) -> tuple[ReplayStep, ...]:
+        """The recorded calls, in order."""
+        return self._steps
+
+    @property
     def position(self) -> int:
         """How many calls have been replayed."""
         return self._index

@@ -80,6 +80,8 @@ class Specialization:
     """Buffers restored when a value guard fails (only with value guards)."""
     uses_rng: bool = True
     """Whether the RNG state must be restored when a value guard fails."""
+    engine_notes: tuple[str, ...] = ()
+    """What the engine reported while compiling (graphs, graph breaks, fallbacks)."""
 
     def run(self, tensors: list[torch.Tensor]) -> Any:
         """The result for these inputs, or a :class:`GuardFailure` (state restored) if a

@@ -65,6 +65,7 @@ class StateSnapshot:
         """Run a block from the state before the record pass, then restore the state after it."""
         after_rng = capture_rng()
         after = [(buf, buf.detach().clone()) for buf, _ in self.buffers.values()]
+        versions = [buf._version for buf, _ in after]
         _write(self.buffers.values())
         restore_rng(self.rng)
         try:
@@ -72,6 +73,11 @@ class StateSnapshot:
         finally:
             _write(after)
             restore_rng(after_rng)
+            # The record pass's autograd graph saved some buffers (BatchNorm saves its running
+            # stats) and checks their version counters at backward: writing them back must
+            # look like no write at all, or the first call's result cannot be differentiated.
+            tensors = [buf for buf, _ in after]
+            torch._C._autograd._unsafe_set_version_counter(tensors, versions)
 
 
 def _write(pairs: object) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch.jit._trace import TracerWarning
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ._context import Phase, current_frame
 from ._patches import RefCounted
@@ -104,6 +105,8 @@ def _from_shapes(tensor: torch.Tensor) -> bool:
     Shapes are part of the cache key, so such a value cannot change between calls of one
     specialization: no guard needed (PhiML converts every size with ``int``).
     """
+    if torch._C._get_tracing_state() is None:  # not TorchScript (graph capture): sizes are ints
+        return False
     try:
         value = torch._C._get_value_trace(tensor)  # type: ignore[attr-defined]
     except RuntimeError:  # not a traced value (e.g. a constant)
@@ -128,7 +131,8 @@ def _intercepting(kind: str) -> Callable[..., Any]:
         if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:
             return original(self, *args)
         # Guarded (user code) or a shape check inside torch: torch's TracerWarning is moot.
-        with warnings.catch_warnings():
+        # Graph capture (make_fx on real tensors) refuses conversions; the value is real.
+        with warnings.catch_warnings(), _disable_current_modes():
             warnings.simplefilter("ignore", TracerWarning)
             value = original(self, *args)
         location = user_location(1)  # who converted the tensor

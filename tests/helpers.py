@@ -74,3 +74,14 @@ def make_solve(
     forward = cg_loop if scriptable else solve_python
     solve = ptj.custom_gradient(forward, gradient, name="solve")
     return solve
+
+
+def gradcheck(fn: Any, inputs: tuple[torch.Tensor, ...]) -> bool:
+    """``torch.autograd.gradcheck``, which runs backward with ``retain_graph=True``.
+
+    torch.compile refuses that for backwards with donated buffers unless
+    ``torch._functorch.config.donated_buffer`` is False (docs/engines.md); engine "compile"
+    inherits the rule, so the check is switched off here as a user would.
+    """
+    with torch._functorch.config.patch(donated_buffer=False):
+        return bool(torch.autograd.gradcheck(fn, inputs))

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from helpers import Counter, make_solve
 from torch import nn
 
 import phi_torch_jit as ptj
 from phi_torch_jit._backward import drop_none, restore_none
+
+pytestmark = pytest.mark.all_engines
 
 
 def test_drop_restore_round_trip() -> None:
@@ -60,7 +63,7 @@ def test_each_pattern_gets_its_own_backward() -> None:
     assert set(call.backward.specializations) == {(True, False), (True, True)}
 
 
-def test_none_gradients_are_filtered_and_restored() -> None:
+def test_none_gradients_are_filtered_and_restored(jit_engine: str) -> None:
     counter = Counter()
 
     def mix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -78,7 +81,11 @@ def test_none_gradients_are_filtered_and_restored() -> None:
     for _ in range(3):
         x.grad = None
         step(x, y).sum().backward()
-        assert torch.equal(x.grad, torch.full((4,), 6.0)) and y.grad is None
+        assert torch.equal(x.grad, torch.full((4,), 6.0))
+        if jit_engine == "torchscript":
+            assert y.grad is None
+        else:  # an op returns tensors: torch.compile'd backwards give zeros (docs/engines.md)
+            assert torch.equal(y.grad, torch.zeros(4))
     assert counter.gradient == 1  # Python of the gradient ran only to build the compiled form
     (call,) = step.specializations[0].calls
     spec = call.backward.specializations[(True, True)]

@@ -11,6 +11,8 @@ from torch import nn
 
 import phi_torch_jit as ptj
 
+pytestmark = pytest.mark.all_engines
+
 
 def _net() -> nn.Sequential:
     torch.manual_seed(3)

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, cg_loop, make_solve
+from helpers import Counter, cg_loop, gradcheck, make_solve
 from torch import nn
 
 import phi_torch_jit as ptj
 from phi_torch_jit._context import current_frame
+
+pytestmark = pytest.mark.all_engines
 
 Fields = namedtuple("Fields", ["u", "v"])
 
@@ -53,7 +55,7 @@ def test_outputs_and_gradients_equal_eager_gradcheck() -> None:
     want = torch.autograd.grad(step(u, k).sum(), [u, k, net.lin.weight])
     for g, w in zip(grads, want):
         assert torch.allclose(g, w)
-    assert torch.autograd.gradcheck(jitted, (u, k))
+    assert gradcheck(jitted, (u, k))
     assert jitted.num_traces == 1
 
 
@@ -278,6 +280,23 @@ def test_batchnorm_stats_and_rng_advance_as_one_eager_call() -> None:
     assert int(bn_j.num_batches_tracked) == 1
     assert torch.allclose(bn_j.running_mean, bn_e.running_mean)
     assert torch.allclose(bn_j.running_var, bn_e.running_var)
+    assert bn_j.running_mean._version == bn_e.running_mean._version  # the trace left no write
+
+
+def test_first_call_result_is_differentiable_with_batchnorm_in_training() -> None:
+    # BatchNorm's autograd saves its running stats; the trace pass must not look like a write
+    # to them (found by the compile engine's training test: backward raised "modified by an
+    # inplace operation").
+    torch.manual_seed(3)
+    nets = [nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    x = torch.randn(8, 4)
+    step = ptj.jit(lambda net, x: (net(x) ** 2).sum())
+    for _ in range(2):  # the record call, then a compiled call
+        got = torch.autograd.grad(step(nets[0], x), list(nets[0].parameters()))
+        want = torch.autograd.grad((nets[1](x) ** 2).sum(), list(nets[1].parameters()))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
 
 
 def test_input_modified_in_place_once() -> None:
@@ -367,7 +386,7 @@ def test_two_threads_jitting_at_once() -> None:
 # -- 11. introspection -------------------------------------------------------------------
 
 
-def test_explain_lists_signature_modules_custom_functions_and_times() -> None:
+def test_explain_lists_signature_modules_custom_functions_and_times(jit_engine: str) -> None:
     solve = make_solve()
     net = Source(4)
     step = ptj.jit(lambda u, k: solve(net(u), k))
@@ -375,7 +394,7 @@ def test_explain_lists_signature_modules_custom_functions_and_times() -> None:
     step(u, torch.tensor(0.2))
     step(u, torch.tensor(0.2)).sum().backward()
     text = step.explain()
-    assert "engine 'torchscript', 1 trace(s)" in text
+    assert f"engine {jit_engine.partition(':')[0]!r}, 1 trace(s)" in text
     assert "(Tensor[4] float32 cpu requires_grad, Tensor[] float32 cpu), grad enabled" in text
     assert "modules: m0_Source" in text
     assert "custom function solve (" in text and "forward: scripted" in text

@@ -10,6 +10,8 @@ from helpers import Counter
 
 import phi_torch_jit as ptj
 
+pytestmark = pytest.mark.all_engines
+
 
 def test_print_in_jitted_function_warns_once_and_does_not_repeat(
     capsys: pytest.CaptureFixture[str],

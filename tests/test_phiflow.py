@@ -31,6 +31,7 @@ import phi_torch_jit as ptj
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.all_engines,
     pytest.mark.filterwarnings("ignore::UserWarning"),  # PhiML: sparse CSR beta, from_numpy
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # PhiFlow calling PhiML
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # PhiML: rank deficiency notice

@@ -7,6 +7,8 @@ import torch
 
 import phi_torch_jit as ptj
 
+pytestmark = pytest.mark.all_engines
+
 
 def _double(x: torch.Tensor) -> torch.Tensor:
     return 2 * x

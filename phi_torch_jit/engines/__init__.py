@@ -11,15 +11,17 @@ An engine turns two kinds of targets into callables:
   forward replays the user function on flat tensors.
 
 Engines are registered by name (:func:`register_engine`) and looked up with
-:func:`get_engine`; those are the only ways to reach the registry. A
-torch.compile engine plugs in here without changes to the pipeline.
+:func:`get_engine`; those are the only ways to reach the registry. Built in:
+``"torchscript"`` (default), ``"compile"`` (torch.compile, any backend) and
+``"eager"`` (nothing compiled).
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -78,6 +80,8 @@ class CompiledModule:
     """Tracer warnings from user code while compiling; the caller shows the relevant ones."""
     uses_rng: bool = True
     """Whether running it may draw random numbers (False only when the engine is sure)."""
+    notes: tuple[str, ...] = ()
+    """What the engine did, for ``explain()`` (e.g. graphs compiled, a fallback and why)."""
 
 
 class Engine(abc.ABC):
@@ -115,13 +119,23 @@ def available_engines() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def get_engine(engine: str | Engine) -> Engine:
+def get_engine(engine: str | Engine, options: Mapping[str, Any] | None = None) -> Engine:
     """Resolve an engine name (or pass an Engine instance through).
+
+    ``options`` are passed to the engine's factory, e.g. ``{"backend": "inductor"}`` for
+    ``"compile"``.
 
     Raises:
         ValueError: unknown name; the message lists the accepted names.
+        TypeError: options for an Engine instance, or options its factory does not take.
     """
+    options = dict(options or {})
     if isinstance(engine, Engine):
+        if options:
+            raise TypeError(
+                f"phi_torch_jit: options {sorted(options)} were given with an Engine instance; "
+                "pass them to the engine's constructor instead."
+            )
         return engine
     try:
         factory = _REGISTRY[engine]
@@ -130,15 +144,27 @@ def get_engine(engine: str | Engine) -> Engine:
             f"phi_torch_jit: unknown engine {engine!r}; use one of {available_engines()} "
             "or an Engine instance."
         ) from None
-    return factory()
+    if not options:
+        return factory()
+    try:
+        signature = inspect.signature(factory)
+        signature.bind(**options)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"phi_torch_jit: engine {engine!r} does not take option(s) {sorted(options)}; "
+            "backend= and torch.compile options go with engine='compile'."
+        ) from None
+    return factory(**options)
 
 
 def _register_builtin() -> None:
+    from .compile import CompileEngine
     from .eager import EagerEngine
     from .torchscript import TorchScriptEngine
 
     register_engine(EagerEngine.name, EagerEngine)
     register_engine(TorchScriptEngine.name, TorchScriptEngine)
+    register_engine(CompileEngine.name, CompileEngine)
 
 
 _register_builtin()

@@ -1,0 +1,224 @@
+"""Engine ``"compile"``: the wrapper captured as an FX graph, then ``torch.compile``.
+
+torch.compile's front end (dynamo) would have to trace through our record and
+replay Python, and it breaks the graph at every data-dependent loop of a
+custom function. This engine avoids both:
+
+1. The wrapper module is run once under ``make_fx`` on real tensors, with the
+   parameters and buffers of the recorded modules passed as extra inputs. The
+   replay cursor is active as for any trace, so each custom call appears as one
+   node of its ``phi_torch_jit::`` op; the Python of the user function, the
+   modules and their hooks is gone from the graph.
+2. That graph is handed to ``torch.compile(graph, backend=...)``. Our ops are
+   opaque to it: their fake implementation produces outputs shaped like the
+   recorded ones, and their autograd formula calls a second opaque op for the
+   backward (NOTE [opaque backward] in docs/design.md), so the loops inside
+   them cause no graph break and the backend fuses everything around them.
+3. The compiled program is run once on the trace inputs, so the backend's
+   compile time is paid by the first call of the jitted function, not the
+   second (module state and RNG are rewound afterwards, like after any trace).
+
+The bodies of custom functions (forward, and backward at the first backward)
+are compiled by the ``functions`` engine, TorchScript by default: traced where
+that is faithful, scripted where a loop depends on values, Python otherwise.
+
+Parameters and buffers are inputs of the compiled program, fetched from the
+wrapper on every call, so ``optimizer.step()`` and ``load_state_dict`` are seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._context import current_frame, no_frame
+from ..errors import TraceError
+from . import CompiledFunction, CompiledModule, Engine, FunctionTarget
+from .torchscript import TorchScriptEngine
+
+__all__ = ["CompileEngine", "Backend", "check_backend"]
+
+logger = logging.getLogger("phi_torch_jit")
+
+Backend = str | Callable[..., Any]
+"""A torch.compile backend: a registered name or a callable ``(gm, example_inputs) -> callable``."""
+
+_RANDOM = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
+
+
+def check_backend(backend: Backend) -> None:
+    """Raise ValueError now (not at the first call) if ``backend`` is not a torch.compile backend.
+
+    Names are looked up like torch.compile does: built-in backends, those registered with
+    ``torch._dynamo.register_backend`` and those of the ``torch_dynamo_backends`` entry point.
+    """
+    if callable(backend):
+        return
+    if not isinstance(backend, str):
+        raise TypeError(
+            "phi_torch_jit: backend must be a torch.compile backend name or a callable "
+            f"(gm, example_inputs) -> callable, got {type(backend).__name__}."
+        )
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.exc import InvalidBackend
+
+    try:
+        lookup_backend(backend)
+    except InvalidBackend:
+        from torch._dynamo import list_backends
+
+        raise ValueError(
+            f"phi_torch_jit: unknown torch.compile backend {backend!r}; registered backends "
+            f"are {list_backends(exclude_tags=())}. Register yours with "
+            "torch._dynamo.register_backend or pass the backend function itself."
+        ) from None
+
+
+class CompileEngine(Engine):
+    """Captures the wrapper with ``make_fx`` and compiles it with ``torch.compile``.
+
+    Args:
+        backend: any torch.compile backend: a name from ``torch._dynamo.list_backends()``
+            (default ``"inductor"``), a name registered by ``torch._dynamo.register_backend``
+            or the ``torch_dynamo_backends`` entry point, or a callable
+            ``(gm, example_inputs) -> callable`` (also ``aot_autograd(fw_compiler=...)``).
+        functions: the engine that compiles the bodies of custom functions (default
+            :class:`~phi_torch_jit.engines.torchscript.TorchScriptEngine`).
+        **options: passed to ``torch.compile`` (``mode``, ``options``, ``fullgraph``,
+            ``dynamic``...). ``dynamic`` defaults to False: every specialization has fixed
+            shapes. With ``backend="inductor"``, ``options["fallback_random"]`` defaults to
+            True so that random numbers are eager's.
+    """
+
+    name = "compile"
+
+    def __init__(
+        self, backend: Backend = "inductor", *, functions: Engine | None = None, **options: Any
+    ) -> None:
+        check_backend(backend)
+        _import_inductor_quietly()
+        unknown = set(options) - {"mode", "options", "fullgraph", "dynamic", "disable"}
+        if unknown:
+            raise TypeError(
+                f"phi_torch_jit: unknown torch.compile option(s) {sorted(unknown)}; accepted: "
+                "mode, options, fullgraph, dynamic, disable."
+            )
+        self.backend = backend
+        self.functions = functions if functions is not None else TorchScriptEngine()
+        options.setdefault("dynamic", False)
+        if backend == "inductor" and options.get("mode") is None:
+            options["options"] = {"fallback_random": True, **(options.get("options") or {})}
+        self.options: Mapping[str, Any] = options
+
+    def compile_function(self, target: FunctionTarget) -> CompiledFunction:
+        return self.functions.compile_function(target)
+
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        frame = current_frame()
+        for step in frame.cursor.steps if frame is not None and frame.cursor else ():
+            step.compiled.graph_captured = True  # its backward op serves the recorded context
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        state = (*module.parameters(), *module.buffers())
+        n = len(example_inputs)
+
+        def flat(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(module(*tensors[:n]))
+
+        with _CAPTURE_LOCK:  # FX tracing (ours and the backend's) keeps process-wide state
+            try:
+                graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(
+                    *example_inputs, *state
+                )
+            except RuntimeError as error:
+                if _VALUE_OUT_OF_GRAPH not in str(error):
+                    raise
+                raise TraceError(
+                    f"phi_torch_jit: {label} turns a tensor into a Python value (if on a "
+                    "tensor, int(), float(), .item(), .tolist()) and value guards are off, so "
+                    "engine 'compile' cannot capture it: with jit(on_guard_failure='off') only "
+                    "engine 'torchscript' bakes the traced branch. Use on_guard_failure="
+                    "'retrace' (the default), or tensor operations such as torch.where."
+                ) from None
+            _reject_captured(graph, label)
+            # The graph's forward, not the module: global module hooks must not fire for it.
+            compiled = torch.compile(graph.forward, backend=self.backend, **self.options)
+            before = _graph_counts()
+            with no_frame():  # pay the backend's compile time now (the caller rewinds state)
+                compiled(*example_inputs, *state)
+            graphs, breaks = (b - a for a, b in zip(before, _graph_counts()))
+
+        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            if _fx_tracing():  # another thread is capturing: dynamo would refuse to run
+                return graph.forward(*tensors, *state)  # type: ignore[no-any-return]
+            return compiled(*tensors, *state)  # type: ignore[no-any-return]
+
+        backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
+        note = f"torch.compile (backend {backend}): {graphs} graph(s), {breaks} graph break(s)"
+        return CompiledModule(run, (), _uses_rng(graph), (note,))
+
+    def __repr__(self) -> str:
+        backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
+        return f"<CompileEngine backend={backend}>"
+
+
+_CAPTURE_LOCK = threading.Lock()
+
+_VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
+
+
+def _fx_tracing() -> bool:
+    """Whether some thread is inside an FX trace (torch keeps one process-wide flag).
+
+    dynamo refuses to run compiled code while it is set ("FX to symbolically trace a
+    dynamo-optimized function"); the captured graph itself computes the same values.
+    """
+    return bool(torch.fx._symbolic_trace._is_fx_tracing_flag)
+
+
+def _import_inductor_quietly() -> None:
+    """Import inductor now, without the notice torch.jit gives while inductor imports
+    ``torch.utils.mkldnn`` (a deprecation of torch's own code, not the user's)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit", DeprecationWarning)
+        warnings.filterwarnings("ignore", "`torch.jit", FutureWarning)
+        import torch._inductor.compile_fx  # noqa: F401
+
+
+def _graph_counts() -> tuple[int, int]:
+    """(graphs compiled, graph breaks) so far in this process, from dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def _reject_captured(graph: torch.fx.GraphModule, label: str) -> None:
+    """Tensors that require grad but are neither inputs nor module state would lose gradients."""
+    for node in graph.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(graph, node.target, None)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise TraceError(
+                    f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an "
+                    "argument nor a parameter of a module it calls (a closure or global?). Pass "
+                    "it as an argument, or hold it in an nn.Module that the function calls or "
+                    "registers with phi_torch_jit.register_module_call(module)."
+                )
+
+
+def _uses_rng(graph: torch.fx.GraphModule) -> bool:
+    """Whether the captured graph may draw random numbers (our ops count as may)."""
+    for node in graph.graph.nodes:
+        if node.op == "call_function":
+            name = str(node.target)
+            if name.startswith("phi_torch_jit") or any(r in name for r in _RANDOM):
+                return True
+    return False

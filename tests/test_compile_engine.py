@@ -1,0 +1,203 @@
+"""Engine "compile": backends, opaque custom calls, no graph breaks, inductor end to end.
+
+The shared suite (modules marked ``all_engines``) already runs every core behaviour with
+``compile:aot_eager``; this module covers what is specific to the engine. Inductor itself
+compiles C++ and takes seconds: its tests are marked slow and kept to a few.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import Counter, cg_loop, make_solve
+from test_function import SavesDependingOnValue
+from functorch.compile import make_boxed_func
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import counters
+
+import phi_torch_jit as ptj
+from phi_torch_jit.engines.compile import CompileEngine
+
+
+class CGFunction(torch.autograd.Function):
+    """A plain autograd.Function with a data-dependent loop: raw torch.compile breaks on it."""
+
+    @staticmethod
+    def forward(ctx: Any, b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        x = cg_loop(b, k)
+        ctx.save_for_backward(x, k)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, k = ctx.saved_tensors
+        lam = cg_loop(g, k)
+        lap = torch.roll(x, 1, -1) - 2 * x + torch.roll(x, -1, -1)
+        return lam, (lam * lap).sum().reshape(k.shape)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 3, padding=1)
+        self.norm = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.2)
+        self.out = nn.Conv1d(4, 1, 3, padding=1)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.tanh(self.norm(self.conv(u[:, None]))))
+        return self.out(h)[:, 0]
+
+
+def unrolled_loss(net: Net, u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    for _ in range(3):
+        u = CGFunction.apply(u, k)
+        u = u + 0.1 * net(u)
+    return (u**2).mean()
+
+
+def _graph_breaks() -> int:
+    return sum(counters["graph_break"].values())
+
+
+def test_backend_names_callables_and_options_are_checked_at_jit_time() -> None:
+    with pytest.raises(ValueError, match="unknown torch.compile backend 'nope'.*'inductor'"):
+        ptj.jit(torch.sin, engine="compile", backend="nope")
+    with pytest.raises(TypeError, match="backend must be a torch.compile backend name"):
+        ptj.jit(torch.sin, engine="compile", backend=3)
+    with pytest.raises(TypeError, match="engine 'torchscript' does not take option"):
+        ptj.jit(torch.sin, engine="torchscript", backend="inductor")
+    with pytest.raises(TypeError, match=r"unknown torch.compile option\(s\) \['fulgraph'\]"):
+        ptj.jit(torch.sin, engine="compile", fulgraph=True)
+    with pytest.raises(TypeError, match="pass them to the engine's constructor"):
+        ptj.jit(torch.sin, engine=CompileEngine(), mode="max-autotune")
+    engine = ptj.jit(torch.sin, engine="compile", backend="aot_eager", fullgraph=True).engine
+    assert isinstance(engine, CompileEngine) and engine.backend == "aot_eager"
+    assert engine.options["fullgraph"] is True and engine.options["dynamic"] is False
+
+
+def test_environment_picks_the_default_engine_and_backend(monkeypatch: Any) -> None:
+    monkeypatch.setenv("PHI_TORCH_JIT_ENGINE", "compile:aot_eager")
+    engine = ptj.jit(torch.sin).engine
+    assert isinstance(engine, CompileEngine) and engine.backend == "aot_eager"
+    assert ptj.jit(torch.sin, engine="torchscript").engine.name == "torchscript"
+    monkeypatch.setenv("PHI_TORCH_JIT_ENGINE", "jax")
+    with pytest.raises(ValueError, match="unknown engine 'jax'"):
+        ptj.jit(torch.sin)
+
+
+def test_callable_backend_sees_one_graph_with_each_custom_call_as_one_opaque_node() -> None:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    counter = Counter()
+    solve = make_solve(counter, scriptable=False)  # a Python loop inside: opaque anyway
+    step = ptj.jit(lambda b, k: solve(b * 2, k) + 1, engine="compile", backend=backend)
+    b, k = torch.randn(16), torch.tensor(0.3)
+    step(b, k)
+    calls_before = counter.forward
+    for scale in (1.0, 0.0):  # a zero right-hand side: the loop must not be baked (no NaN)
+        assert torch.equal(step(b * scale, k), solve(b * scale * 2, k) + 1)
+    (gm,) = graphs
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert sum("phi_torch_jit.solve" in op for op in ops) == 1, ops
+    assert counter.forward == calls_before + 4  # 2 compiled calls + 2 eager references
+
+
+def test_registered_and_aot_autograd_backends_compile_forward_and_lazy_backward() -> None:
+    compiled: list[str] = []
+
+    def fw(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        compiled.append("forward")
+        return make_boxed_func(gm.forward)
+
+    def bw(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        compiled.append("backward")
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.register_backend(aot_autograd(fw_compiler=fw, bw_compiler=bw), "ptj_test_aot")
+    assert "ptj_test_aot" in torch._dynamo.list_backends(exclude_tags=())
+    solve = make_solve()
+    lin = nn.Linear(8, 8)
+
+    def step(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return solve(lin(b), k)
+
+    jitted = ptj.jit(step, engine="compile", backend="ptj_test_aot")
+    b, k = torch.randn(8), torch.tensor(0.4, requires_grad=True)
+    jitted(b, k)
+    assert compiled == ["forward"]  # AOTAutograd compiles the backward at the first backward
+    got = torch.autograd.grad(jitted(b, k).sum(), [k, lin.weight])
+    want = torch.autograd.grad(step(b, k).sum(), [k, lin.weight])
+    assert compiled == ["forward", "backward"]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")  # dynamo
+@pytest.mark.filterwarnings("ignore:The .grad attribute:UserWarning")  # dynamo, raw compile
+def test_autograd_function_with_a_loop_causes_no_graph_break_unlike_raw_torch_compile() -> None:
+    torch._dynamo.reset()
+    net = Net().eval()
+    u, k = torch.randn(4, 16), torch.tensor(0.3, requires_grad=True)
+    before = _graph_breaks()
+    raw = torch.compile(unrolled_loss, backend="aot_eager")
+    raw(net, u, k)
+    raw_breaks = _graph_breaks() - before
+    assert raw_breaks > 0  # the motivation: dynamo breaks the graph at the CG loop
+
+    jitted = ptj.jit(unrolled_loss, engine="compile", backend="aot_eager")
+    before = _graph_breaks()
+    jitted(net, u, k)
+    for _ in range(2):
+        torch.testing.assert_close(jitted(net, u, k), unrolled_loss(net, u, k))
+    assert _graph_breaks() == before
+    assert "1 graph(s), 0 graph break(s)" in jitted.explain()
+
+
+def test_python_forward_with_other_ctx_values_than_compiled_raises_instead_of_wrong_grads() -> None:
+    step = ptj.jit(lambda x: SavesDependingOnValue.apply(x) * 2, engine="compile")
+    step(torch.ones(3))  # compiled with ctx.factor == 3
+    x = torch.full((3,), 2.0, requires_grad=True)
+    step(x).sum().backward()  # same ctx values: the compiled backward op serves it
+    assert torch.equal(x.grad, torch.full((3,), 6.0))
+    with pytest.raises(ptj.TraceError, match="SavesDependingOnValue.*engine='torchscript'"):
+        step(-torch.ones(3))  # ctx.factor would be 1: refused, not silently wrong
+
+
+def test_tensor_closure_requiring_grad_is_refused_like_with_torchscript() -> None:
+    w = torch.randn(3, requires_grad=True)
+    step = ptj.jit(lambda x: x * w, engine="compile", backend="aot_eager")
+    with pytest.raises(ptj.TraceError, match="neither an argument nor a parameter"):
+        step(torch.ones(3))
+
+
+@pytest.mark.slow
+def test_inductor_training_matches_eager_with_dropout_batchnorm_and_optimizer_steps() -> None:
+    """Inductor end to end: 3 SGD steps through 3 unrolled CG solves with a CNN in train mode."""
+    torch.manual_seed(1)
+    nets = [Net(), Net()]
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+    jitted = ptj.jit(unrolled_loss, engine="compile")  # inductor
+    u, k = torch.randn(4, 16), torch.tensor(0.3, requires_grad=True)
+    for _ in range(3):
+        losses = []
+        for net, optimizer, fn in zip(nets, optimizers, (jitted, unrolled_loss)):
+            torch.manual_seed(7)  # same dropout masks (engine sets fallback_random)
+            optimizer.zero_grad()
+            loss = fn(net, u, k)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1])
+    for a, b in zip(nets[0].state_dict().values(), nets[1].state_dict().values()):
+        torch.testing.assert_close(a, b)  # parameters and BatchNorm running stats
+    assert jitted.num_traces == 1
+    assert "1 graph(s), 0 graph break(s)" in jitted.explain()
