@@ -77,7 +77,7 @@ class StateSnapshot:
             # stats) and checks their version counters at backward: writing them back must
             # look like no write at all, or the first call's result cannot be differentiated.
             tensors = [buf for buf, _ in after]
-            torch._C._autograd._unsafe_set_version_counter(tensors, versions)
+            torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))
 
 
 def _write(pairs: object) -> None:

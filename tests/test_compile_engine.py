@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func
 from helpers import Counter, cg_loop, make_solve
 from test_function import SavesDependingOnValue
-from functorch.compile import make_boxed_func
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
@@ -64,9 +64,9 @@ def _graph_breaks() -> int:
 
 
 def test_backend_names_callables_and_options_are_checked_at_jit_time() -> None:
-    with pytest.raises(ValueError, match="unknown torch.compile backend 'nope'.*'inductor'"):
+    with pytest.raises(ValueError, match=r"unknown torch.compile backend 'nope'.*'inductor'"):
         ptj.jit(torch.sin, engine="compile", backend="nope")
-    with pytest.raises(TypeError, match="backend must be a torch.compile backend name"):
+    with pytest.raises(TypeError, match=r"backend must be a torch.compile backend name"):
         ptj.jit(torch.sin, engine="compile", backend=3)
     with pytest.raises(TypeError, match="engine 'torchscript' does not take option"):
         ptj.jit(torch.sin, engine="torchscript", backend="inductor")
@@ -167,7 +167,7 @@ def test_python_forward_with_other_ctx_values_than_compiled_raises_instead_of_wr
     x = torch.full((3,), 2.0, requires_grad=True)
     step(x).sum().backward()  # same ctx values: the compiled backward op serves it
     assert torch.equal(x.grad, torch.full((3,), 6.0))
-    with pytest.raises(ptj.TraceError, match="SavesDependingOnValue.*engine='torchscript'"):
+    with pytest.raises(ptj.TraceError, match=r"SavesDependingOnValue.*engine='torchscript'"):
         step(-torch.ones(3))  # ctx.factor would be 1: refused, not silently wrong
 
 
