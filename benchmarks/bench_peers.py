@@ -1,17 +1,20 @@
-"""Smoke-step workloads against peers: eager, raw torch.jit.trace, raw torch.compile, ours.
+"""Smoke-step workloads against every peer, side by side in one process.
 
-Workloads (2-D, periodic, float32, written here in plain PyTorch):
+Workloads (2-D, periodic, float32, written here in plain PyTorch, except (d)):
 
 (a) smoke step: semi-Lagrangian advection (grid_sample), buoyancy, 30 Jacobi pressure iterations;
 (b) the same with the pressure solve as a conjugate-gradient custom-gradient function with a
     residual-based stopping rule (a data-dependent ``while`` loop);
-(c) a training iteration: 4 unrolled steps of (b) plus a 2-layer CNN correction, loss, backward.
+(c) a training iteration: 4 unrolled steps of (b) plus a 2-layer CNN correction, loss, backward;
+(d) the PhiFlow smoke plume step of ``demos/smoke_plume.py`` (PhiML CG pressure solve).
 
-For each peer: first-call time, median step time and its ratio to eager, and the max abs
-difference to eager on the same state, a new state and a state at rest (a traced CG bakes its
-iteration count: wrong on new states, NaN at rest). Peers run side by side in one process.
-Writes JSON and markdown to benchmarks/results/. Not a test. Issue 5 (engine "compile") adds a
-row for our compile engine; PhiML's jit and the PhiFlow workload (d) are not here yet.
+Peers: eager, raw torch.jit.trace, raw torch.compile (inductor), PhiML's torch jit (with PhiML's
+own custom gradient for the CG), ours with engine "torchscript" and with engine "compile"
+(inductor). For each: first-call time, median step time and its ratio to eager, the max
+relative difference to eager on the same state, a new state and a state at rest (a traced CG
+bakes its iteration count: wrong on new states, NaN at rest), and the graph breaks torch.compile
+reported. Writes JSON, markdown (with the issue's targets checked) and a PNG plot to
+benchmarks/results/. Not a test: ``make bench-peers``.
 """
 
 from __future__ import annotations
@@ -104,6 +107,13 @@ def _cg_gradient(inputs: Any, outputs: Any, grads: Any) -> tuple[Any]:
 cg_solve = ptj.custom_gradient(cg, _cg_gradient, name="cg_pressure")
 
 
+def _phiml_cg() -> Callable[..., torch.Tensor]:
+    """The same CG as a custom gradient of PhiML's torch backend (what its jit expects)."""
+    from phiml.backend.torch import TORCH
+
+    return TORCH.custom_gradient(cg, lambda x, y, dy: (-cg(-dy[0]),))  # type: ignore[no-any-return]
+
+
 def step_a(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = advect(s, v)
     v = torch.cat([advect(v[:, i : i + 1], v) for i in range(2)], dim=1)
@@ -112,15 +122,20 @@ def step_a(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return v - gradient(p), s
 
 
-def step_b(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s = advect(s, v)
-    v = torch.cat([advect(v[:, i : i + 1], v) for i in range(2)], dim=1)
-    v = v + DT * torch.cat([torch.zeros_like(s), 0.1 * s], dim=1)
-    p = cg_solve(divergence(v))
-    return v - gradient(p), s
+def make_step_b(solve: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+    def step_b(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = advect(s, v)
+        v = torch.cat([advect(v[:, i : i + 1], v) for i in range(2)], dim=1)
+        v = v + DT * torch.cat([torch.zeros_like(s), 0.1 * s], dim=1)
+        p = solve(divergence(v))
+        return v - gradient(p), s
+
+    return step_b
 
 
-def make_training(net: nn.Module) -> Callable[..., torch.Tensor]:
+def make_training(net: nn.Module, solve: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+    step_b = make_step_b(solve)
+
     def training_loss(v: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         for _ in range(4):
             v, s = step_b(v, s)
@@ -143,41 +158,86 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def max_diff(a: Any, b: Any) -> float:
+def max_rel_diff(a: Any, b: Any) -> float:
+    """max |a - b| / max |b| over the outputs (NaN if a has NaN where b has not)."""
     a = a if isinstance(a, tuple) else (a,)
     b = b if isinstance(b, tuple) else (b,)
-    return max(float((x - y).detach().abs().max()) for x, y in zip(a, b))
+    worst = 0.0
+    for x, y in zip(a, b):
+        diff, scale = _abs_max(x, y)
+        if diff != diff:  # NaN
+            return float("nan")
+        worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst
 
 
-def peers(fn: Callable[..., Any], example: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+def _abs_max(x: Any, y: Any) -> tuple[float, float]:
+    """(max |x - y|, max |y|) for tensors or PhiFlow fields."""
+    if isinstance(y, torch.Tensor):
+        x, y = x.detach(), y.detach()
+        return float((x - y).abs().max()), float(y.abs().max())
+    from phiml import math
+
+    return float(math.max(abs(x.values - y.values))), float(math.max(abs(y.values)))
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def _guarded(make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except Exception as error:
+        return f"fails: {type(error).__name__}"
+
+
+def peers(
+    fn: Callable[..., Any], phiml_fn: Callable[..., Any] | None, example: tuple[Any, ...]
+) -> dict[str, Any]:
     """Build each peer (lazily compiled ones compile at their first call)."""
-    result: dict[str, Any] = {"eager": fn, "ours (torchscript)": ptj.jit(fn)}
+    from phiml.backend.torch import TORCH
+
+    result: dict[str, Any] = {
+        "eager": fn,
+        "ours (torchscript)": ptj.jit(fn),
+        "ours (compile)": ptj.jit(fn, engine="compile"),
+    }
+    if phiml_fn is None:  # a PhiFlow function: PhiML's jit of PhiML values
+        from phiml import math
+
+        result["PhiML jit"] = math.jit_compile(fn)
+        return result
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            result["raw torch.jit.trace"] = torch.jit.trace(fn, example, check_trace=False)
-        except Exception as error:  # e.g. modules with trainable parameters
-            result["raw torch.jit.trace"] = f"fails: {type(error).__name__}"
+        result["raw torch.jit.trace"] = _guarded(
+            lambda: torch.jit.trace(fn, example, check_trace=False)
+        )
     result["raw torch.compile"] = torch.compile(fn)
+    result["PhiML jit"] = TORCH.jit_compile(phiml_fn)
     return result
 
 
-def bench(name: str, fn: Callable[..., Any], n: int, reps: int, grad: bool) -> list[dict[str, Any]]:
-    same, new = states(n, 0), states(n, 1)
-    rest = (torch.zeros_like(same[0]), torch.zeros_like(same[1]))
-    if grad:
-        same = (same[0].requires_grad_(), same[1])
-
-    def call(f: Callable[..., Any], args: tuple[torch.Tensor, ...]) -> Any:
+def bench(
+    name: str,
+    fn: Callable[..., Any],
+    phiml_fn: Callable[..., Any] | None,
+    inputs: dict[str, tuple[Any, ...]],
+    n: int,
+    reps: int,
+    grad: bool,
+) -> list[dict[str, Any]]:
+    def call(f: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         out = f(*args)
         if grad:
             out.backward()
         return out
 
-    inputs = {"same": same, "new": new, "rest": rest}
     reference = {key: call(fn, args) for key, args in inputs.items()}
     rows = [_measure(name, n, peer, f, inputs, reference, call, reps)
-            for peer, f in peers(fn, same).items()]  # fmt: skip
+            for peer, f in peers(fn, phiml_fn, inputs["same"]).items()]  # fmt: skip
     eager = next(r["step_s"] for r in rows if r["peer"] == "eager")
     for r in rows:
         if "step_s" in r:
@@ -185,12 +245,20 @@ def bench(name: str, fn: Callable[..., Any], n: int, reps: int, grad: bool) -> l
     return rows
 
 
+def native_inputs(n: int, grad: bool) -> dict[str, tuple[torch.Tensor, ...]]:
+    same, new = states(n, 0), states(n, 1)
+    rest = (torch.zeros_like(same[0]), torch.zeros_like(same[1]))
+    if grad:
+        same = (same[0].requires_grad_(), same[1])
+    return {"same": same, "new": new, "rest": rest}
+
+
 def _measure(
     name: str,
     n: int,
     peer: str,
     f: Any,
-    inputs: dict[str, tuple[torch.Tensor, ...]],
+    inputs: dict[str, tuple[Any, ...]],
     reference: dict[str, Any],
     call: Callable[..., Any],
     reps: int,
@@ -198,9 +266,15 @@ def _measure(
     row: dict[str, Any] = {"workload": name, "N": n, "peer": peer}
     if isinstance(f, str):
         return {**row, "note": f}
-    first = timed(lambda: call(f, inputs["same"]))
+    print(f"  {name} N={n}: {peer}", flush=True)
+    breaks = _graph_breaks()
+    try:
+        first = timed(lambda: call(f, inputs["same"]))
+    except Exception as error:  # a peer that cannot run this workload
+        return {**row, "note": f"fails: {type(error).__name__}"}
+    row["graph_breaks"] = _graph_breaks() - breaks if "compile" in peer else None
     for key, args in inputs.items():
-        row[f"diff_{key}"] = max_diff(call(f, args), reference[key])
+        row[f"diff_{key}"] = max_rel_diff(call(f, args), reference[key])
     for _ in range(3):
         call(f, inputs["same"])
     times = [timed(lambda: call(f, inputs["same"])) for _ in range(reps)]
@@ -209,40 +283,140 @@ def _measure(
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| workload | N | peer | first call | step | ratio | diff same | diff new | diff rest |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | N | peer | first call | step | ratio | graph breaks | rel. diff same "
+        "| new | rest |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        head = f"| {r['workload']} | {r['N']} | {r['peer']} "
         if "note" in r:
-            lines.append(f"| {r['workload']} | {r['N']} | {r['peer']} | {r['note']} | | | | | |")
+            lines.append(head + f"| {r['note']} | | | | | | |")
             continue
+        breaks = "" if r.get("graph_breaks") is None else str(r["graph_breaks"])
         lines.append(
-            f"| {r['workload']} | {r['N']} | {r['peer']} | {r['first_call_s']:.2f} s "
-            f"| {r['step_s'] * 1e3:.2f} ms | {r['ratio']:.2f}x | {r['diff_same']:.1e} "
-            f"| {r['diff_new']:.1e} | {r['diff_rest']:.1e} |"
+            head + f"| {r['first_call_s']:.2f} s | {r['step_s'] * 1e3:.2f} ms | {r['ratio']:.2f}x "
+            f"| {breaks} | {r['diff_same']:.1e} | {r['diff_new']:.1e} | {r['diff_rest']:.1e} |"
         )
     return "\n".join(lines)
 
 
+def targets(rows: list[dict[str, Any]]) -> str:
+    """The targets of issue 5, each checked on the measured rows."""
+    by = {(r["workload"], r["N"], r["peer"]): r for r in rows}
+    lines = ["| target | workload | N | measured | met |", "|---|---|---|---|---|"]
+
+    def add(target: str, workload: str, n: int, measured: str, met: bool) -> None:
+        lines.append(f"| {target} | {workload} | {n} | {measured} | {'yes' if met else 'NO'} |")
+
+    for (workload, n, peer), r in by.items():
+        if "step_s" not in r:
+            continue
+        worst = max(r["diff_same"], r["diff_new"], r["diff_rest"])
+        ok = worst <= 1e-4  # NaN compares False
+        if peer.startswith("ours") or peer == "PhiML jit":
+            add(f"rel. diff <= 1e-4 ({peer})", workload, n, f"{worst:.1e}", ok)
+        ts, phiml = by.get((workload, n, "ours (torchscript)")), by.get((workload, n, "PhiML jit"))
+        if peer == "ours (torchscript)" and phiml and "step_s" in phiml:
+            ratio = r["step_s"] / phiml["step_s"]
+            add("torchscript step <= PhiML jit", workload, n, f"{ratio:.2f}x PhiML", ratio <= 1)
+        if peer == "ours (torchscript)" and n == 32:
+            first = r["first_call_s"]
+            add("torchscript first call <= 0.5 s", workload, n, f"{first:.2f} s", first <= 0.5)
+        raw = by.get((workload, n, "raw torch.compile"))
+        if peer != "ours (compile)" or not raw or "step_s" not in raw:
+            continue
+        speed = raw["step_s"] / r["step_s"]
+        if workload.startswith("(a)"):
+            add("compile within 1.1x of raw torch.compile", workload, n,
+                f"{1 / speed:.2f}x raw", 1 / speed <= 1.1)  # fmt: skip
+        else:
+            add("compile: 0 graph breaks", workload, n, str(r["graph_breaks"]),
+                r["graph_breaks"] == 0)  # fmt: skip
+            add("compile >= 1.5x faster than raw torch.compile", workload, n,
+                f"{speed:.2f}x faster", speed >= 1.5)  # fmt: skip
+        add("compile first call <= raw torch.compile's", workload, n,
+            f"{r['first_call_s']:.1f} s vs {raw['first_call_s']:.1f} s",
+            r["first_call_s"] <= raw["first_call_s"])  # fmt: skip
+        del ts
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((r["workload"], r["N"]) for r in rows))
+    names = [p for p in dict.fromkeys(r["peer"] for r in rows) if p != "eager"]
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 4.5))
+    width = 0.8 / len(names)
+    for k, peer in enumerate(names):
+        ratios = [
+            next((r.get("ratio", float("nan")) for r in rows
+                  if (r["workload"], r["N"], r["peer"]) == (*g, peer)), float("nan"))
+            for g in groups
+        ]  # fmt: skip
+        ax.bar([i + k * width for i in range(len(groups))], ratios, width, label=peer)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{w.split(',')[0]}\nN={n}" for w, n in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("step time / eager (lower is faster)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def phiflow_inputs(n: int) -> tuple[Callable[..., Any], dict[str, tuple[Any, ...]]]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "demos"))
+    from smoke_plume import initial_state, make_step
+
+    v, s, inflow = initial_state(n)
+    step = make_step(inflow)
+    same = (v, s)
+    for _ in range(3):
+        same = step(*same)
+    new = step(*same)
+    return step, {"same": same, "new": new, "rest": (v * 0, s * 0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 128, 512])
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--workloads", default="abcd", help="subset of abcd (default all)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
+    warnings.filterwarnings("ignore")  # PhiML notices, torch.jit deprecations of the peers
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1, padding_mode="circular"), nn.Tanh(),
                         nn.Conv2d(8, 2, 3, padding=1, padding_mode="circular"))  # fmt: skip
+    phiml_cg = _phiml_cg()
     rows: list[dict[str, Any]] = []
     for n in args.sizes:
-        rows += bench("(a) smoke, Jacobi", step_a, n, args.reps, grad=False)
-        rows += bench("(b) smoke, CG custom fn", step_b, n, args.reps, grad=False)
-        rows += bench("(c) training, 4 steps + CNN", make_training(net), n, args.reps, grad=True)
+        reps = args.reps if n < 512 else max(3, args.reps // 3)
+        if "a" in args.workloads:
+            rows += bench("(a) smoke, Jacobi", step_a, step_a, native_inputs(n, False), n,
+                          reps, grad=False)  # fmt: skip
+        if "b" in args.workloads:
+            rows += bench("(b) smoke, CG custom fn", make_step_b(cg_solve), make_step_b(phiml_cg),
+                          native_inputs(n, False), n, reps, grad=False)  # fmt: skip
+        if "c" in args.workloads:
+            rows += bench("(c) training, 4 steps + CNN", make_training(net, cg_solve),
+                          make_training(net, phiml_cg), native_inputs(n, True), n, reps,
+                          grad=True)  # fmt: skip
+        if "d" in args.workloads and n < 512:  # PhiFlow eager at 512: minutes per step here
+            step, inputs = phiflow_inputs(n)
+            rows += bench("(d) PhiFlow smoke plume", step, None, inputs, n, reps, grad=False)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "peers.json").write_text(json.dumps(rows, indent=2))
-    text = table(rows)
-    (args.out / "peers.md").write_text(text + "\n")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.reps}")
+    header = f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.reps}"
+    text = f"{header}\n\n{table(rows)}\n\nTargets:\n\n{targets(rows)}\n"
+    (args.out / "peers.md").write_text(text)
+    plot(rows, args.out / "peers.png")
     print(text)
 
 

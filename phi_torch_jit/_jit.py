@@ -17,6 +17,7 @@ in order:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -319,7 +320,13 @@ class JitFunction(Generic[P, R]):
             tracing_frame(self._owner, cursor, conversions),
             recording.phiml.active(),
         ):
-            compiled = self._engine.compile_module(wrapper, example, self._owner)
+            engine = self._engine
+            if recording.phiml.used and not engine.torchscript_tracing:
+                engine = get_engine("torchscript")  # PhiML's custom gradients need its tracer
+            compiled = engine.compile_module(wrapper, example, self._owner)
+            if engine is not self._engine:
+                note = f"engine {self._engine.name!r} used 'torchscript': PhiML custom gradients"
+                compiled = dataclasses.replace(compiled, notes=(*compiled.notes, note))
         cursor.finish()
         value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
         return Build(

@@ -119,6 +119,11 @@ class PhiMLBridge:
         self._replayed = 0
         self._calls_seen = 0
 
+    @property
+    def used(self) -> bool:
+        """Whether PhiML made custom-gradient calls in the record pass."""
+        return bool(self._calls)
+
     def record_autograd_function_call(
         self, function: Any, args: Any, output: Any, ext_cache: Any, jit_compile: bool = True
     ) -> None:

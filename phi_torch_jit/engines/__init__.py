@@ -91,6 +91,10 @@ class Engine(abc.ABC):
     """The name users pass as ``jit(engine=...)``."""
     passthrough: ClassVar[bool] = False
     """If True, jitted functions just call the user function (no recording, no cache)."""
+    torchscript_tracing: ClassVar[bool] = True
+    """Whether :meth:`compile_module` traces with TorchScript's tracer. PhiML's custom
+    gradients only cooperate with that tracer; other engines hand such functions over to
+    engine ``"torchscript"`` (noted in ``explain()``)."""
 
     @abc.abstractmethod
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:

@@ -97,6 +97,7 @@ class CompileEngine(Engine):
     """
 
     name = "compile"
+    torchscript_tracing = False
 
     def __init__(
         self, backend: Backend = "inductor", *, functions: Engine | None = None, **options: Any
