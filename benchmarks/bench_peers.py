@@ -315,7 +315,7 @@ def targets(rows: list[dict[str, Any]]) -> str:
         ok = worst <= 1e-4  # NaN compares False
         if peer.startswith("ours") or peer == "PhiML jit":
             add(f"rel. diff <= 1e-4 ({peer})", workload, n, f"{worst:.1e}", ok)
-        ts, phiml = by.get((workload, n, "ours (torchscript)")), by.get((workload, n, "PhiML jit"))
+        phiml = by.get((workload, n, "PhiML jit"))
         if peer == "ours (torchscript)" and phiml and "step_s" in phiml:
             ratio = r["step_s"] / phiml["step_s"]
             add("torchscript step <= PhiML jit", workload, n, f"{ratio:.2f}x PhiML", ratio <= 1)
@@ -337,7 +337,6 @@ def targets(rows: list[dict[str, Any]]) -> str:
         add("compile first call <= raw torch.compile's", workload, n,
             f"{r['first_call_s']:.1f} s vs {raw['first_call_s']:.1f} s",
             r["first_call_s"] <= raw["first_call_s"])  # fmt: skip
-        del ts
     return "\n".join(lines)
 
 

@@ -200,9 +200,7 @@ class CompiledCall:
                     "engine='torchscript' for this function, or keep ctx contents independent "
                     "of tensor values."
                 )
-            outputs = tuple(
-                o.clone() if any(o is t for t in tensors) or o._is_view() else o for o in results
-            )
+            outputs = tuple(_unaliased(o, tensors) for o in results)
         return outputs[0] if self.n_outputs == 1 else tuple(outputs)
 
     def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -247,10 +245,7 @@ class CompiledCall:
         grads = self.backward(tuple(pattern), inputs, outputs, grad_outputs, context)
         flat = (*saved, *grad_outputs)
         return [
-            torch.zeros_like(x)
-            if g is None
-            else (g.clone() if g._is_view() or any(g is t for t in flat) else g)
-            for g, x in zip(grads, inputs)
+            torch.zeros_like(x) if g is None else _unaliased(g, flat) for g, x in zip(grads, inputs)
         ]
 
     def _backward_fake(
@@ -277,6 +272,11 @@ class _Meta:
 
     def empty(self) -> torch.Tensor:
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+
+
+def _unaliased(tensor: torch.Tensor, arguments: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``tensor``, or a copy if it is one of the op's arguments or a view (ops may not alias)."""
+    return tensor.clone() if tensor._is_view() or any(tensor is a for a in arguments) else tensor
 
 
 def _is_fake(tensor: Any) -> bool:

@@ -110,6 +110,21 @@ class Engine(abc.ABC):
         return f"<{type(self).__name__} {self.name!r}>"
 
 
+RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform",
+              "exponential", "geometric", "cauchy", "poisson")  # fmt: skip
+"""Substrings of op names that draw random numbers (for ``CompiledModule.uses_rng``)."""
+
+
+def captured_tensor_message(label: str) -> str:
+    """The TraceError text for a tensor requiring grad that a trace would turn into a constant."""
+    return (
+        f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an argument "
+        "nor a parameter of a module it calls (a closure or global?). Pass it as an argument, or "
+        "hold it in an nn.Module that the function calls or registers with "
+        "phi_torch_jit.register_module_call(module)."
+    )
+
+
 _REGISTRY: dict[str, Callable[[], Engine]] = {}
 
 

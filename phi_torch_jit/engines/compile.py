@@ -39,7 +39,14 @@ from torch import nn
 
 from .._context import current_frame, no_frame
 from ..errors import TraceError
-from . import CompiledFunction, CompiledModule, Engine, FunctionTarget
+from . import (
+    RANDOM_OPS,
+    CompiledFunction,
+    CompiledModule,
+    Engine,
+    FunctionTarget,
+    captured_tensor_message,
+)
 from .torchscript import TorchScriptEngine
 
 __all__ = ["CompileEngine", "Backend", "check_backend"]
@@ -48,8 +55,6 @@ logger = logging.getLogger("phi_torch_jit")
 
 Backend = str | Callable[..., Any]
 """A torch.compile backend: a registered name or a callable ``(gm, example_inputs) -> callable``."""
-
-_RANDOM = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
 
 
 def check_backend(backend: Backend) -> None:
@@ -207,12 +212,7 @@ def _reject_captured(graph: torch.fx.GraphModule, label: str) -> None:
         if node.op == "get_attr":
             value = getattr(graph, node.target, None)
             if isinstance(value, torch.Tensor) and value.requires_grad:
-                raise TraceError(
-                    f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an "
-                    "argument nor a parameter of a module it calls (a closure or global?). Pass "
-                    "it as an argument, or hold it in an nn.Module that the function calls or "
-                    "registers with phi_torch_jit.register_module_call(module)."
-                )
+                raise TraceError(captured_tensor_message(label))
 
 
 def _uses_rng(graph: torch.fx.GraphModule) -> bool:
@@ -220,6 +220,6 @@ def _uses_rng(graph: torch.fx.GraphModule) -> bool:
     for node in graph.graph.nodes:
         if node.op == "call_function":
             name = str(node.target)
-            if name.startswith("phi_torch_jit") or any(r in name for r in _RANDOM):
+            if name.startswith("phi_torch_jit") or any(r in name for r in RANDOM_OPS):
                 return True
     return False

@@ -33,7 +33,14 @@ from torch.jit._trace import TracerWarning
 from .._sources import TORCH_DIR
 from .._warnings import describe_warning, reemit
 from ..errors import TraceError
-from . import CompiledFunction, CompiledModule, Engine, FunctionTarget
+from . import (
+    RANDOM_OPS,
+    CompiledFunction,
+    CompiledModule,
+    Engine,
+    FunctionTarget,
+    captured_tensor_message,
+)
 
 __all__ = ["TorchScriptEngine"]
 
@@ -131,20 +138,6 @@ def _as_function(fn: Any) -> Any:
     return flat
 
 
-_RANDOM = (
-    "rand",
-    "dropout",
-    "bernoulli",
-    "normal",
-    "multinomial",
-    "uniform",
-    "exponential",
-    "geometric",
-    "cauchy",
-    "poisson",
-)
-
-
 _MAKES_COMPLEX = ("fft", "complex", "polar", "stft")
 
 
@@ -161,7 +154,7 @@ def _uses_rng(graph: Any) -> bool:
     for node in graph.nodes():
         kind = node.kind()
         if kind.startswith(("phi_torch_jit::", "prim::PythonOp")) or any(
-            r in kind for r in _RANDOM
+            r in kind for r in RANDOM_OPS
         ):
             return True
     return False
@@ -259,12 +252,7 @@ class TorchScriptEngine(Engine):
             except RuntimeError as error:
                 if _CAPTURED_CONSTANT not in str(error):
                     raise
-                raise TraceError(
-                    f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an "
-                    "argument nor a parameter of a module it calls (a closure or global?). Pass "
-                    "it as an argument, or hold it in an nn.Module that the function calls or "
-                    "registers with phi_torch_jit.register_module_call(module)."
-                ) from None
+                raise TraceError(captured_tensor_message(label)) from None
         tracer, other = _sort_warnings(caught)
         reemit(other)
         # .forward skips nn.Module.__call__ (about 5 us); nobody hooks the traced wrapper.
