@@ -1,17 +1,36 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Each creates the virtual environment it needs (.venv): torch first, pinned, then the project.
+# Each creates the virtual environments it needs: torch first, pinned, then the project.
+#
+# .venv                 torch $(DEMO_TORCH) with every extra: demos, lint, docs, benchmarks
+# .venv-torch<version>  one per other tested torch: tests and demos
+#
+# `make test` runs ruff, mypy and the docs build once (in .venv) and the test suite once per
+# torch in TORCH_VERSIONS. One version only: `make test TORCH_VERSIONS=2.13.0`.
+# torch 2.15 from the registry is the CUDA build (about 5 GB installed); it runs on the CPU.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-TORCH := torch==2.13.0
+DEMO_TORCH := 2.13.0
+TORCH_VERSIONS ?= 2.13.0 2.15.0
+
+# The environment that tests a torch version: .venv for the demo's torch, else its own.
+venv_of = $(if $(filter $(DEMO_TORCH),$(1)),$(VENV),$(VENV)-torch$(1))
 
 .PHONY: demo test lint docs bench bench-peers fuzz clean
+.SECONDEXPANSION:
 
 $(VENV)/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q torch==$(DEMO_TORCH)
 	$(PY) -m pip install -q -e '.[test,demo,dev,docs]'
+	touch $@
+
+$(VENV)-torch%/.ready: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)-torch$*
+	$(VENV)-torch$*/bin/python -m pip install -q --upgrade pip
+	$(VENV)-torch$*/bin/python -m pip install -q torch==$*
+	$(VENV)-torch$*/bin/python -m pip install -q -e '.[test,demo]'
 	touch $@
 
 demo: $(VENV)/.ready
@@ -25,19 +44,24 @@ lint: $(VENV)/.ready
 docs: $(VENV)/.ready
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-test: lint docs
-	$(PY) -m pytest
+test: lint docs $(addprefix pytest-torch,$(TORCH_VERSIONS))
+
+pytest-torch%: $$(call venv_of,$$*)/.ready
+	@echo "== test suite on torch $* =="
+	$(call venv_of,$*)/bin/python -m pytest
 
 bench: $(VENV)/.ready
 	$(PY) benchmarks/bench_demo.py
 	$(PY) benchmarks/bench_guards.py
 	$(PY) benchmarks/bench_memory.py
 
-bench-peers: $(VENV)/.ready
-	$(PY) benchmarks/bench_peers.py
+# `make bench-peers BENCH_TORCH=2.15.0` runs the peer comparison on another tested torch.
+BENCH_TORCH ?= $(DEMO_TORCH)
+bench-peers: $$(call venv_of,$$(BENCH_TORCH))/.ready
+	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_peers.py
 
 fuzz: $(VENV)/.ready
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(VENV)-torch* .pytest_cache .mypy_cache .ruff_cache build *.egg-info

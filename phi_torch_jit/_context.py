@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._intercept import function_capture
+from ._warnings import torchscript_notices_hidden
 
 if TYPE_CHECKING:
     from ._custom_op import NestedCalls
@@ -85,7 +86,7 @@ def _entered(frame: Frame | None) -> Iterator[Frame | None]:
         if frame is None:
             yield frame
         else:  # autograd.Function calls inside the frame are captured (see _intercept)
-            with function_capture():
+            with function_capture(), torchscript_notices_hidden():
                 yield frame
     finally:
         _FRAME.reset(token)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ._compat import get_tracing_state, set_tracing_state
 from ._context import Phase, current_frame, inside_custom_function
 from .errors import CustomFunctionError, GradientError, describe_function
 
@@ -42,16 +43,15 @@ GradientFn = Callable[
 @contextmanager
 def untraced() -> Iterator[None]:
     """Hide a running trace, so contract checks on shapes do not enter the graph."""
-    state = torch._C._get_tracing_state()
+    state = get_tracing_state()
     if state is None:
         yield
         return
-    set_state = torch._C._set_tracing_state  # type: ignore[attr-defined]
-    set_state(None)
+    set_tracing_state(None)
     try:
         yield
     finally:
-        set_state(state)
+        set_tracing_state(state)
 
 
 class _TensorSlot:

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from ._backward import LazyBackward
+from ._compat import destroy_library, is_fake, is_view
 from ._context import compiling_frame, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._record import RecordedCall
@@ -157,7 +157,7 @@ class CompiledCall:
             lib=self._library,
         )
         torch.library.register_fake(f"phi_torch_jit::{name}", _weak(self._fake), lib=self._library)
-        weakref.finalize(self, self._library._destroy)
+        weakref.finalize(self, destroy_library(self._library))
         self.op = getattr(torch.ops.phi_torch_jit, name).default
         return name
 
@@ -276,7 +276,7 @@ class _Meta:
 
 def _unaliased(tensor: torch.Tensor, arguments: Sequence[torch.Tensor]) -> torch.Tensor:
     """``tensor``, or a copy if it is one of the op's arguments or a view (ops may not alias)."""
-    return tensor.clone() if tensor._is_view() or any(tensor is a for a in arguments) else tensor
+    return tensor.clone() if is_view(tensor) or any(tensor is a for a in arguments) else tensor
 
 
 def _is_fake(tensor: Any) -> bool:

@@ -35,13 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn.modules._functions import BackwardHookFunction
 from torch.utils.checkpoint import CheckpointFunction
 
+from ._compat import backward_hook_function
 from ._context import Phase, current_frame
 from ._custom import CustomFunction, untraced
 from ._intercept import original_apply
 from ._record import RunEagerly
+from ._warnings import torchscript_notices_hidden
 from .errors import describe_function
 
 __all__ = ["FunctionContext", "ContextLayout", "FunctionAdapter", "dispatch"]
@@ -271,7 +272,9 @@ class FunctionAdapter:
         self.custom = _AdapterFunction(self)
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        outputs, layout = run_forward(self.cls, args)
+        # PhiML scripts inside its forwards: NOTE [TorchScript notices].
+        with torchscript_notices_hidden():
+            outputs, layout = run_forward(self.cls, args)
         self.layouts[_layout_key(args)] = layout
         self.last.layout = layout
         return outputs
@@ -285,7 +288,8 @@ class FunctionAdapter:
         context: ContextLayout | None = None,
     ) -> tuple[Any, ...]:
         layout = context if context is not None else self.layouts[_layout_key(inputs)]
-        return run_backward(self.cls, layout, inputs, outputs, grad_outputs, needs_input_grad)
+        with torchscript_notices_hidden():
+            return run_backward(self.cls, layout, inputs, outputs, grad_outputs, needs_input_grad)
 
     def __call__(self, *args: Any) -> Any:
         frame = current_frame()
@@ -331,13 +335,16 @@ def _positional(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     return tuple(bound.arguments.values())
 
 
+_BACKWARD_HOOK_FUNCTION = backward_hook_function()
+
+
 # torch's own Functions that are not captured: the autograd of custom ops (ours included)
 # and the backward-hook machinery (a module with backward hooks runs eagerly anyway).
 def _passes_through(cls: Any) -> bool:
     return (
         getattr(cls, "_phi_torch_jit_internal", False)
         or cls.__module__.startswith("torch._library.")
-        or cls is BackwardHookFunction
+        or cls is _BACKWARD_HOOK_FUNCTION
     )
 
 

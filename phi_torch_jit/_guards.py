@@ -24,26 +24,21 @@ from itertools import chain
 from typing import Any
 
 from torch import nn
-from torch.nn.modules import module as module_globals
 from torch.utils.hooks import RemovableHandle
 
+from ._compat import global_module_hooks
 from ._record import MODULE_HOOK
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_GLOBAL_HOOK_DICTS = (
-    module_globals._global_forward_pre_hooks,
-    module_globals._global_forward_hooks,
-    module_globals._global_backward_pre_hooks,
-    module_globals._global_backward_hooks,
-)
+_GLOBAL_HOOK_DICTS = global_module_hooks()  # forward pre, forward, backward pre, backward
 _training = operator.attrgetter("training")
 
 
 def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
     """Whether backward hooks (per module or global) would fire for these modules."""
-    if module_globals._global_backward_hooks or module_globals._global_backward_pre_hooks:
+    if _GLOBAL_HOOK_DICTS[2] or _GLOBAL_HOOK_DICTS[3]:
         return True
     return any(m._backward_hooks or m._backward_pre_hooks for m in modules)
 

@@ -16,18 +16,24 @@ from typing import Any
 
 import torch
 
+from ._compat import original_function_apply
 from ._patches import RefCounted
 
-__all__ = ["function_capture", "original_apply"]
+__all__ = ["function_capture", "original_apply", "interception_installed"]
 
 _FUNCTION = torch.autograd.Function
-_ORIGINAL = _FUNCTION.__dict__["apply"]  # the classmethod object
-_original_func = _ORIGINAL.__func__
+_ORIGINAL = _FUNCTION.__dict__["apply"]  # a classmethod (torch 2.13) or its C twin (2.15)
+_original_apply = original_function_apply(_ORIGINAL)
 
 
 def original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     """``cls.apply(*args)`` as torch defines it, bypassing the interception."""
-    return _original_func(cls, *args, **kwargs)
+    return _original_apply(cls, *args, **kwargs)
+
+
+def interception_installed() -> bool:
+    """Whether ``Function.apply`` is replaced now (some thread is inside a jit frame)."""
+    return _FUNCTION.__dict__["apply"] is not _ORIGINAL
 
 
 def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:

@@ -34,6 +34,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import torch
 from torch import nn
 
+from ._compat import get_tracing_state
 from ._context import current_frame, tracing_frame
 from ._custom_op import compile_calls
 from ._explain import explain_specialization
@@ -191,7 +192,7 @@ class JitFunction(Generic[P, R]):
         if (
             self._engine.passthrough
             or current_frame() is not None
-            or torch._C._get_tracing_state() is not None
+            or get_tracing_state() is not None
         ):
             return self._fn(*args, **kwargs)  # eager, or inlined into an enclosing trace
         spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ._compat import set_version_counters, version
+
 __all__ = ["RngState", "capture_rng", "restore_rng", "StateSnapshot"]
 
 
@@ -65,7 +67,7 @@ class StateSnapshot:
         """Run a block from the state before the record pass, then restore the state after it."""
         after_rng = capture_rng()
         after = [(buf, buf.detach().clone()) for buf, _ in self.buffers.values()]
-        versions = [buf._version for buf, _ in after]
+        versions = [version(buf) for buf, _ in after]
         _write(self.buffers.values())
         restore_rng(self.rng)
         try:
@@ -77,7 +79,7 @@ class StateSnapshot:
             # stats) and checks their version counters at backward: writing them back must
             # look like no write at all, or the first call's result cannot be differentiated.
             tensors = [buf for buf, _ in after]
-            torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))
+            set_version_counters(tuple(tensors), tuple(versions))
 
 
 def _write(pairs: object) -> None:

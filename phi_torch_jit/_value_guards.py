@@ -27,9 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.jit._trace import TracerWarning
-from torch.utils._python_dispatch import _disable_current_modes
 
+from ._compat import (
+    TracerWarning,
+    disable_dispatch_modes,
+    get_tracing_state,
+    tensor_conversion,
+    value_trace,
+)
 from ._context import Phase, current_frame
 from ._patches import RefCounted
 from ._sources import user_location
@@ -78,7 +83,7 @@ class ValueGuard:
 
 
 def _convert(kind: str, tensor: torch.Tensor) -> Any:
-    return getattr(torch._C.TensorBase, kind)(tensor)
+    return tensor_conversion(kind)(tensor)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -105,10 +110,10 @@ def _from_shapes(tensor: torch.Tensor) -> bool:
     Shapes are part of the cache key, so such a value cannot change between calls of one
     specialization: no guard needed (PhiML converts every size with ``int``).
     """
-    if torch._C._get_tracing_state() is None:  # not TorchScript (graph capture): sizes are ints
+    if get_tracing_state() is None:  # not TorchScript (graph capture): sizes are ints
         return False
     try:
-        value = torch._C._get_value_trace(tensor)  # type: ignore[attr-defined]
+        value = value_trace(tensor)
     except RuntimeError:  # not a traced value (e.g. a constant)
         return False
     pending, seen = [value.node()], 0
@@ -124,7 +129,7 @@ def _from_shapes(tensor: torch.Tensor) -> bool:
 
 
 def _intercepting(kind: str) -> Callable[..., Any]:
-    original = getattr(torch._C.TensorBase, kind)
+    original = tensor_conversion(kind)
 
     def convert(self: torch.Tensor, *args: Any) -> Any:
         frame = current_frame()
@@ -132,7 +137,7 @@ def _intercepting(kind: str) -> Callable[..., Any]:
             return original(self, *args)
         # Guarded (user code) or a shape check inside torch: torch's TracerWarning is moot.
         # Graph capture (make_fx on real tensors) refuses conversions; the value is real.
-        with warnings.catch_warnings(), _disable_current_modes():
+        with warnings.catch_warnings(), disable_dispatch_modes():
             warnings.simplefilter("ignore", TracerWarning)
             value = original(self, *args)
         location = user_location(1)  # who converted the tensor

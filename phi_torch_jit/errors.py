@@ -20,6 +20,7 @@ __all__ = [
     "GradientError",
     "TraceError",
     "GuardError",
+    "TorchVersionError",
     "JitWarning",
     "describe_function",
 ]
@@ -55,6 +56,10 @@ class GuardError(JitError, RuntimeError):
 
 class TraceError(JitError, RuntimeError):
     """The tracing engine rejected the function; the message says why and how to fix it."""
+
+
+class TorchVersionError(JitError, RuntimeError):
+    """The installed torch lacks an API phi_torch_jit needs (see ``_compat.PRIVATE_APIS``)."""
 
 
 class JitWarning(UserWarning):

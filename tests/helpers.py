@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from phi_torch_jit._warnings import TORCHSCRIPT_NOTICE
 
 
 class Counter:
@@ -83,5 +88,20 @@ def gradcheck(fn: Any, inputs: tuple[torch.Tensor, ...]) -> bool:
     ``torch._functorch.config.donated_buffer`` is False (docs/engines.md); engine "compile"
     inherits the rule, so the check is switched off here as a user would.
     """
+    import torch._functorch.config  # not imported by torch itself since 2.15
+
     with torch._functorch.config.patch(donated_buffer=False):
         return bool(torch.autograd.gradcheck(fn, inputs))
+
+
+@contextmanager
+def phiml_eager() -> Iterator[None]:
+    """Run reference PhiML/PhiFlow code eagerly without torch's TorchScript notice.
+
+    PhiML calls ``torch.jit.script`` inside its own functions, which warns (FutureWarning)
+    since torch 2.15. That is PhiML's eager behaviour, not ours: only the eager reference
+    runs of a test are wrapped in this; jitted calls must not let the notice through at all.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
+        yield

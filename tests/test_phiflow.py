@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("phi")
 pytest.importorskip("phiml")
 
+from helpers import phiml_eager
 from phi.torch.flow import (
     ZERO_GRADIENT,
     Box,
@@ -73,7 +74,8 @@ def test_smoke_steps_equal_eager_and_compile_once_per_structure() -> None:
     ve, se = v, s
     for _ in range(4):
         v, s = step(v, s)
-        ve, se = smoke_step(ve, se)
+        with phiml_eager():
+            ve, se = smoke_step(ve, se)
         assert _max_diff(s, se) < 1e-5 and _max_diff(v, ve) < 1e-5
     assert step.num_traces <= 2  # the initial fields' structure may differ from later states
     assert "TorchCustomFunction" in step.explain()  # the pressure solve is a captured op
@@ -102,7 +104,8 @@ def test_gradients_through_several_jitted_steps_equal_eager() -> None:
         assert native.grad is not None
         return native.grad
 
-    want = loss_gradient(smoke_step)
+    with phiml_eager():
+        want = loss_gradient(smoke_step)
     step = ptj.jit(smoke_step)
     for _ in range(2):
         assert torch.allclose(loss_gradient(step), want, atol=1e-5)
@@ -157,7 +160,8 @@ def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
         ve, se = v, s
         for _ in range(3):
             v, s = stepper(v, s)
-            ve, se = smoke_step(ve, se)
+            with phiml_eager():
+                ve, se = smoke_step(ve, se)
             assert _max_diff(s, se) < 1e-5 and _max_diff(v, ve) < 1e-5
         assert compiled and all(isinstance(c, ptj.JitFunction) for c in compiled)
         assert sum(c.num_traces for c in compiled) >= 1

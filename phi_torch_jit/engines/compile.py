@@ -37,7 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._compat import backend_exists, dynamo_counters, fx_tracing, import_inductor
 from .._context import current_frame, no_frame
+from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import TraceError
 from . import (
     RANDOM_OPS,
@@ -70,19 +72,12 @@ def check_backend(backend: Backend) -> None:
             "phi_torch_jit: backend must be a torch.compile backend name or a callable "
             f"(gm, example_inputs) -> callable, got {type(backend).__name__}."
         )
-    from torch._dynamo.backends.registry import lookup_backend
-    from torch._dynamo.exc import InvalidBackend
-
-    try:
-        lookup_backend(backend)
-    except InvalidBackend:
-        from torch._dynamo import list_backends
-
+    if not backend_exists(backend):
         raise ValueError(
             f"phi_torch_jit: unknown torch.compile backend {backend!r}; registered backends "
-            f"are {list_backends(exclude_tags=())}. Register yours with "
+            f"are {torch.compiler.list_backends(exclude_tags=())}. Register yours with "
             "torch._dynamo.register_backend or pass the backend function itself."
-        ) from None
+        )
 
 
 class CompileEngine(Engine):
@@ -163,7 +158,9 @@ class CompileEngine(Engine):
             graphs, breaks = (b - a for a, b in zip(before, _graph_counts()))
 
         def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            if _fx_tracing():  # another thread is capturing: dynamo would refuse to run
+            # An FX trace is running (any thread before torch 2.15): dynamo would refuse to
+            # run compiled code ("FX to symbolically trace a dynamo-optimized function").
+            if fx_tracing():
                 return graph.forward(*tensors, *state)  # type: ignore[no-any-return]
             return compiled(*tensors, *state)  # type: ignore[no-any-return]
 
@@ -181,28 +178,17 @@ _CAPTURE_LOCK = threading.Lock()
 _VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
 
 
-def _fx_tracing() -> bool:
-    """Whether some thread is inside an FX trace (torch keeps one process-wide flag).
-
-    dynamo refuses to run compiled code while it is set ("FX to symbolically trace a
-    dynamo-optimized function"); the captured graph itself computes the same values.
-    """
-    return bool(torch.fx._symbolic_trace._is_fx_tracing_flag)
-
-
 def _import_inductor_quietly() -> None:
     """Import inductor now, without the notice torch.jit gives while inductor imports
     ``torch.utils.mkldnn`` (a deprecation of torch's own code, not the user's)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "`torch.jit", DeprecationWarning)
-        warnings.filterwarnings("ignore", "`torch.jit", FutureWarning)
-        import torch._inductor.compile_fx  # noqa: F401
+        warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
+        import_inductor()
 
 
 def _graph_counts() -> tuple[int, int]:
     """(graphs compiled, graph breaks) so far in this process, from dynamo's counters."""
-    from torch._dynamo.utils import counters
-
+    counters = dynamo_counters()
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.jit._trace import TracerWarning
 
+from .._compat import TracerWarning, graph_executor_optimize, set_graph_executor_optimize
 from .._sources import TORCH_DIR
-from .._warnings import describe_warning, reemit
+from .._warnings import describe_warning, is_torchscript_notice, reemit
 from ..errors import TraceError
 from . import (
     RANDOM_OPS,
@@ -57,13 +57,6 @@ def _caught_warnings() -> Iterator[list[warnings.WarningMessage]]:
     with _WARNINGS_LOCK, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught
-
-
-def _is_deprecation(w: warnings.WarningMessage) -> bool:
-    text = str(w.message)
-    return issubclass(w.category, (DeprecationWarning, FutureWarning)) and (
-        "torch.jit" in text and "deprecated" in text
-    )
 
 
 def _is_library_check(w: warnings.WarningMessage) -> bool:
@@ -92,7 +85,7 @@ def _sort_warnings(
     caught: list[warnings.WarningMessage],
 ) -> tuple[list[warnings.WarningMessage], list[warnings.WarningMessage]]:
     """Split into (tracer warnings, other warnings); deprecation notices are dropped."""
-    kept = [w for w in caught if not _is_deprecation(w)]
+    kept = [w for w in caught if not is_torchscript_notice(w)]
     for w in kept:
         if _is_library_check(w):
             logger.debug(
@@ -172,12 +165,12 @@ class _Unoptimized:
         self.fn = fn
 
     def __call__(self, *args: Any) -> Any:
-        previous = torch._C._get_graph_executor_optimize()
-        torch._C._set_graph_executor_optimize(False)
+        previous = graph_executor_optimize()
+        set_graph_executor_optimize(False)
         try:
             return self.fn(*args)
         finally:
-            torch._C._set_graph_executor_optimize(previous)
+            set_graph_executor_optimize(previous)
 
 
 class TorchScriptEngine(Engine):

@@ -1,0 +1,379 @@
+"""Every private torch API phi_torch_jit uses, in one place.
+
+torch moves private APIs between releases (2.15 removed ``_is_fx_tracing_flag`` and made
+``Function.apply`` a C-level classmethod), so when torch changes, this is the one module to
+read. Each entry of :data:`PRIVATE_APIS` names the API (newest spelling first), why no public
+API serves, and which module uses it. :func:`missing_private_apis` lists those the running
+torch lacks: ``tests/test_compat.py`` fails on such a torch with their names, and a call that
+needs a missing one raises :class:`~.errors.TorchVersionError` naming it, instead of an
+AttributeError deep inside a jitted call.
+
+Tested torch versions: :data:`TESTED_TORCH` (``make test`` runs the suite on each).
+Nothing here imports a higher floor of the package: this is a leaf next to ``errors``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import TorchVersionError
+
+__all__ = [
+    "TESTED_TORCH",
+    "TracerWarning",
+    "TORCHSCRIPT_NOTICE",
+    "PrivateAPI",
+    "PRIVATE_APIS",
+    "missing_private_apis",
+    "get_tracing_state",
+    "set_tracing_state",
+    "value_trace",
+    "graph_executor_optimize",
+    "set_graph_executor_optimize",
+    "set_version_counters",
+    "is_fake",
+    "fx_tracing",
+    "disable_dispatch_modes",
+    "backward_hook_function",
+    "global_module_hooks",
+    "tensor_conversion",
+    "is_view",
+    "version",
+    "destroy_library",
+    "dynamo_counters",
+    "backend_exists",
+    "import_inductor",
+    "original_function_apply",
+]
+
+TESTED_TORCH = ("2.13.0", "2.15.0")
+"""torch releases the whole test suite runs on (see the Makefile's ``TORCH_VERSIONS``)."""
+
+
+TORCHSCRIPT_NOTICE = r"`torch\.jit\.\w+` is (deprecated|not supported)"
+"""What torch's TorchScript deprecation notices start with (2.13: DeprecationWarning;
+2.15: FutureWarning; on Python 3.14: '... is not supported in Python 3.14+ and may break')."""
+
+
+@dataclass(frozen=True)
+class PrivateAPI:
+    """One private torch API and why phi_torch_jit needs it."""
+
+    names: tuple[str, ...]
+    """Dotted paths, newest torch first; the first that resolves is used."""
+    why: str
+    """Why no public API serves."""
+    used_by: str
+    """The module of phi_torch_jit that needs it."""
+
+    def find(self) -> Any:
+        """The object behind the first name that resolves; TorchVersionError if none does."""
+        for name in self.names:
+            found = _resolve(name)
+            if found is not _MISSING:
+                return found
+        raise TorchVersionError(
+            f"phi_torch_jit: torch {torch.__version__} has none of {', '.join(self.names)}, "
+            f"which phi_torch_jit needs ({self.used_by}: {self.why}). phi_torch_jit is tested "
+            f"with torch {' and '.join(TESTED_TORCH)}: install one of those "
+            f"(pip install torch=={TESTED_TORCH[-1]}), or report this torch version."
+        )
+
+
+_MISSING = object()
+
+
+def _resolve(dotted: str) -> Any:
+    """Import the longest importable module prefix of ``dotted``, then follow attributes."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            with warnings.catch_warnings():  # torch's own modules script at import
+                warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
+                obj: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr, _MISSING)
+            if obj is _MISSING:
+                return _MISSING
+        return obj
+    return _MISSING
+
+
+def _api(names: str, why: str, used_by: str) -> PrivateAPI:
+    return PrivateAPI(tuple(names.split()), why, used_by)
+
+
+TRACING_STATE = _api(
+    "torch._C._get_tracing_state",
+    "whether torch.jit.trace is running now; torch.jit.is_tracing() also says True inside "
+    "scripted code and costs a Python call more on every jitted call",
+    "_jit, _custom, _value_guards",
+)
+SET_TRACING_STATE = _api(
+    "torch._C._set_tracing_state",
+    "hide a running trace while contract checks read shapes; no public API pauses a trace",
+    "_custom",
+)
+VALUE_TRACE = _api(
+    "torch._C._get_value_trace",
+    "the traced graph value of a tensor, to see whether a converted value derives from shapes",
+    "_value_guards",
+)
+GRAPH_EXECUTOR_OPTIMIZE = _api(
+    "torch._C._get_graph_executor_optimize",
+    "TorchScript's optimizing executor gives wrong complex gradients; no public switch",
+    "engines.torchscript",
+)
+SET_GRAPH_EXECUTOR_OPTIMIZE = _api(
+    "torch._C._set_graph_executor_optimize",
+    "see torch._C._get_graph_executor_optimize",
+    "engines.torchscript",
+)
+VERSION_COUNTER = _api(
+    "torch._C._autograd._unsafe_set_version_counter",
+    "buffer writes of the rewound trace pass must not look like in-place edits to autograd",
+    "_state",
+)
+IS_FAKE = _api(
+    "torch._subclasses.fake_tensor.is_fake",
+    "whether AOTAutograd traces our autograd formula with fake tensors (NOTE [opaque "
+    "backward]); torch.compiler has no public test for fake or functional tensors",
+    "_custom_op",
+)
+FX_TRACING = _api(
+    "torch.fx._symbolic_trace._get_is_fx_tracing torch.fx._symbolic_trace._is_fx_tracing_flag",
+    "whether an FX trace runs (dynamo refuses to run compiled code then); the public "
+    "torch.fx._symbolic_trace.is_fx_tracing warns on every call",
+    "engines.compile",
+)
+DISABLE_MODES = _api(
+    "torch.utils._python_dispatch._disable_current_modes",
+    "read a real value out of a tensor while make_fx's dispatch modes are active",
+    "_value_guards",
+)
+BACKWARD_HOOK_FUNCTION = _api(
+    "torch.nn.modules._functions.BackwardHookFunction",
+    "the autograd.Function behind module backward hooks must pass through our interception",
+    "_function",
+)
+GLOBAL_HOOKS = _api(
+    "torch.nn.modules.module._global_forward_pre_hooks",
+    "global module hooks change what a trace bakes in; torch exposes only registration",
+    "_guards",
+)
+TENSOR_BASE = _api(
+    "torch._C.TensorBase",
+    "the C implementations of tensor-to-Python conversions, to call them past our patch",
+    "_value_guards",
+)
+LIBRARY_DESTROY = _api(
+    "torch.library.Library._destroy",
+    "drop our ops from torch's C++ registry when their compiled program is collected",
+    "_custom_op",
+)
+DYNAMO_COUNTERS = _api(
+    "torch._dynamo.utils.counters",
+    "graphs and graph breaks for explain(); torch._dynamo.explain would compile again",
+    "engines.compile",
+)
+LOOKUP_BACKEND = _api(
+    "torch._dynamo.backends.registry.lookup_backend",
+    "check a backend name when jit() is created, not at the first call; "
+    "torch.compiler.list_backends() omits entry-point and experimental backends",
+    "engines.compile",
+)
+INVALID_BACKEND = _api(
+    "torch._dynamo.exc.InvalidBackend",
+    "what lookup_backend raises for an unknown name",
+    "engines.compile",
+)
+INDUCTOR = _api(
+    "torch._inductor.compile_fx",
+    "imported up front, with torch's own TorchScript notices silenced, so they do not reach "
+    "users at the first compile",
+    "engines.compile",
+)
+TENSOR_IS_VIEW = _api(
+    "torch.Tensor._is_view",
+    "an op may not return a view of its argument; no public test for views exists",
+    "_custom_op",
+)
+TENSOR_VERSION = _api(
+    "torch.Tensor._version",
+    "the version counter autograd checks; see torch._C._autograd._unsafe_set_version_counter",
+    "_state",
+)
+TRACER_WARNING = _api(
+    "torch.jit.TracerWarning torch.jit._trace.TracerWarning",
+    "the warning torch.jit.trace gives where it bakes a value; documented, but torch.jit does "
+    "not export it for type checkers",
+    "engines.torchscript, _value_guards",
+)
+FUNCTORCH_CONFIG = _api(
+    "torch._functorch.config.donated_buffer",
+    "gradcheck (retain_graph=True) through engine 'compile' needs donated buffers off "
+    "(documented for users in docs/engines.md); imported explicitly since torch 2.15",
+    "tests, docs/engines.md",
+)
+
+PRIVATE_APIS: tuple[PrivateAPI, ...] = (
+    TRACING_STATE,
+    SET_TRACING_STATE,
+    VALUE_TRACE,
+    GRAPH_EXECUTOR_OPTIMIZE,
+    SET_GRAPH_EXECUTOR_OPTIMIZE,
+    VERSION_COUNTER,
+    IS_FAKE,
+    FX_TRACING,
+    DISABLE_MODES,
+    BACKWARD_HOOK_FUNCTION,
+    GLOBAL_HOOKS,
+    TENSOR_BASE,
+    LIBRARY_DESTROY,
+    DYNAMO_COUNTERS,
+    LOOKUP_BACKEND,
+    INVALID_BACKEND,
+    INDUCTOR,
+    TENSOR_IS_VIEW,
+    TENSOR_VERSION,
+    TRACER_WARNING,
+    FUNCTORCH_CONFIG,
+)
+"""Every private torch API in use (checked by tests/test_compat.py)."""
+
+
+def missing_private_apis() -> list[str]:
+    """The entries of :data:`PRIVATE_APIS` that the running torch lacks, as messages."""
+    missing = []
+    for api in PRIVATE_APIS:
+        try:
+            api.find()
+        except TorchVersionError as error:
+            missing.append(str(error))
+    return missing
+
+
+def _lazy(api: PrivateAPI) -> Callable[..., Any]:
+    """A function that resolves ``api`` at its first call (imports stay cheap) and forwards."""
+    found: list[Callable[..., Any]] = []
+
+    def call(*args: Any) -> Any:
+        if not found:
+            found.append(api.find())
+        return found[0](*args)
+
+    call.__name__ = api.names[0].rsplit(".", 1)[-1]
+    return call
+
+
+def _now_or_lazy(api: PrivateAPI) -> Callable[..., Any]:
+    """Hot-path C functions are bound at import; a missing one raises when first used."""
+    try:
+        return api.find()  # type: ignore[no-any-return]
+    except TorchVersionError:
+        return _lazy(api)
+
+
+TracerWarning: type[Warning] = TRACER_WARNING.find()
+"""torch.jit's TracerWarning class."""
+get_tracing_state: Callable[[], Any] = _now_or_lazy(TRACING_STATE)
+"""The running TorchScript trace's state, None when none runs (read on every jitted call)."""
+set_tracing_state: Callable[[Any], None] = _now_or_lazy(SET_TRACING_STATE)
+"""Install a tracing state (None pauses the trace)."""
+value_trace: Callable[[torch.Tensor], Any] = _now_or_lazy(VALUE_TRACE)
+"""The graph value a tensor has in the running TorchScript trace (RuntimeError if none)."""
+graph_executor_optimize: Callable[[], bool] = _now_or_lazy(GRAPH_EXECUTOR_OPTIMIZE)
+"""Whether TorchScript's graph executor optimizes (this thread)."""
+set_graph_executor_optimize: Callable[[bool], None] = _now_or_lazy(SET_GRAPH_EXECUTOR_OPTIMIZE)
+"""Switch TorchScript's graph executor optimizations (this thread)."""
+set_version_counters: Callable[[tuple[torch.Tensor, ...], tuple[int, ...]], None] = _lazy(
+    VERSION_COUNTER
+)
+"""Set tensors' version counters (what autograd compares to detect in-place edits)."""
+is_fake: Callable[[Any], bool] = _lazy(IS_FAKE)
+"""Whether a tensor is a fake (or functional wrapper of a fake) tensor."""
+disable_dispatch_modes: Callable[[], Any] = _lazy(DISABLE_MODES)
+"""Context manager: no Python dispatch mode (make_fx's) is active in the block."""
+
+
+def backend_exists(name: str) -> bool:
+    """Whether torch.compile knows a backend by this name (built in, registered or an entry
+    point)."""
+    try:
+        LOOKUP_BACKEND.find()(name)
+    except INVALID_BACKEND.find():
+        return False
+    return True
+
+
+def import_inductor() -> None:
+    """Import inductor's compiler (a few seconds, once per process)."""
+    INDUCTOR.find()
+
+
+def fx_tracing() -> bool:
+    """Whether an FX trace is running (per thread since torch 2.15, per process before)."""
+    found = FX_TRACING.find()
+    return bool(found() if callable(found) else found)
+
+
+def backward_hook_function() -> type:
+    """The autograd.Function class torch uses to fire module backward hooks."""
+    return BACKWARD_HOOK_FUNCTION.find()  # type: ignore[no-any-return]
+
+
+def global_module_hooks() -> tuple[dict[Any, Any], ...]:
+    """torch's global module hook dicts: forward pre, forward, backward pre, backward."""
+    module = importlib.import_module("torch.nn.modules.module")
+    GLOBAL_HOOKS.find()  # the first one: a clear error if torch renamed them
+    return tuple(
+        getattr(module, f"_global_{kind}_hooks")
+        for kind in ("forward_pre", "forward", "backward_pre", "backward")
+    )
+
+
+def tensor_conversion(kind: str) -> Callable[..., Any]:
+    """The C implementation of a tensor-to-Python conversion (``__bool__``, ``item``...)."""
+    return getattr(TENSOR_BASE.find(), kind)  # type: ignore[no-any-return]
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a view of another tensor."""
+    return bool(tensor._is_view())
+
+
+def version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter (advanced by every in-place write)."""
+    return int(tensor._version)
+
+
+def destroy_library(library: Any) -> Callable[[], None]:
+    """A callable that removes ``library``'s operators from torch's registry."""
+    return LIBRARY_DESTROY.find().__get__(library)  # type: ignore[no-any-return]
+
+
+def dynamo_counters() -> Any:
+    """dynamo's process-wide statistics (``counters["stats"]["unique_graphs"]``...)."""
+    return DYNAMO_COUNTERS.find()
+
+
+def original_function_apply(descriptor: Any) -> Callable[..., Any]:
+    """``(cls, *args) -> cls.apply(*args)`` for the descriptor found in
+    ``torch.autograd.Function.__dict__["apply"]``.
+
+    torch 2.13 defines ``apply`` as a Python classmethod (with ``__func__``); 2.15 as a C-level
+    ``classmethod_descriptor`` (without). Binding through ``__get__`` works for both.
+    """
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return descriptor.__get__(None, cls)(*args, **kwargs)
+
+    return apply

@@ -1,0 +1,140 @@
+"""The private torch APIs in one place (_compat) and torch's TorchScript notices."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import phi_torch_jit as ptj
+from phi_torch_jit import _compat
+from phi_torch_jit._compat import PRIVATE_APIS, PrivateAPI, missing_private_apis
+from phi_torch_jit._warnings import TORCHSCRIPT_NOTICE
+
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "phi_torch_jit"
+
+
+def test_every_private_api_exists_on_this_torch() -> None:
+    missing = missing_private_apis()
+    assert not missing, f"torch {torch.__version__} lacks:\n" + "\n".join(missing)
+
+
+def test_each_entry_says_why_and_who_uses_it() -> None:
+    for api in PRIVATE_APIS:
+        assert api.names and all(n.startswith("torch.") for n in api.names)
+        assert len(api.why) > 20 and api.used_by
+
+
+def test_a_missing_api_raises_a_clear_error_naming_it() -> None:
+    gone = PrivateAPI(
+        ("torch._no_such_module.thing", "torch._C._no_such_function"), "a reason", "x"
+    )
+    with pytest.raises(ptj.JitError, match=r"torch\._no_such_module\.thing.*a reason") as info:
+        gone.find()
+    assert isinstance(info.value, RuntimeError)
+    assert torch.__version__ in str(info.value) and "pip install torch==" in str(info.value)
+
+
+def test_later_names_are_tried_when_the_first_is_gone() -> None:
+    api = PrivateAPI(("torch._C._no_such_function", "torch._C._get_tracing_state"), "why", "x")
+    assert api.find() is torch._C._get_tracing_state
+
+
+def test_private_torch_names_appear_only_in_the_compat_module() -> None:
+    """A private torch name used elsewhere is one more place to look when torch changes."""
+    pattern = re.compile(r"(?<![\w.])torch\.(\w+\.)*_[A-Za-z]\w*")
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "_compat.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            found = pattern.search(code)
+            if found and "__version__" not in code and not _in_docstring_or_text(code):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def _in_docstring_or_text(code: str) -> bool:
+    """Names in prose (docstrings, messages) are not uses: quoted or backticked."""
+    return "``" in code or code.strip().startswith(('"', "'", "f'", 'f"')) or code.count('"') >= 2
+
+
+def test_original_apply_binds_classmethods_of_both_kinds() -> None:
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+            return 2 * g
+
+    native = torch.autograd.Function.__dict__["apply"]  # C-level on torch 2.15
+    python = classmethod(lambda cls, x: cls.forward(None, x) + 1)  # a Python classmethod
+    x = torch.ones(2)
+    assert torch.equal(_compat.original_function_apply(native)(Double, x), 2 * x)
+    assert torch.equal(_compat.original_function_apply(python)(Double, x), 2 * x + 1)
+
+
+def test_tested_versions_match_the_makefile_and_the_declared_range() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    makefile = (ROOT / "Makefile").read_text()
+    tested = re.search(r"^TORCH_VERSIONS \?= (.+)$", makefile, re.M)
+    assert tested is not None and tuple(tested.group(1).split()) == _compat.TESTED_TORCH
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (spec,) = [d for d in project["dependencies"] if d.startswith("torch")]
+    low = re.search(r">=([\d.]+)", spec)
+    high = re.search(r"<([\d.]+)", spec)
+    assert low and high
+    as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
+    assert (
+        as_tuple(low.group(1)) == as_tuple(_compat.TESTED_TORCH[0])[: len(low.group(1).split("."))]
+    )
+    for version in _compat.TESTED_TORCH:
+        assert as_tuple(low.group(1)) <= as_tuple(version) < as_tuple(high.group(1))
+
+
+def _scripting_step(x: torch.Tensor) -> torch.Tensor:
+    """Like PhiML's torch backend: scripts a helper inside the function, on every call."""
+
+    @torch.jit.script
+    def double(t: torch.Tensor) -> torch.Tensor:
+        return 2 * t
+
+    return double(x) + 1
+
+
+def _notices(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if re.match(TORCHSCRIPT_NOTICE, str(w.message))]
+
+
+@pytest.mark.all_engines
+def test_torchscript_notices_do_not_reach_users_of_jitted_functions() -> None:
+    step = ptj.jit(_scripting_step)
+    x = torch.randn(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert torch.equal(step(x), 2 * x + 1)
+    assert not _notices(caught)
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def test_notices_are_hidden_only_while_a_pass_runs() -> None:
+    """Outside jit the user's own TorchScript calls warn as torch decides."""
+    ptj.jit(_scripting_step)(torch.randn(3))
+    assert not [
+        f for f in warnings.filters if f[1] is not None and f[1].pattern == TORCHSCRIPT_NOTICE
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.jit.script(_identity)
+    assert _notices(caught), "torch.jit.script no longer warns: update docs/engines.md"
