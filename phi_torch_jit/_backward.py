@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._context import compiling_frame
 from ._custom import TENSOR, merge_tensors
+from ._phases import compiling
 from .engines import CompiledFunction, Engine, FunctionTarget
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class LazyBackward:
             self._specializations[pattern] = BackwardSpecialization(pattern, pattern, None)
             return (None,) * len(pattern)
         label = f"backward of {self.function.label}"
-        with compiling_frame(self.function.label, self.nested):
+        with compiling(self.function.label, self.nested):
             compiled = self.engine.compile_function(FunctionTarget(probe, flat, label))
         if compiled.mode == "python":
             self.function.note_python_fallback("backward", compiled.reason)

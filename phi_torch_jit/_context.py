@@ -1,56 +1,76 @@
-"""The per-call state of a jitted call, held in one ContextVar.
+"""The per-call state of a jitted call: one frame in a ContextVar, one call state per thread.
 
-While a jitted function is specialized, its Python runs twice: once untraced
-to *record* (modules called, custom-function calls) and once under the tracer
-to *trace*, replaying the recording. Code deep inside user functions
-(custom functions, the module pre-hook, nested jitted functions) must know
-which phase is active. That knowledge lives in one :class:`Frame`, stored in a
-``contextvars.ContextVar`` so that threads and asyncio tasks each see their
-own, and changed only by the context managers below, which restore the
-previous value in ``finally`` -- an exception in user code leaves nothing
-behind.
+While a jitted function is specialized, its Python runs twice: once untraced to *record*
+(modules called, custom-function calls) and once under the tracer to *trace*, replaying the
+recording. Code deep inside user functions (custom functions, the module pre-hook, nested
+jitted functions) must know which phase is active. That knowledge lives in one :class:`Frame`,
+stored in a ``contextvars.ContextVar`` so that threads and asyncio tasks each see their own.
+The frame is set only by :func:`entered` (which :mod:`._phases` wraps with the phase's
+patches) and restored in ``finally``: an exception in user code leaves nothing behind.
+
+Custom ops also run on compiled calls, where no frame exists, and torch's dispatcher calls
+their implementation and their autograd ``setup_context`` one after the other with no way to
+pass a value between them. What a custom-function call hands from one step to the next lives
+in this thread's :class:`CallState` (NOTE [call state] in docs/design.md): one documented
+object, not a side channel per need.
+
+This module is a leaf: it imports nothing else of the package at run time.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from ._intercept import function_capture
-from ._warnings import torchscript_notices_hidden
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._custom_op import NestedCalls
+    import torch
+
+    from ._custom_op import CompiledCall, NestedCalls
+    from ._phiml import PhiMLBridge
     from ._record import Recording
     from ._replay import ReplayCursor
+    from ._signature import Spec
     from ._value_guards import Conversion
 
 __all__ = [
     "Phase",
     "Frame",
+    "TraceOutputs",
     "current_frame",
-    "recording_frame",
-    "tracing_frame",
-    "compiling_frame",
+    "entered",
     "no_frame",
     "inside_custom_function",
+    "note_module_call",
+    "Replaying",
+    "CallState",
+    "call_state",
 ]
 
 
 class Phase(enum.Enum):
-    """Which pass of a specialization is running."""
+    """Which pass of a specialization is running (the stage numbers of docs/design.md)."""
 
     RECORD = "record"
-    """The untraced run that discovers modules and custom-function calls."""
+    """Stage 1: the untraced run that discovers modules and custom-function calls."""
     TRACE = "trace"
-    """The traced run that replays the recording."""
+    """Stage 4: the traced run that replays the recording."""
     COMPILE = "compile"
-    """A custom function's forward or backward is being compiled; custom functions it calls
-    become nested compiled calls (see :class:`._custom_op.NestedCalls`)."""
+    """Stage 2 (and at the first backward): a custom function's forward or backward is being
+    compiled; custom functions it calls become nested compiled calls
+    (see :class:`._custom_op.NestedCalls`)."""
+
+
+@dataclass
+class TraceOutputs:
+    """What the traced wrapper found out about its result (trace phase)."""
+
+    spec: Spec | None = None
+    """Structure of the user function's result, set when the wrapper's forward returns."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,10 @@ class Frame:
     """Compiles custom functions called inside the one being compiled (compile phase only)."""
     conversions: list[Conversion] | None = None
     """Tensor-to-Python conversions made by user code (trace phase, when value guards are on)."""
+    phiml: PhiMLBridge | None = None
+    """Lets PhiML's torch backend see this pass as its own jit (record and trace phases)."""
+    outputs: TraceOutputs = field(default_factory=TraceOutputs)
+    """Filled by the wrapper while it is traced; the trace stage returns it."""
 
 
 _FRAME: ContextVar[Frame | None] = ContextVar("phi_torch_jit_frame", default=None)
@@ -80,41 +104,18 @@ def current_frame() -> Frame | None:
 
 
 @contextmanager
-def _entered(frame: Frame | None) -> Iterator[Frame | None]:
+def entered(frame: Frame | None) -> Iterator[Frame | None]:
+    """Make ``frame`` current while the block runs (patches: see :mod:`._phases`)."""
     token = _FRAME.set(frame)
     try:
-        if frame is None:
-            yield frame
-        else:  # autograd.Function calls inside the frame are captured (see _intercept)
-            with function_capture(), torchscript_notices_hidden():
-                yield frame
+        yield frame
     finally:
         _FRAME.reset(token)
 
 
-def recording_frame(owner: str, recording: Recording) -> AbstractContextManager[Frame | None]:
-    """Enter the record phase for ``owner``; ``recording`` collects what runs."""
-    return _entered(Frame(Phase.RECORD, owner, recording=recording))
-
-
-def tracing_frame(
-    owner: str, cursor: ReplayCursor, conversions: list[Conversion] | None = None
-) -> AbstractContextManager[Frame | None]:
-    """Enter the trace phase for ``owner``; ``cursor`` replays the recording.
-
-    ``conversions``, if given, collects the tensor-to-Python conversions of user code.
-    """
-    return _entered(Frame(Phase.TRACE, owner, cursor=cursor, conversions=conversions))
-
-
 def no_frame() -> AbstractContextManager[Frame | None]:
     """Run a block as if no jitted call were being specialized or compiled."""
-    return _entered(None)
-
-
-def compiling_frame(owner: str, nested: NestedCalls) -> AbstractContextManager[Frame | None]:
-    """Enter the compile phase: custom functions called now become nested compiled calls."""
-    return _entered(Frame(Phase.COMPILE, owner, nested=nested))
+    return entered(None)
 
 
 def inside_custom_function() -> AbstractContextManager[Frame | None]:
@@ -126,4 +127,49 @@ def inside_custom_function() -> AbstractContextManager[Frame | None]:
     compiled too (e.g. the adjoint solve inside a gradient).
     """
     frame = _FRAME.get()
-    return _entered(frame if frame is not None and frame.phase is Phase.COMPILE else None)
+    return entered(frame if frame is not None and frame.phase is Phase.COMPILE else None)
+
+
+def note_module_call(module: Any) -> None:
+    """Tell the record pass running here, if any, that ``module`` takes part in it."""
+    frame = _FRAME.get()
+    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+        frame.recording.add_module(module)
+
+
+@dataclass(frozen=True)
+class Replaying:
+    """The custom op call that the trace pass is replaying now."""
+
+    call: CompiledCall
+    """The compiled call whose op is being recorded into the trace."""
+    outputs: tuple[torch.Tensor, ...]
+    """The recorded outputs the op returns instead of computing."""
+    context: Any
+    """The recorded call context, handed to the op's autograd formula."""
+
+
+class CallState(threading.local):
+    """What one thread's custom-function calls hand from one step to the next.
+
+    See NOTE [call state] in docs/design.md. Each field has one writer and one reader.
+    """
+
+    replaying: Replaying | None = None
+    """Set by ``CompiledCall.replay`` around its op call; read by the op's implementation."""
+    pending_context: Any = None
+    """Call context of the op call that just ran; taken by its autograd ``setup_context``."""
+    last_context: Any = None
+    """Call context left by the latest custom forward run in this thread (an
+    autograd.Function's ctx layout; None for plain custom functions)."""
+    last_error: BaseException | None = None
+    """The exception a Python forward raised inside a compiled program, until the caller
+    re-raises it unchanged (TorchScript reports it as a RuntimeError)."""
+
+
+_STATE = CallState()
+
+
+def call_state() -> CallState:
+    """This thread's :class:`CallState`."""
+    return _STATE

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ._compat import get_tracing_state, set_tracing_state
-from ._context import Phase, current_frame, inside_custom_function
-from .errors import CustomFunctionError, GradientError, describe_function
+from ._context import Phase, call_state, current_frame, inside_custom_function
+from .errors import CustomFunctionError, GradientError, UsageError, describe_function
 
 __all__ = ["CustomFunction", "custom_gradient", "split_tensors", "merge_tensors", "untraced"]
 
@@ -82,7 +82,7 @@ class CustomFunction:
 
     def __init__(self, f: Callable[..., Any], gradient: GradientFn, name: str | None = None):
         if not callable(f) or not callable(gradient):
-            raise TypeError(
+            raise UsageError(
                 "phi_torch_jit: custom_gradient(f, gradient) needs two callables, got "
                 f"{type(f).__name__} and {type(gradient).__name__}."
             )
@@ -100,28 +100,47 @@ class CustomFunction:
         return f"<custom function {self.label}>"
 
     def __call__(self, *args: Any) -> Any:
+        return self.call(args)[0]
+
+    def call(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """One call in the current phase: (outputs as ``f`` returns them, call context).
+
+        Eager (no frame): the generated autograd.Function. Record: the same, and the call is
+        recorded. Compile: a nested compiled call. Trace: the replay cursor's next recorded
+        call, whose op returns the recorded outputs. The call context is what the forward
+        left for its backward (NOTE [call context]); None for plain custom functions.
+        """
         frame = current_frame()
         if frame is None:
-            return self._autograd.apply(*args)
+            return self._autograd.apply(*args), None
         if frame.phase is Phase.RECORD:
             assert frame.recording is not None
             outputs = self._autograd.apply(*args)
-            frame.recording.add_call(self, args, outputs, self.last_call_context())
-            return outputs
+            context = call_state().last_context
+            frame.recording.add_call(self, args, outputs, context)
+            return outputs, context
         if frame.phase is Phase.COMPILE:
             assert frame.nested is not None
             return frame.nested.call(self, args)
         assert frame.cursor is not None
         step = frame.cursor.next(self, args)
-        return step.compiled.replay(step.recorded, args)
+        return step.compiled.replay(step.recorded, args), step.recorded.context
 
     # -- the contract, shared by eager and compiled calls ------------------------------
 
     def run_forward(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...], bool]:
-        """Run ``f``; return (outputs as a tuple of tensors, whether it was a bare tensor)."""
+        """Run ``f``; return (outputs as a tuple of tensors, whether it was a bare tensor).
+
+        The call context it leaves is this thread's ``call_state().last_context``.
+        """
         with inside_custom_function():
-            out = self.f(*args)
+            out, context = self._forward(tuple(args))
+        call_state().last_context = context
         return self.check_outputs(out)
+
+    def _forward(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """``f``'s raw result and the call context it leaves (None for plain functions)."""
+        return self.f(*args), None
 
     def check_outputs(self, out: Any) -> tuple[tuple[torch.Tensor, ...], bool]:
         """Validate what ``f`` returned; return (outputs as tuple, whether it was a bare tensor)."""
@@ -151,8 +170,8 @@ class CustomFunction:
     ) -> tuple[torch.Tensor | None, ...]:
         """Call ``gradient`` and validate its result: one entry per input, shaped like it.
 
-        ``context`` is what :meth:`last_call_context` gave after the forward call these
-        gradients are for (None for plain custom functions).
+        ``context`` is the call context the forward call these gradients are for left
+        (None for plain custom functions).
         """
         with inside_custom_function():
             result = self._call_gradient(inputs, outputs, grad_outputs, needs_input_grad, context)
@@ -172,11 +191,6 @@ class CustomFunction:
     def matches(self, other: CustomFunction) -> bool:
         """Whether a call of ``other`` in the trace pass replays a recorded call of ``self``."""
         return other is self
-
-    def last_call_context(self) -> Any:
-        """Per-call state the latest forward in this thread left for its backward (see
-        NOTE [call context]); None for plain custom functions."""
-        return None
 
     def check_gradients(
         self, result: Any, inputs: tuple[Any, ...]
@@ -233,7 +247,7 @@ def _make_autograd_function(function: CustomFunction) -> type[torch.autograd.Fun
         ctx.template = template
         ctx.n_inputs = len(tensors)
         ctx.save_for_backward(*tensors, *outputs)
-        ctx.call_context = function.last_call_context()
+        ctx.call_context = call_state().last_context
         return outputs[0] if single else outputs
 
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

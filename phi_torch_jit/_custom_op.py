@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import itertools
 import re
-import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +33,9 @@ import torch
 
 from ._backward import LazyBackward
 from ._compat import destroy_library, is_fake, is_view
-from ._context import compiling_frame, no_frame
+from ._context import Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
+from ._phases import compiling
 from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
@@ -45,21 +44,6 @@ from .errors import TraceError
 __all__ = ["CompiledCall", "NestedCalls", "compile_calls", "original_error"]
 
 _OP_NUMBERS = itertools.count()
-
-# The call being replayed in this context: (call, outputs its op must return, call context).
-# A ContextVar, not an attribute: another thread may run the same op compiled meanwhile.
-_REPLAYING: ContextVar[tuple[CompiledCall, tuple[torch.Tensor, ...], Any] | None] = ContextVar(
-    "phi_torch_jit_replaying", default=None
-)
-
-
-class _PendingContext(threading.local):
-    """The call context of the op call that just ran, until autograd's setup_context takes it."""
-
-    value: Any = None
-
-
-_PENDING = _PendingContext()
 
 
 class _FlatForward:
@@ -73,17 +57,11 @@ class _FlatForward:
         return self.function.run_forward(merge_tensors(self.template, tensors))[0]
 
 
-class _LastError(threading.local):
-    error: BaseException | None = None
-
-
-_LAST_ERROR = _LastError()
-
-
 def original_error(wrapped: BaseException) -> BaseException | None:
     """The exception a custom forward raised inside a compiled program, if ``wrapped`` is how
     the program reported it (TorchScript turns it into a RuntimeError); taken only once."""
-    error, _LAST_ERROR.error = _LAST_ERROR.error, None
+    state = call_state()
+    error, state.last_error = state.last_error, None
     return error if error is not None and str(error) in str(wrapped) else None
 
 
@@ -106,7 +84,7 @@ def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
 class CompiledCall:
     """A custom function compiled for one recorded call signature, exposed as an op."""
 
-    def __init__(self, recorded: RecordedCall, engine: Engine) -> None:
+    def __init__(self, recorded: RecordedCall, engine: Engine, graph_captured: bool) -> None:
         function = recorded.function
         tensors, template = split_tensors(recorded.args)
         self.function = function
@@ -123,19 +101,18 @@ class CompiledCall:
             scriptable=function.scriptable if all_tensors else None,
             expected=recorded.outputs,
         )
-        with compiling_frame(function.label, self.nested):
+        with compiling(function.label, self.nested):
             self.forward = engine.compile_function(target)
         # A compiled forward runs no Python, so its context is the one of the compile run.
-        self.static_context = (
-            function.last_call_context() if self.forward.mode != "python" else None
-        )
+        self.static_context = call_state().last_context if self.forward.mode != "python" else None
         if self.forward.mode == "python":
             function.note_python_fallback("forward", self.forward.reason)
         self.backward = LazyBackward(function, template, self.n_outputs, engine, self.nested)
         self.recorded_context = recorded.context
-        self.graph_captured = False
-        """Set when a captured graph (engine "compile") calls this op: its backward op then
-        serves every call with the recorded call context (NOTE [opaque backward])."""
+        self.graph_captured = graph_captured
+        """Whether the wrapper's engine captures a graph (``Engine.captures_graph``): its
+        backward op then serves every call with the recorded call context (NOTE [opaque
+        backward])."""
         self.output_meta = tuple(_Meta.of(o) for o in recorded.outputs)
         self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
         self.op_name = self._define_op()
@@ -172,27 +149,30 @@ class CompiledCall:
         if self.n_inputs == 0:  # nothing to trace through: the outputs are constants
             outputs = recorded.outputs
         else:
-            token = _REPLAYING.set((self, recorded.outputs, recorded.context))
+            state = call_state()
+            previous = state.replaying
+            state.replaying = Replaying(self, recorded.outputs, recorded.context)
             try:
                 result = self.op(*tensors)
             finally:
-                _REPLAYING.reset(token)
+                state.replaying = previous
             outputs = result if isinstance(result, tuple) else (result,)
         return outputs[0] if self.single else tuple(outputs)
 
     def _impl(self, *tensors: torch.Tensor) -> Any:
-        replaying = _REPLAYING.get()
-        if replaying is not None and replaying[0] is self:
-            outputs, _PENDING.value = replaying[1], replaying[2]
+        state = call_state()
+        replaying = state.replaying
+        if replaying is not None and replaying.call is self:
+            outputs, state.pending_context = replaying.outputs, replaying.context
         else:
             try:
                 results = self.forward.run(*tensors)
             except BaseException as error:  # re-raised unchanged by Specialization.run
-                _LAST_ERROR.error = error
+                state.last_error = error
                 raise
             python = self.forward.mode == "python"
-            _PENDING.value = self.function.last_call_context() if python else self.static_context
-            if python and self.graph_captured and _PENDING.value != self.recorded_context:
+            state.pending_context = state.last_context if python else self.static_context
+            if python and self.graph_captured and state.pending_context != self.recorded_context:
                 raise TraceError(
                     f"phi_torch_jit: {self.function.label} runs as Python and left other values "
                     "on its ctx than in the call that was compiled; the backward of a "
@@ -206,7 +186,8 @@ class CompiledCall:
     def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
         ctx.save_for_backward(*inputs, *outputs)
-        ctx.call_context, _PENDING.value = _PENDING.value, None
+        state = call_state()
+        ctx.call_context, state.pending_context = state.pending_context, None
 
     def _backward(self, ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors
@@ -297,15 +278,16 @@ class NestedCalls:
         self.engine = engine
         self.calls: dict[Hashable, CompiledCall] = {}
 
-    def call(self, function: CustomFunction, args: tuple[Any, ...]) -> Any:
+    def call(self, function: CustomFunction, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """(outputs, call context) of a custom function called by a body being compiled."""
         with untraced(), no_frame(), torch.no_grad():
             outputs, single = function.run_forward(args)
-            context = function.last_call_context()
+            context = call_state().last_context
             recorded = RecordedCall.of(function, args, outputs[0] if single else outputs, context)
             key = _dedup_key(recorded)
             if key not in self.calls:
-                self.calls[key] = CompiledCall(recorded, self.engine)
-        return self.calls[key].replay(recorded, args)
+                self.calls[key] = CompiledCall(recorded, self.engine, graph_captured=False)
+        return self.calls[key].replay(recorded, args), context
 
 
 def _dedup_key(recorded: RecordedCall) -> Hashable:
@@ -319,13 +301,19 @@ def _dedup_key(recorded: RecordedCall) -> Hashable:
     return (recorded.function, statics, metas, len(template), recorded.single)
 
 
-def compile_calls(calls: Sequence[RecordedCall], engine: Engine) -> list[ReplayStep]:
-    """Compile every recorded custom call; identical call signatures share one op."""
+def compile_calls(
+    calls: Sequence[RecordedCall], engine: Engine, graph_captured: bool
+) -> list[ReplayStep]:
+    """Stage 2: compile every recorded custom call; identical call signatures share one op.
+
+    ``graph_captured``: whether the engine that traces the wrapper captures a graph
+    (``Engine.captures_graph``), which changes how the backward op serves call contexts.
+    """
     compiled: dict[Hashable, CompiledCall] = {}
     steps = []
     for recorded in calls:
         key = _dedup_key(recorded)
         if key not in compiled:
-            compiled[key] = CompiledCall(recorded, engine)
+            compiled[key] = CompiledCall(recorded, engine, graph_captured)
         steps.append(ReplayStep(recorded, compiled[key]))
     return steps

@@ -1,14 +1,29 @@
-"""The readable report of ``JitFunction.explain()``, one specialization at a time."""
+"""What a jitted function tells its user: the ``explain()`` report, logs and warnings.
+
+:class:`Reporter` belongs to one jitted function and says each thing once where once is
+enough: that a specialization runs eagerly, that Python side effects will not repeat, that
+``max_traces`` was passed; it logs every trace with its reason.
+"""
 
 from __future__ import annotations
 
-from ._signature import describe_spec
-from ._specialization import Specialization
+import logging
+import warnings
 
-__all__ = ["explain_specialization"]
+from ._custom_op import CompiledCall
+from ._signature import describe_spec, first_difference
+from ._specialization import Key, Specialization
+from ._warnings import describe_warning, reemit
+from .engines import CompiledModule
+from .errors import JitWarning
+
+__all__ = ["explain_specialization", "Reporter"]
+
+logger = logging.getLogger("phi_torch_jit")
 
 
 def explain_specialization(index: int, spec: Specialization) -> list[str]:
+    """The ``explain()`` lines of one specialization."""
     grad = "grad enabled" if spec.key[1] else "grad disabled"
     t = spec.timings
     lines = [
@@ -24,17 +39,97 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
     elif not spec.calls:
         lines.append("    custom functions: none")
     for call in spec.calls:
-        forward = call.forward.mode + (f" ({call.forward.reason})" if call.forward.reason else "")
-        lines.append(f"    custom function {call.function.label} as op {call.op_name}:")
-        lines.append(f"      forward: {forward}")
-        backwards = call.backward.specializations
-        if not backwards:
-            lines.append("      backward: not compiled yet (compiled at the first backward)")
-        for pattern, b in backwards.items():
-            reason = (
-                f" ({b.compiled.reason})" if b.compiled is not None and b.compiled.reason else ""
-            )
-            lines.append(f"      backward for needs_input_grad={pattern}: {b.mode}{reason}")
+        lines += _explain_call(call)
     lines += [f"    value guard: {g.describe()}" for g in spec.value_guards]
     lines += [f"    tracer warning: {w}" for w in spec.tracer_warnings]
     return lines
+
+
+def _explain_call(call: CompiledCall) -> list[str]:
+    forward = call.forward
+    mode = forward.mode + (f" ({forward.reason})" if forward.reason else "")
+    lines = [
+        f"    custom function {call.function.label} as op {call.op_name}:",
+        f"      forward: {mode}",
+    ]
+    backwards = call.backward.specializations
+    if not backwards:
+        lines.append("      backward: not compiled yet (compiled at the first backward)")
+    for pattern, b in backwards.items():
+        reason = f" ({b.compiled.reason})" if b.compiled is not None and b.compiled.reason else ""
+        lines.append(f"      backward for needs_input_grad={pattern}: {b.mode}{reason}")
+    return lines
+
+
+class Reporter:
+    """Logs and warnings of one jitted function (``owner`` names it in every message)."""
+
+    def __init__(self, owner: str, arg_names: tuple[str, ...], max_traces: int) -> None:
+        self.owner = owner
+        self.arg_names = arg_names
+        self.max_traces = max_traces
+        self.num_traces = 0
+        """How many specializations have been built."""
+        self._last_key: Key | None = None
+        self._warned_max = False
+        self._eager_logged = False
+        self._side_effects_warned = False
+
+    def traced(self, key: Key, reason: str | None) -> None:
+        """Count and log a trace; warn once past ``max_traces``."""
+        self.num_traces += 1
+        if reason is None:
+            reason = "first call" if self._last_key is None else self._change(self._last_key, key)
+        self._last_key = key
+        logger.info("phi_torch_jit: traced %s (#%d): %s", self.owner, self.num_traces, reason)
+        if self.num_traces > self.max_traces and not self._warned_max:
+            self._warned_max = True  # and the cache drops the least recently used one
+            warnings.warn(
+                JitWarning(
+                    f"phi_torch_jit: {self.owner} has been traced {self.num_traces} times "
+                    f"(max_traces={self.max_traces}); the last retrace was caused by {reason}. "
+                    "The least recently used specializations are dropped from now on. Pass "
+                    "values that change from call to call as tensors, or raise max_traces."
+                ),
+                stacklevel=4,
+            )
+
+    def _change(self, old: Key, new: Key) -> str:
+        if old[0] == new[0]:
+            states = {True: "enabled", False: "disabled"}
+            return f"grad mode {states[old[1]]} -> {states[new[1]]}"
+        return first_difference(old[0], new[0], self.arg_names)
+
+    def evicted(self, dropped: Specialization) -> None:
+        logger.info(
+            "phi_torch_jit: dropped the least recently used specialization of %s: %s",
+            self.owner,
+            describe_spec(dropped.key[0]),
+        )
+
+    def runs_eagerly(self, reason: str) -> str:
+        """Log (once per jitted function) that a specialization runs eagerly; return ``reason``."""
+        if not self._eager_logged:
+            self._eager_logged = True
+            logger.warning("phi_torch_jit: %s runs eagerly: %s", self.owner, reason)
+        return reason
+
+    def side_effects(self, seen: list[str]) -> None:
+        """Warn once about Python side effects that compiled calls skip."""
+        if self._side_effects_warned or not seen:
+            return
+        self._side_effects_warned = True
+        warnings.warn(
+            JitWarning(
+                f"phi_torch_jit: {self.owner} has Python side effects ({', '.join(seen)}) that "
+                "ran while it was compiled but will not run on compiled calls, which execute no "
+                "Python. Move them outside the jitted function, return the values instead, or "
+                "use engine='eager' while debugging."
+            ),
+            stacklevel=5,
+        )
+
+    def tracer_warnings(self, module: CompiledModule) -> tuple[str, ...]:
+        """Pass the tracer warnings on to the user; return their descriptions for explain()."""
+        reemit(module.tracer_warnings)
+        return tuple(describe_warning(w) for w in module.tracer_warnings)

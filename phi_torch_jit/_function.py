@@ -1,7 +1,13 @@
 """Plain ``torch.autograd.Function`` subclasses inside jit, unchanged.
 
-While a jitted call is specialized, ``Function.apply`` is intercepted (see
-:mod:`._intercept`) and each call of a user Function goes through a
+While a jitted call is specialized, ``Function.apply`` -- a classmethod on torch's base
+class -- is replaced by :func:`_apply` (:func:`function_capture`, entered by every phase, see
+:mod:`._phases`). Calls made inside a frame go to :func:`dispatch`; every other call (other
+threads, eager code) goes to the original unchanged. The replacement is reference counted
+across threads and removed when the last frame closes, so code outside jit never sees it (and
+torch.compile, which recognizes ``Function.apply``, is not disturbed).
+
+Each call of a user Function goes through a
 :class:`FunctionAdapter`: a custom function (see :mod:`._custom`) whose
 
 * forward runs the Function's ``forward`` (and ``setup_context``) with a
@@ -28,7 +34,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,17 +42,58 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointFunction
 
-from ._compat import backward_hook_function
+from ._compat import backward_hook_function, original_function_apply
 from ._context import Phase, current_frame
 from ._custom import CustomFunction, untraced
-from ._intercept import original_apply
-from ._record import RunEagerly
+from ._patches import RefCounted
 from ._warnings import torchscript_notices_hidden
-from .errors import describe_function
+from .errors import RunEagerly, describe_function
 
-__all__ = ["FunctionContext", "ContextLayout", "FunctionAdapter", "dispatch"]
+__all__ = [
+    "FunctionContext",
+    "ContextLayout",
+    "FunctionAdapter",
+    "dispatch",
+    "function_capture",
+    "original_apply",
+    "interception_installed",
+]
 
 logger = logging.getLogger("phi_torch_jit")
+
+_FUNCTION = torch.autograd.Function
+_ORIGINAL = _FUNCTION.__dict__["apply"]  # a classmethod (torch 2.13) or its C twin (2.15)
+_original_apply = original_function_apply(_ORIGINAL)
+
+
+def original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """``cls.apply(*args)`` as torch defines it, bypassing the interception."""
+    return _original_apply(cls, *args, **kwargs)
+
+
+def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    return dispatch(cls, args, kwargs)
+
+
+def _install() -> None:
+    _FUNCTION.apply = classmethod(_apply)  # type: ignore[assignment,method-assign]
+
+
+def _remove() -> None:
+    _FUNCTION.apply = _ORIGINAL  # type: ignore[method-assign]
+
+
+_CAPTURE = RefCounted(_install, _remove)
+
+
+def function_capture() -> Any:
+    """Context manager: intercept ``Function.apply`` while the block runs (reference counted)."""
+    return _CAPTURE.active()
+
+
+def interception_installed() -> bool:
+    """Whether ``Function.apply`` is replaced now (some thread is inside a jit frame)."""
+    return _FUNCTION.__dict__["apply"] is not _ORIGINAL
 
 
 class Unsupported(Exception):
@@ -222,8 +268,8 @@ class _AdapterFunction(CustomFunction):
         pattern = needs_input_grad if needs_input_grad is not None else _needs_grad(inputs)
         return self.adapter.gradient(inputs, outputs, grad_outputs, pattern, context)
 
-    def last_call_context(self) -> Any:
-        return getattr(self.adapter.last, "layout", None)
+    def _forward(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        return self.adapter.forward(*args)
 
     def matches(self, other: CustomFunction) -> bool:
         """Same Function code, even if a factory made a new class for the trace pass (PhiML
@@ -267,17 +313,15 @@ class FunctionAdapter:
         self.cls = cls
         self.layouts: dict[Any, ContextLayout] = {}
         """Layout per call signature, from the latest forward run."""
-        self.last = threading.local()
-        """``last.layout``: the layout of this thread's latest forward run (its call context)."""
         self.custom = _AdapterFunction(self)
 
-    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+    def forward(self, *args: Any) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
+        """Run the Function's forward: (outputs + residuals, the ctx layout as call context)."""
         # PhiML scripts inside its forwards: NOTE [TorchScript notices].
         with torchscript_notices_hidden():
             outputs, layout = run_forward(self.cls, args)
         self.layouts[_layout_key(args)] = layout
-        self.last.layout = layout
-        return outputs
+        return outputs, layout
 
     def gradient(
         self,
@@ -292,15 +336,7 @@ class FunctionAdapter:
             return run_backward(self.cls, layout, inputs, outputs, grad_outputs, needs_input_grad)
 
     def __call__(self, *args: Any) -> Any:
-        frame = current_frame()
-        if frame is not None and frame.phase is Phase.TRACE:  # replay: layout as recorded
-            assert frame.cursor is not None
-            step = frame.cursor.next(self.custom, args)
-            outputs = step.compiled.replay(step.recorded, args)
-            layout = step.recorded.context
-        else:
-            outputs = self.custom(*args)
-            layout = self.last.layout
+        outputs, layout = self.custom.call(args)  # the phase switch of every custom function
         own = outputs[: layout.n_outputs]
         if layout.non_differentiable:
             own = tuple(

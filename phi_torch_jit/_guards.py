@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ._compat import global_module_hooks
-from ._record import MODULE_HOOK
+from ._phases import MODULE_HOOK
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 

@@ -1,125 +1,51 @@
 """The ``jit`` decorator: signature -> cache hit, or the stages in order.
 
-A call builds its argument spec (:mod:`._signature`); a cached
-:class:`Specialization` runs the compiled program. On a miss the stages run
-in order:
+A call builds its cache key (stage 0, :mod:`._signature`) and is served by a cached
+:class:`._specialization.Specialization` (:mod:`._cache`). On a miss,
+:meth:`JitFunction._specialize` runs the stages in order -- the numbering of docs/design.md:
 
 1. :func:`._record.record` -- the untraced run; its result is returned;
-2. :func:`._custom_op.compile_calls` -- compile each custom call's forward;
-3. :func:`._wrapper.make_wrapper` -- a module holding the recorded modules;
-4. the engine traces the wrapper while a :class:`._replay.ReplayCursor`
-   replays the custom calls, with RNG and buffers rewound (:mod:`._state`);
-5. a :class:`._guards.ModuleGuard` snapshots the module state the trace baked
-   in; the result is cached under the spec (plus the grad mode), next to other
-   specializations of the same spec that differ in module state.
+2. :func:`._custom_op.compile_calls` -- compile each custom call's forward into an op;
+3. :func:`._wrapper.make_wrapper` -- a module holding the recorded modules' tensors;
+4. :func:`._trace.trace` -- the engine traces the wrapper while the recording replays;
+5. a :class:`._specialization.Specialization` with its :class:`._guards.ModuleGuard` joins
+   the cache under the key (next to specializations of other module states or branches).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import inspect
-import logging
-import os
-import threading
 import time
 import types
-import warnings
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import torch
 from torch import nn
 
+from ._cache import SpecializationCache
 from ._compat import get_tracing_state
-from ._context import current_frame, tracing_frame
-from ._custom_op import compile_calls
-from ._explain import explain_specialization
+from ._context import current_frame
+from ._custom_op import CompiledCall, compile_calls
+from ._explain import Reporter, explain_specialization
 from ._guards import ModuleGuard, has_backward_hooks
-from ._record import Recording, RunEagerly, record
-from ._replay import ReplayCursor
-from ._signature import (
-    describe_spec,
-    first_difference,
-    flatten_arguments,
-    flatten_outputs,
-    modules_in,
-)
-from ._specialization import (
-    Build,
-    GuardFailure,
-    Key,
-    Miss,
-    Specialization,
-    Timings,
-    retrace_reason,
-    run_first_valid,
-)
-from ._state import capture_rng, restore_rng
-from ._value_guards import GUARD_POLICIES, Conversion, ValueGuard, conversion_capture
-from ._warnings import describe_warning, reemit
+from ._options import DISABLE_ENV, ENGINE_ENV, Options, positional_names
+from ._record import Recording, check_modules, record
+from ._signature import describe_spec, flatten_arguments, flatten_outputs, modules_in
+from ._specialization import GuardFailure, Key, Miss, Specialization, Timings, retrace_reason
+from ._specialization import run_first_valid as serve
+from ._state import rng_restored
+from ._trace import Traced, trace, wrapper_engine
 from ._wrapper import WrapperModule, make_wrapper, module_names
-from .engines import CompiledModule, Engine, get_engine
+from .engines import CompiledModule, Engine
 from .engines.compile import Backend
-from .errors import GuardError, JitWarning, TraceError, describe_function
+from .errors import GuardError, RunEagerly, TraceError, describe_function
 
 __all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV", "ENGINE_ENV", "clear_caches"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-logger = logging.getLogger("phi_torch_jit")
-
-DISABLE_ENV = "PHI_TORCH_JIT_DISABLE"
-"""Set to ``1`` to make every jitted function created afterwards use engine ``eager``."""
-
-ENGINE_ENV = "PHI_TORCH_JIT_ENGINE"
-"""The engine of jitted functions created without ``engine=``: a name, or ``compile:<backend>``."""
-
-
-def _default_engine(options: dict[str, Any]) -> str:
-    """The engine named by ``PHI_TORCH_JIT_ENGINE`` (``torchscript`` if unset)."""
-    name, _, backend = os.environ.get(ENGINE_ENV, "").partition(":")
-    if backend and "backend" not in options:
-        options["backend"] = backend
-    return name or "torchscript"
-
-
-def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
-    target = fn.forward if isinstance(fn, nn.Module) else fn
-    try:
-        params = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):
-        return ()
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return tuple(p.name for p in params if p.kind in kinds)
-
-
-def _reject_data_parallel(modules: Any, owner: str) -> None:
-    """DDP/DataParallel do per-call Python work a compiled program would skip: refuse them.
-
-    See docs/distributed.md: the supported pattern jits the step *inside* the module that
-    DistributedDataParallel wraps, so DDP's own forward runs around the compiled call.
-    """
-    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
-    for module in modules:
-        if isinstance(module, wrappers):
-            raise TraceError(
-                f"phi_torch_jit: {owner} calls a {type(module).__name__} module. Its forward "
-                "does per-call work (gradient-reduction bookkeeping, buffer broadcasts) that a "
-                "compiled program would skip, so gradients would silently not be averaged. Jit "
-                "the step inside the module instead and wrap that module: "
-                "DistributedDataParallel(Trainer(net)) where Trainer.forward calls the jitted "
-                "step (see docs/distributed.md)."
-            )
-
-
-def _trace_input(t: torch.Tensor) -> torch.Tensor:
-    """A copy of an input for the trace pass, so in-place edits do not reach the caller's tensor."""
-    return t.detach().clone().requires_grad_(t.requires_grad)
 
 
 class JitFunction(Generic[P, R]):
@@ -135,34 +61,14 @@ class JitFunction(Generic[P, R]):
         on_guard_failure: str = "retrace",
         **engine_options: Any,
     ) -> None:
-        if not callable(fn):
-            raise TypeError(f"phi_torch_jit: jit needs a callable, got {type(fn).__name__}.")
-        if not isinstance(max_traces, int) or max_traces < 1:
-            raise ValueError(f"phi_torch_jit: max_traces must be an int >= 1, got {max_traces!r}.")
-        if on_guard_failure not in GUARD_POLICIES:
-            raise ValueError(
-                f"phi_torch_jit: on_guard_failure must be one of {GUARD_POLICIES}, "
-                f"got {on_guard_failure!r}."
-            )
-        engine_options = {k: v for k, v in engine_options.items() if v is not None}
-        if engine is None:
-            engine = _default_engine(engine_options)
-        self._engine = get_engine(engine, engine_options)
-        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-            self._engine = get_engine("eager")
+        options = Options.of(fn, engine, max_traces, guard_hooks, on_guard_failure, engine_options)
+        self._options = options
+        self._engine = options.engine
         self._fn = fn
         self._owner = describe_function(fn)
-        self._arg_names = _positional_names(fn)
-        self._max_traces = max_traces
-        self._guard_hooks = guard_hooks
-        self._on_guard_failure = on_guard_failure
-        self._cache: OrderedDict[Key, list[Specialization]] = OrderedDict()  # LRU order
-        self._lock = threading.RLock()
-        self._num_traces = 0
-        self._last_key: Key | None = None
-        self._warned = False
-        self._eager_logged = False
-        self._side_effects_warned = False
+        self._arg_names = positional_names(fn)
+        self._cache = SpecializationCache(max_traces)
+        self._report = Reporter(self._owner, self._arg_names, max_traces)
         _LIVE.add(self)
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
@@ -177,186 +83,106 @@ class JitFunction(Generic[P, R]):
     @property
     def num_traces(self) -> int:
         """How many specializations have been compiled so far."""
-        return self._num_traces
+        return self._report.num_traces
 
     @property
     def specializations(self) -> tuple[Specialization, ...]:
         """The compiled specializations, newest first per signature (for introspection)."""
-        return tuple(s for entries in self._cache.values() for s in entries)
+        return tuple(self._cache)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """``@jit`` on a method: bind ``self`` like a function would (it becomes an argument)."""
         return self if instance is None else types.MethodType(self, instance)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if (
-            self._engine.passthrough
-            or current_frame() is not None
-            or get_tracing_state() is not None
-        ):
+        if self._engine.passthrough or current_frame() is not None or get_tracing_state():
             return self._fn(*args, **kwargs)  # eager, or inlined into an enclosing trace
         spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)
         key = (spec, torch.is_grad_enabled())
-        entries = self._cache.get(key, [])
-        seen = len(entries)
-        if seen:
-            result = run_first_valid(entries, tensors)
+        seen = self._cache.lookup(key)
+        result = serve(seen, tensors) if seen else Miss(None)
+        if not isinstance(result, Miss):
+            self._cache.touch(key)
+            return result  # type: ignore[no-any-return]
+        if result.failure is not None and self._options.on_guard_failure != "retrace":
+            return self._guard_failed(result.failure, args, kwargs)  # type: ignore[no-any-return]
+        return self._miss(key, seen, result, args, kwargs, tensors)  # type: ignore[no-any-return]
+
+    def _miss(
+        self, key: Key, seen: tuple[Specialization, ...], miss: Miss, args: Any, kwargs: Any,
+        tensors: list[torch.Tensor],
+    ) -> Any:  # fmt: skip
+        """Build a specialization under the cache lock, unless another thread just did."""
+        with self._cache.lock:
+            fresh = [s for s in self._cache.lookup(key) if all(s is not old for old in seen)]
+            result = serve(fresh, tensors) if fresh else Miss(None)
             if not isinstance(result, Miss):
-                if len(self._cache) > 1:
-                    self._cache.move_to_end(key)
-                return result  # type: ignore[no-any-return]
-            if result.failure is not None and self._on_guard_failure != "retrace":
-                return self._guard_failed(result.failure, args, kwargs)  # type: ignore[no-any-return]
-        with self._lock:
-            entries = self._cache.setdefault(key, [])
-            if len(entries) > seen:  # another thread compiled meanwhile: try what it added
-                result = run_first_valid(entries[: len(entries) - seen], tensors)
-                if not isinstance(result, Miss):
-                    return result  # type: ignore[no-any-return]
-            reason = retrace_reason(entries, result if seen else None)
+                return result
+            reason = retrace_reason(list(seen), miss if seen else None)
             value, specialization = self._specialize(key, args, kwargs, tensors)
-            entries.insert(0, specialization)
-            self._cache.move_to_end(key)
-            self._note_trace(key, reason)
-            self._evict()
-            return value  # type: ignore[no-any-return]
-
-    def _evict(self) -> None:
-        """Keep at most ``max_traces`` specializations: drop the least recently used ones."""
-        while sum(map(len, self._cache.values())) > self._max_traces:
-            key, entries = next(iter(self._cache.items()))
-            dropped = entries.pop()  # the oldest of the least recently used signature
-            if not entries:
-                del self._cache[key]
-            logger.info(
-                "phi_torch_jit: dropped the least recently used specialization of %s: %s",
-                self._owner,
-                describe_spec(dropped.key[0]),
-            )
-
-    def clear_cache(self) -> None:
-        """Drop every compiled specialization (and the tensors and ops they hold)."""
-        with self._lock:
-            self._cache.clear()
-
-    def _guard_failed(self, failure: GuardFailure, args: Any, kwargs: Any) -> Any:
-        """A value guard failed and the policy is not "retrace": run eagerly or raise."""
-        if self._on_guard_failure == "eager":
-            return self._fn(*args, **kwargs)
-        raise GuardError(
-            f"phi_torch_jit: {self._owner} branched on a tensor value that changed since it was "
-            f"traced: {failure.description}. The compiled program would return the traced "
-            "branch's result. Use jit(on_guard_failure='retrace') (the default) or 'eager', or "
-            "replace the Python branch by tensor operations (torch.where)."
-        )
+            for dropped in self._cache.insert(specialization):
+                self._report.evicted(dropped)
+            self._report.traced(key, reason)
+            return value
 
     def _specialize(
         self, key: Key, args: Any, kwargs: Any, tensors: list[torch.Tensor]
     ) -> tuple[Any, Specialization]:
-        """Run the stages for a cache miss; return (the eager result, the specialization)."""
+        """The stages for a cache miss; return (the eager result, the specialization)."""
         start = time.perf_counter()
         result, recording = record(self._fn, args, kwargs, self._owner, modules_in(key[0]))
         output_spec, outputs = flatten_outputs(result, self._owner)
         record_s = time.perf_counter() - start
-        _reject_data_parallel(recording.modules.values(), self._owner)
+        check_modules(recording, self._owner)
         modules = recording.root_modules()
-        guard = ModuleGuard(modules, self._guard_hooks) if modules else None
         wrapper = make_wrapper(self._fn, key[0], modules, self._owner)
-        eager_reason = self._eager_reason(recording)
-        build = None
+        eager_reason, traced, compile_s = self._eager_reason(recording), None, 0.0
         if not eager_reason:
             try:
-                build = self._compile(recording, wrapper, tensors)
+                traced, calls, compile_s = self._compile(recording, wrapper, tensors)
             except RunEagerly as signal:
-                eager_reason = self._log_eager(signal.reason)
-        if build is None:  # custom functions run eagerly inside the wrapper's forward
-            build = Build([], CompiledModule(wrapper.forward), (), 0.0, 0.0)
-        elif wrapper.output_spec != output_spec:
+                eager_reason = self._report.runs_eagerly(signal.reason)
+        if traced is None:  # custom functions run eagerly inside the wrapper's forward
+            traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
+        elif traced.output_spec != output_spec:
             raise TraceError(
                 f"phi_torch_jit: {self._owner} returned a different structure while tracing "
-                f"({describe_spec(wrapper.output_spec or ('S', None, None))}) than while "
-                f"recording ({describe_spec(output_spec)}). Make the output structure depend "
-                "only on the inputs' shapes and static values."
+                f"({describe_spec(traced.output_spec)}) than while recording "
+                f"({describe_spec(output_spec)}). Make the output structure depend only on the "
+                "inputs' shapes and static values."
             )
-        if recording.side_effects and not eager_reason:
-            self._warn_side_effects(recording.side_effects)
-        guarded_state = tuple(b for m in modules for b in m.buffers()) if build.value_guards else ()
-        specialization = Specialization(
+        if not eager_reason:
+            self._report.side_effects(recording.side_effects)
+        return result, Specialization(
             key=key,
-            program=build.module.run,
+            program=traced.module.run,
             output_spec=output_spec,
             modules=tuple(module_names(modules)),
-            calls=tuple({id(s.compiled): s.compiled for s in build.steps}.values()),
-            timings=Timings(record_s, build.compile_custom_s, build.trace_s),
-            tracer_warnings=self._show_tracer_warnings(build),
-            guard=guard,
+            calls=calls,
+            timings=Timings(record_s, compile_s, traced.seconds),
+            tracer_warnings=self._report.tracer_warnings(traced.module),
+            guard=ModuleGuard(modules, self._options.guard_hooks) if modules else None,
             eager_reason=eager_reason,
-            value_guards=build.value_guards,
+            value_guards=traced.value_guards,
             n_outputs=len(outputs),
-            buffers=guarded_state,
-            uses_rng=build.module.uses_rng,
-            engine_notes=build.module.notes,
+            buffers=tuple(b for m in modules for b in m.buffers()) if traced.value_guards else (),
+            uses_rng=traced.module.uses_rng,
+            engine_notes=traced.module.notes,
         )
-        return result, specialization
 
     def _compile(
         self, recording: Recording, wrapper: WrapperModule, tensors: list[torch.Tensor]
-    ) -> Build:
-        """Stages 2-4: compile custom calls, then trace the wrapper replaying them."""
+    ) -> tuple[Traced, tuple[CompiledCall, ...], float]:
+        """Stages 2 and 4: (what the trace produced, the distinct compiled calls, stage 2's s)."""
+        engine, note = wrapper_engine(self._engine, recording)
         start = time.perf_counter()
-        rng = capture_rng()
-        try:
-            steps = compile_calls(recording.calls, self._engine)
-        finally:
-            restore_rng(rng)
-        compiled_custom = time.perf_counter()
-        cursor = ReplayCursor(steps, self._owner)
-        example = tuple(_trace_input(t) for t in tensors)
-        guarding = self._on_guard_failure != "off"
-        conversions: list[Conversion] | None = [] if guarding else None
-        capture = conversion_capture() if guarding else contextlib.nullcontext()
-        with (
-            capture,
-            recording.state.rewound(),
-            tracing_frame(self._owner, cursor, conversions),
-            recording.phiml.active(),
-        ):
-            engine = self._engine
-            if recording.phiml.used and not engine.torchscript_tracing:
-                engine = get_engine("torchscript")  # PhiML's custom gradients need its tracer
-            compiled = engine.compile_module(wrapper, example, self._owner)
-            if engine is not self._engine:
-                note = f"engine {self._engine.name!r} used 'torchscript': PhiML custom gradients"
-                compiled = dataclasses.replace(compiled, notes=(*compiled.notes, note))
-        cursor.finish()
-        value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
-        return Build(
-            steps,
-            compiled,
-            value_guards,
-            compiled_custom - start,
-            time.perf_counter() - compiled_custom,
-        )
-
-    def _warn_side_effects(self, seen: list[str]) -> None:
-        """Warn once per jitted function about Python side effects compiled calls skip."""
-        if self._side_effects_warned:
-            return
-        self._side_effects_warned = True
-        warnings.warn(
-            JitWarning(
-                f"phi_torch_jit: {self._owner} has Python side effects ({', '.join(seen)}) that "
-                "ran while it was compiled but will not run on compiled calls, which execute no "
-                "Python. Move them outside the jitted function, return the values instead, or "
-                "use engine='eager' while debugging."
-            ),
-            stacklevel=5,
-        )
-
-    def _show_tracer_warnings(self, build: Build) -> tuple[str, ...]:
-        """Pass the tracer warnings on to the user; return their descriptions for explain()."""
-        reemit(build.module.tracer_warnings)
-        return tuple(describe_warning(w) for w in build.module.tracer_warnings)
+        with rng_restored():
+            steps = compile_calls(recording.calls, self._engine, engine.captures_graph)
+        compile_s = time.perf_counter() - start
+        guarding = self._options.on_guard_failure != "off"
+        traced = trace(engine, steps, recording, wrapper, tensors, guarding, note)
+        calls = tuple({id(s.compiled): s.compiled for s in steps}.values())
+        return traced, calls, compile_s
 
     def _eager_reason(self, recording: Recording) -> str:
         """Why a specialization must run eagerly (empty if it can be compiled)."""
@@ -365,48 +191,28 @@ class JitFunction(Generic[P, R]):
             reasons.append(
                 "a module it calls has backward hooks, which a compiled program cannot fire"
             )
-        return self._log_eager("; ".join(reasons)) if reasons else ""
+        return self._report.runs_eagerly("; ".join(reasons)) if reasons else ""
 
-    def _log_eager(self, reason: str) -> str:
-        """Log (once per jitted function) that a specialization runs eagerly; return the reason."""
-        if not self._eager_logged:
-            self._eager_logged = True
-            logger.warning("phi_torch_jit: %s runs eagerly: %s", self._owner, reason)
-        return reason
+    def _guard_failed(self, failure: GuardFailure, args: Any, kwargs: Any) -> Any:
+        """A value guard failed and the policy is not "retrace": run eagerly or raise."""
+        if self._options.on_guard_failure == "eager":
+            return self._fn(*args, **kwargs)
+        raise GuardError(
+            f"phi_torch_jit: {self._owner} branched on a tensor value that changed since it was "
+            f"traced: {failure.description}. The compiled program would return the traced "
+            "branch's result. Use jit(on_guard_failure='retrace') (the default) or 'eager', or "
+            "replace the Python branch by tensor operations (torch.where)."
+        )
 
-    def _note_trace(self, key: Key, reason: str | None) -> None:
-        self._num_traces += 1
-        if reason is None:
-            reason = (
-                "first call"
-                if self._last_key is None
-                else self._describe_change(self._last_key, key)
-            )
-        self._last_key = key
-        logger.info("phi_torch_jit: traced %s (#%d): %s", self._owner, self._num_traces, reason)
-        if self._num_traces > self._max_traces and not self._warned:
-            self._warned = True  # and _evict drops the least recently used specialization
-            warnings.warn(
-                JitWarning(
-                    f"phi_torch_jit: {self._owner} has been traced {self._num_traces} times "
-                    f"(max_traces={self._max_traces}); the last retrace was caused by {reason}. "
-                    "The least recently used specializations are dropped from now on. Pass "
-                    "values that change from call to call as tensors, or raise max_traces."
-                ),
-                stacklevel=4,
-            )
-
-    def _describe_change(self, old: Key, new: Key) -> str:
-        if old[0] == new[0]:
-            states = {True: "enabled", False: "disabled"}
-            return f"grad mode {states[old[1]]} -> {states[new[1]]}"
-        return first_difference(old[0], new[0], self._arg_names)
+    def clear_cache(self) -> None:
+        """Drop every compiled specialization (and the tensors and ops they hold)."""
+        self._cache.clear()
 
     def explain(self) -> str:
         """A readable report: per specialization, signature, modules, custom functions, times."""
         lines = [
-            f"{self._owner}: engine {self._engine.name!r}, {self._num_traces} trace(s), "
-            f"max_traces={self._max_traces}"
+            f"{self._owner}: engine {self._engine.name!r}, {self.num_traces} trace(s), "
+            f"max_traces={self._options.max_traces}"
         ]
         if self._engine.passthrough:
             lines.append("  runs eagerly: nothing is recorded or compiled")

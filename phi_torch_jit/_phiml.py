@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ._context import note_module_call
+
 __all__ = ["is_phiml", "PhiKey", "disassemble", "assemble", "PhiMLBridge"]
 
 _MODULES = ("phiml.", "phi.")
@@ -155,7 +157,5 @@ class PhiMLBridge:
             self._forward_modules()
 
     def _forward_modules(self) -> None:
-        from ._record import register_module_call
-
         for module in self.called_modules:
-            register_module_call(module)
+            note_module_call(module)

@@ -3,7 +3,7 @@
 The user function runs once, eagerly, inside a record frame. Meanwhile
 
 * a global nn.Module forward pre-hook (installed only while at least one
-  thread records, see :class:`_ModuleHook`) and :func:`register_module_call`
+  thread records, see :mod:`._phases`) and :func:`register_module_call`
   collect every module that runs, so that the wrapper can hold it as a
   submodule and its parameters stay parameters in the trace;
 * every custom-function call appends a :class:`RecordedCall` with copies of
@@ -18,39 +18,22 @@ of a jitted function returns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
-from ._context import Phase, current_frame, recording_frame
-from ._patches import RefCounted
+from ._context import note_module_call
+from ._phases import recording as recording_phase
 from ._phiml import PhiMLBridge
-from ._side_effects import print_capture
 from ._state import StateSnapshot
+from .errors import TraceError
 
 if TYPE_CHECKING:
     from ._custom import CustomFunction
 
-__all__ = [
-    "RecordedCall",
-    "Recording",
-    "RunEagerly",
-    "record",
-    "register_module_call",
-    "MODULE_HOOK",
-]
-
-
-class RunEagerly(Exception):
-    """Internal signal: this specialization cannot be compiled faithfully; run it eagerly."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+__all__ = ["RecordedCall", "Recording", "record", "register_module_call", "check_modules"]
 
 
 @dataclass(frozen=True)
@@ -120,42 +103,6 @@ def _copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-class _ModuleHook:
-    """A process-wide forward pre-hook, installed while at least one thread records.
-
-    Every module call in the process pays for a global hook, so it is only
-    present during record passes (reference counted: see :mod:`._patches`).
-    """
-
-    def __init__(self) -> None:
-        self._handle: RemovableHandle | None = None
-        self._patch = RefCounted(self._install, self._remove)
-
-    @property
-    def handle_id(self) -> int | None:
-        """Id of the installed hook in torch's global pre-hook dict (None if not installed)."""
-        handle = self._handle
-        return handle.id if handle is not None else None
-
-    def active(self) -> AbstractContextManager[None]:
-        return self._patch.active()
-
-    def _install(self) -> None:
-        self._handle = nn.modules.module.register_module_forward_pre_hook(_on_module_call)
-
-    def _remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-
-def _on_module_call(module: nn.Module, args: Any) -> None:
-    register_module_call(module)
-
-
-_MODULE_HOOK = MODULE_HOOK = _ModuleHook()
-
-
 def register_module_call(module: nn.Module) -> None:
     """Declare that ``module`` takes part in the jitted call being recorded.
 
@@ -164,9 +111,7 @@ def register_module_call(module: nn.Module) -> None:
     *called* are found automatically. Outside a record pass this is a no-op,
     so it costs a ContextVar read on compiled and eager calls.
     """
-    frame = current_frame()
-    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        frame.recording.add_module(module)
+    note_module_call(module)
 
 
 def record(
@@ -184,11 +129,26 @@ def record(
     recording = Recording()
     for module in modules:
         recording.add_module(module)
-    with (
-        _MODULE_HOOK.active(),
-        print_capture(),
-        recording_frame(owner, recording),
-        recording.phiml.active(),
-    ):
+    with recording_phase(owner, recording):  # patches: see _phases.PATCHES
         result = fn(*args, **kwargs)
     return result, recording
+
+
+def check_modules(recording: Recording, owner: str) -> None:
+    """Refuse modules a compiled program cannot stand for: DDP/DataParallel do per-call
+    Python work (gradient-reduction bookkeeping, buffer broadcasts) it would skip.
+
+    See docs/distributed.md: the supported pattern jits the step *inside* the module that
+    DistributedDataParallel wraps, so DDP's own forward runs around the compiled call.
+    """
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    for module in recording.modules.values():
+        if isinstance(module, wrappers):
+            raise TraceError(
+                f"phi_torch_jit: {owner} calls a {type(module).__name__} module. Its forward "
+                "does per-call work (gradient-reduction bookkeeping, buffer broadcasts) that a "
+                "compiled program would skip, so gradients would silently not be averaged. Jit "
+                "the step inside the module instead and wrap that module: "
+                "DistributedDataParallel(Trainer(net)) where Trainer.forward calls the jitted "
+                "step (see docs/distributed.md)."
+            )

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._record import RunEagerly
-from .errors import ReplayError
+from .errors import ReplayError, RunEagerly
 
 if TYPE_CHECKING:
     from ._custom import CustomFunction

@@ -1,4 +1,4 @@
-"""Compiled specializations and how the cache picks one.
+"""Stage 5: compiled specializations, and how a call is served from them.
 
 A :class:`Specialization` is one compiled version of a jitted function for one
 input signature: the compiled program, the structure of its result, the module
@@ -9,7 +9,7 @@ signature (newest first), or says why none could.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +17,9 @@ import torch
 
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
-from ._replay import ReplayStep
 from ._signature import Spec, unflatten
 from ._state import capture_rng, restore_rng
 from ._value_guards import ValueGuard
-from .engines import CompiledModule
 
 __all__ = [
     "Key",
@@ -29,7 +27,6 @@ __all__ = [
     "Specialization",
     "GuardFailure",
     "Miss",
-    "Build",
     "run_first_valid",
     "retrace_reason",
 ]
@@ -127,18 +124,7 @@ class Miss:
     """The first value-guard failure, if that is why."""
 
 
-@dataclass(frozen=True)
-class Build:
-    """What stages 2-4 produced for one specialization."""
-
-    steps: list[ReplayStep]
-    module: CompiledModule
-    value_guards: tuple[ValueGuard, ...]
-    compile_custom_s: float
-    trace_s: float
-
-
-def run_first_valid(entries: list[Specialization], tensors: list[torch.Tensor]) -> Any:
+def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tensor]) -> Any:
     """Run the newest specialization whose guards hold; a :class:`Miss` if none does."""
     failure = None
     for specialization in entries:
@@ -152,7 +138,7 @@ def run_first_valid(entries: list[Specialization], tensors: list[torch.Tensor]) 
     return Miss(failure)
 
 
-def retrace_reason(entries: list[Specialization], miss: Any) -> str | None:
+def retrace_reason(entries: Sequence[Specialization], miss: Any) -> str | None:
     """Why the cached specializations did not serve (None: a new argument signature)."""
     if isinstance(miss, Miss) and miss.failure is not None:
         return f"value guard failed: {miss.failure.description}"

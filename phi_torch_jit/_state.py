@@ -19,7 +19,7 @@ from torch import nn
 
 from ._compat import set_version_counters, version
 
-__all__ = ["RngState", "capture_rng", "restore_rng", "StateSnapshot"]
+__all__ = ["RngState", "capture_rng", "restore_rng", "rng_restored", "StateSnapshot"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,16 @@ def restore_rng(state: RngState) -> None:
     torch.set_rng_state(state.cpu)
     if state.cuda:
         torch.cuda.set_rng_state_all(list(state.cuda))
+
+
+@contextmanager
+def rng_restored() -> Iterator[None]:
+    """Run a block, then put the RNG states back as they were before it."""
+    state = capture_rng()
+    try:
+        yield
+    finally:
+        restore_rng(state)
 
 
 @dataclass

@@ -63,7 +63,6 @@ class WrapperModule(nn.Module):
     fn: Callable[..., Any]
     arg_spec: Spec
     owner: str
-    output_spec: Spec | None
 
     def __init__(
         self, fn: Callable[..., Any], arg_spec: Spec, modules: Sequence[nn.Module], owner: str
@@ -73,16 +72,16 @@ class WrapperModule(nn.Module):
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "arg_spec", arg_spec)
         object.__setattr__(self, "owner", owner)
-        object.__setattr__(self, "output_spec", None)
         self.tensors = TensorHolder(modules)
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten_arguments(self.arg_spec, tensors)
         spec, flat = flatten_outputs(self.fn(*args, **kwargs), self.owner)
-        object.__setattr__(self, "output_spec", spec)
         frame = current_frame()
-        if frame is not None and frame.conversions:  # value guards: see _value_guards
-            flat += [c.tensor for c in frame.conversions]
+        if frame is not None:  # the trace stage returns what the trace saw
+            frame.outputs.spec = spec
+            if frame.conversions:  # value guards: see _value_guards
+                flat += [c.tensor for c in frame.conversions]
         return tuple(flat)
 
 

@@ -13,6 +13,9 @@ from typing import Any
 
 __all__ = [
     "JitError",
+    "ConfigurationError",
+    "UsageError",
+    "RunEagerly",
     "SignatureError",
     "OutputError",
     "ReplayError",
@@ -28,6 +31,16 @@ __all__ = [
 
 class JitError(Exception):
     """Base class of every error raised by phi_torch_jit."""
+
+
+class ConfigurationError(JitError, ValueError):
+    """A jit() argument, engine name, engine option or backend has a value that is not accepted;
+    the message lists the accepted ones."""
+
+
+class UsageError(JitError, TypeError):
+    """jit(), custom_gradient() or an engine got the wrong kind of object (not a callable, an
+    option the engine does not take)."""
 
 
 class SignatureError(JitError, TypeError):
@@ -64,6 +77,15 @@ class TorchVersionError(JitError, RuntimeError):
 
 class JitWarning(UserWarning):
     """Something works, but probably not the way the user expects."""
+
+
+class RunEagerly(Exception):
+    """Internal signal, never seen by users: this specialization cannot be compiled
+    faithfully and runs the Python function instead (logged once, shown by explain())."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def describe_function(fn: Any, name: str | None = None) -> str:

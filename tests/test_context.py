@@ -6,13 +6,9 @@ import threading
 
 import pytest
 
-from phi_torch_jit._context import (
-    Phase,
-    current_frame,
-    no_frame,
-    recording_frame,
-    tracing_frame,
-)
+from phi_torch_jit._context import Phase, call_state, current_frame, no_frame
+from phi_torch_jit._phases import recording as recording_frame
+from phi_torch_jit._phases import tracing
 from phi_torch_jit._record import Recording
 from phi_torch_jit._replay import ReplayCursor
 
@@ -23,7 +19,7 @@ def test_frames_nest_and_restore() -> None:
         assert current_frame() is outer and outer is not None and outer.phase is Phase.RECORD
         with no_frame():
             assert current_frame() is None
-        with tracing_frame("g", ReplayCursor([], "g")) as inner:
+        with tracing("g", ReplayCursor([], "g"), None, None) as inner:
             assert current_frame() is inner
         assert current_frame() is outer
     assert current_frame() is None
@@ -52,3 +48,14 @@ def test_threads_see_their_own_frame() -> None:
         release.set()
         t.join()
     assert seen["other thread"] is None
+
+
+def test_call_state_is_per_thread() -> None:
+    state = call_state()
+    state.last_context = "mine"
+    seen: list[object] = []
+    worker = threading.Thread(target=lambda: seen.append(call_state().last_context))
+    worker.start()
+    worker.join()
+    assert seen == [None] and call_state().last_context == "mine"
+    state.last_context = None

@@ -121,7 +121,7 @@ def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op() -> None:
 def test_replay_outputs_do_not_leak_to_other_threads() -> None:
     import threading
 
-    from phi_torch_jit._custom_op import _REPLAYING
+    from phi_torch_jit._context import Replaying, call_state
 
     double = ptj.custom_gradient(lambda x: x * 2, lambda i, o, g: (g[0] * 2,))
     step = ptj.jit(lambda x: double(x) + 1)
@@ -129,14 +129,15 @@ def test_replay_outputs_do_not_leak_to_other_threads() -> None:
     step(x)
     (call,) = step.specializations[0].calls
     seen: list[torch.Tensor] = []
-    token = _REPLAYING.set((call, (torch.full((3,), -7.0),), None))  # as if this thread traced
+    state = call_state()
+    state.replaying = Replaying(call, (torch.full((3,), -7.0),), None)  # as if this thread traced
     try:
         assert torch.equal(call.op(x), torch.full((3,), -7.0))
         worker = threading.Thread(target=lambda: seen.append(step(x)))
         worker.start()
         worker.join()
     finally:
-        _REPLAYING.reset(token)
+        state.replaying = None
     assert torch.equal(seen[0], torch.full((3,), 3.0))
 
 

@@ -13,7 +13,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 import phi_torch_jit as ptj
-from phi_torch_jit._intercept import interception_installed
+from phi_torch_jit._function import interception_installed
 
 pytestmark = pytest.mark.all_engines
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from phi_torch_jit._guards import ModuleGuard, has_backward_hooks
-from phi_torch_jit._record import MODULE_HOOK
+from phi_torch_jit._phases import MODULE_HOOK
 
 
 def _net() -> nn.Sequential:

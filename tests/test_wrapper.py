@@ -7,6 +7,7 @@ from helpers import make_solve
 from torch import nn
 
 import phi_torch_jit as ptj
+from phi_torch_jit._context import Frame, Phase, entered
 from phi_torch_jit._signature import flatten_arguments
 from phi_torch_jit._wrapper import make_wrapper
 
@@ -27,9 +28,12 @@ def test_wrapper_is_named_after_function_and_holds_tensors_by_reference() -> Non
     assert list(held) == ["m0_Linear__weight", "m0_Linear__bias", "m1_Linear__bias"]
     assert held["m0_Linear__weight"] is net.weight and held["m1_Linear__bias"] is tied.bias
     assert dict(wrapper.tensors.named_buffers())["m0_Linear__scale"] is net.scale
-    (out,) = wrapper(*tensors)
+    frame = Frame(Phase.TRACE, "my_step")
+    with entered(frame):
+        (out,) = wrapper(*tensors)
     assert torch.allclose(out, tied(net(torch.ones(2))) * 3.0)
-    assert wrapper.output_spec is not None and wrapper.output_spec[2][1] == ("S", str, "done")
+    spec = frame.outputs.spec  # the wrapper reports its result's structure to the trace stage
+    assert spec is not None and spec[2][1] == ("S", str, "done")
 
 
 def test_trace_holds_one_opaque_node_per_custom_call() -> None:

@@ -28,6 +28,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from ..errors import ConfigurationError, UsageError
+
 __all__ = [
     "Engine",
     "FunctionTarget",
@@ -82,6 +84,10 @@ class CompiledModule:
     """Whether running it may draw random numbers (False only when the engine is sure)."""
     notes: tuple[str, ...] = ()
     """What the engine did, for ``explain()`` (e.g. graphs compiled, a fallback and why)."""
+    warm_up: Callable[[], tuple[str, ...]] | None = None
+    """Run once by the trace stage after the trace, outside any frame but with module state
+    and RNG still rewound, so a backend's compile time is paid by the first call; returns
+    more notes for ``explain()``."""
 
 
 class Engine(abc.ABC):
@@ -91,6 +97,9 @@ class Engine(abc.ABC):
     """The name users pass as ``jit(engine=...)``."""
     passthrough: ClassVar[bool] = False
     """If True, jitted functions just call the user function (no recording, no cache)."""
+    captures_graph: ClassVar[bool] = False
+    """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
+    receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""
     torchscript_tracing: ClassVar[bool] = True
     """Whether :meth:`compile_module` traces with TorchScript's tracer. PhiML's custom
     gradients only cooperate with that tracer; other engines hand such functions over to
@@ -145,13 +154,14 @@ def get_engine(engine: str | Engine, options: Mapping[str, Any] | None = None) -
     ``"compile"``.
 
     Raises:
-        ValueError: unknown name; the message lists the accepted names.
-        TypeError: options for an Engine instance, or options its factory does not take.
+        ConfigurationError: (a ValueError) unknown name; the message lists the accepted names.
+        UsageError: (a TypeError) options for an Engine instance, or options its factory does
+            not take.
     """
     options = dict(options or {})
     if isinstance(engine, Engine):
         if options:
-            raise TypeError(
+            raise UsageError(
                 f"phi_torch_jit: options {sorted(options)} were given with an Engine instance; "
                 "pass them to the engine's constructor instead."
             )
@@ -159,7 +169,7 @@ def get_engine(engine: str | Engine, options: Mapping[str, Any] | None = None) -
     try:
         factory = _REGISTRY[engine]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise ConfigurationError(
             f"phi_torch_jit: unknown engine {engine!r}; use one of {available_engines()} "
             "or an Engine instance."
         ) from None
@@ -169,7 +179,7 @@ def get_engine(engine: str | Engine, options: Mapping[str, Any] | None = None) -
         signature = inspect.signature(factory)
         signature.bind(**options)
     except (TypeError, ValueError):
-        raise TypeError(
+        raise UsageError(
             f"phi_torch_jit: engine {engine!r} does not take option(s) {sorted(options)}; "
             "backend= and torch.compile options go with engine='compile'."
         ) from None

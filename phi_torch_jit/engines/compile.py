@@ -38,9 +38,8 @@ import torch
 from torch import nn
 
 from .._compat import backend_exists, dynamo_counters, fx_tracing, import_inductor
-from .._context import current_frame, no_frame
 from .._warnings import TORCHSCRIPT_NOTICE
-from ..errors import TraceError
+from ..errors import ConfigurationError, TraceError, UsageError
 from . import (
     RANDOM_OPS,
     CompiledFunction,
@@ -60,7 +59,7 @@ Backend = str | Callable[..., Any]
 
 
 def check_backend(backend: Backend) -> None:
-    """Raise ValueError now (not at the first call) if ``backend`` is not a torch.compile backend.
+    """Raise ConfigurationError now (not at the first call) unless ``backend`` is a backend.
 
     Names are looked up like torch.compile does: built-in backends, those registered with
     ``torch._dynamo.register_backend`` and those of the ``torch_dynamo_backends`` entry point.
@@ -68,12 +67,12 @@ def check_backend(backend: Backend) -> None:
     if callable(backend):
         return
     if not isinstance(backend, str):
-        raise TypeError(
+        raise UsageError(
             "phi_torch_jit: backend must be a torch.compile backend name or a callable "
             f"(gm, example_inputs) -> callable, got {type(backend).__name__}."
         )
     if not backend_exists(backend):
-        raise ValueError(
+        raise ConfigurationError(
             f"phi_torch_jit: unknown torch.compile backend {backend!r}; registered backends "
             f"are {torch.compiler.list_backends(exclude_tags=())}. Register yours with "
             "torch._dynamo.register_backend or pass the backend function itself."
@@ -97,6 +96,7 @@ class CompileEngine(Engine):
     """
 
     name = "compile"
+    captures_graph = True
     torchscript_tracing = False
 
     def __init__(
@@ -106,7 +106,7 @@ class CompileEngine(Engine):
         _import_inductor_quietly()
         unknown = set(options) - {"mode", "options", "fullgraph", "dynamic", "disable"}
         if unknown:
-            raise TypeError(
+            raise UsageError(
                 f"phi_torch_jit: unknown torch.compile option(s) {sorted(unknown)}; accepted: "
                 "mode, options, fullgraph, dynamic, disable."
             )
@@ -123,39 +123,21 @@ class CompileEngine(Engine):
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
     ) -> CompiledModule:
-        frame = current_frame()
-        for step in frame.cursor.steps if frame is not None and frame.cursor else ():
-            step.compiled.graph_captured = True  # its backward op serves the recorded context
-        from torch.fx.experimental.proxy_tensor import make_fx
-
         state = (*module.parameters(), *module.buffers())
-        n = len(example_inputs)
-
-        def flat(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return tuple(module(*tensors[:n]))
-
         with _CAPTURE_LOCK:  # FX tracing (ours and the backend's) keeps process-wide state
-            try:
-                graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(
-                    *example_inputs, *state
-                )
-            except RuntimeError as error:
-                if _VALUE_OUT_OF_GRAPH not in str(error):
-                    raise
-                raise TraceError(
-                    f"phi_torch_jit: {label} turns a tensor into a Python value (if on a "
-                    "tensor, int(), float(), .item(), .tolist()) and value guards are off, so "
-                    "engine 'compile' cannot capture it: with jit(on_guard_failure='off') only "
-                    "engine 'torchscript' bakes the traced branch. Use on_guard_failure="
-                    "'retrace' (the default), or tensor operations such as torch.where."
-                ) from None
-            _reject_captured(graph, label)
+            graph = _capture(module, example_inputs, state, label)
             # The graph's forward, not the module: global module hooks must not fire for it.
             compiled = torch.compile(graph.forward, backend=self.backend, **self.options)
-            before = _graph_counts()
-            with no_frame():  # pay the backend's compile time now (the caller rewinds state)
+        backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
+
+        def warm_up() -> tuple[str, ...]:  # the backend compiles at the first run: pay it now
+            with _CAPTURE_LOCK:
+                before = _graph_counts()
                 compiled(*example_inputs, *state)
-            graphs, breaks = (b - a for a, b in zip(before, _graph_counts()))
+                graphs, breaks = (b - a for a, b in zip(before, _graph_counts()))
+            return (
+                f"torch.compile (backend {backend}): {graphs} graph(s), {breaks} graph break(s)",
+            )
 
         def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
             # An FX trace is running (any thread before torch 2.15): dynamo would refuse to
@@ -164,9 +146,7 @@ class CompileEngine(Engine):
                 return graph.forward(*tensors, *state)  # type: ignore[no-any-return]
             return compiled(*tensors, *state)  # type: ignore[no-any-return]
 
-        backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
-        note = f"torch.compile (backend {backend}): {graphs} graph(s), {breaks} graph break(s)"
-        return CompiledModule(run, (), _uses_rng(graph), (note,))
+        return CompiledModule(run, (), _uses_rng(graph), (), warm_up)
 
     def __repr__(self) -> str:
         backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
@@ -174,6 +154,37 @@ class CompileEngine(Engine):
 
 
 _CAPTURE_LOCK = threading.Lock()
+
+
+def _capture(
+    module: nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    state: tuple[torch.Tensor, ...],
+    label: str,
+) -> torch.fx.GraphModule:
+    """The wrapper's forward as an FX graph of (inputs, parameters and buffers)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    n = len(example_inputs)
+
+    def flat(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(module(*tensors[:n]))
+
+    try:
+        graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(*example_inputs, *state)
+    except RuntimeError as error:
+        if _VALUE_OUT_OF_GRAPH not in str(error):
+            raise
+        raise TraceError(
+            f"phi_torch_jit: {label} turns a tensor into a Python value (if on a "
+            "tensor, int(), float(), .item(), .tolist()) and value guards are off, so "
+            "engine 'compile' cannot capture it: with jit(on_guard_failure='off') only "
+            "engine 'torchscript' bakes the traced branch. Use on_guard_failure="
+            "'retrace' (the default), or tensor operations such as torch.where."
+        ) from None
+    _reject_captured(graph, label)
+    return graph
+
 
 _VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
 

@@ -1,0 +1,85 @@
+"""The options of ``jit()``: validated once, with the default engine from the environment."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from ._value_guards import GUARD_POLICIES
+from .engines import Engine, get_engine
+from .errors import ConfigurationError, UsageError
+
+__all__ = ["DISABLE_ENV", "ENGINE_ENV", "Options", "positional_names"]
+
+DISABLE_ENV = "PHI_TORCH_JIT_DISABLE"
+"""Set to ``1`` to make every jitted function created afterwards use engine ``eager``."""
+
+ENGINE_ENV = "PHI_TORCH_JIT_ENGINE"
+"""The engine of jitted functions created without ``engine=``: a name, or ``compile:<backend>``."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``jit(fn, ...)`` was asked for, checked."""
+
+    engine: Engine
+    """The engine that compiles (``eager`` under ``PHI_TORCH_JIT_DISABLE=1``)."""
+    max_traces: int
+    """Specializations kept before the least recently used are dropped (>= 1)."""
+    guard_hooks: bool
+    """Whether module guards check hooks and parameter identity too."""
+    on_guard_failure: str
+    """One of :data:`._value_guards.GUARD_POLICIES`."""
+
+    @classmethod
+    def of(
+        cls,
+        fn: Any,
+        engine: str | Engine | None,
+        max_traces: int,
+        guard_hooks: bool,
+        on_guard_failure: str,
+        engine_options: dict[str, Any],
+    ) -> Options:
+        """Validate ``jit()``'s arguments; raise UsageError / ConfigurationError naming them."""
+        if not callable(fn):
+            raise UsageError(f"phi_torch_jit: jit needs a callable, got {type(fn).__name__}.")
+        if not isinstance(max_traces, int) or max_traces < 1:
+            raise ConfigurationError(
+                f"phi_torch_jit: max_traces must be an int >= 1, got {max_traces!r}."
+            )
+        if on_guard_failure not in GUARD_POLICIES:
+            raise ConfigurationError(
+                f"phi_torch_jit: on_guard_failure must be one of {GUARD_POLICIES}, "
+                f"got {on_guard_failure!r}."
+            )
+        engine_options = {k: v for k, v in engine_options.items() if v is not None}
+        resolved = get_engine(_default_engine(engine_options) if engine is None else engine,
+                              engine_options)  # fmt: skip
+        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+            resolved = get_engine("eager")
+        return cls(resolved, max_traces, guard_hooks, on_guard_failure)
+
+
+def _default_engine(options: dict[str, Any]) -> str:
+    """The engine named by ``PHI_TORCH_JIT_ENGINE`` (``torchscript`` if unset)."""
+    name, _, backend = os.environ.get(ENGINE_ENV, "").partition(":")
+    if backend and "backend" not in options:
+        options["backend"] = backend
+    return name or "torchscript"
+
+
+def positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """Names of ``fn``'s positional parameters, for messages about arguments."""
+    target = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in params if p.kind in kinds)

@@ -1,0 +1,95 @@
+"""Stage 4: trace the wrapper while the replay cursor hands out the recorded custom calls.
+
+The order of what happens around a trace matters and lives here, in one function:
+
+1. the engine that traces the wrapper is chosen (:func:`wrapper_engine`): PhiML's custom
+   gradients only cooperate with TorchScript's tracer, so other engines hand such functions
+   to ``"torchscript"`` (noted for ``explain()``);
+2. module buffers and the RNG are rewound to their state before the record pass
+   (:meth:`._state.StateSnapshot.rewound`), so the trace leaves no side effect;
+3. inside that, the trace phase is entered (frame and patches: :func:`._phases.tracing`),
+   the engine compiles the wrapper on copies of the inputs, and the cursor checks that
+   every recorded call was replayed (:meth:`._replay.ReplayCursor.finish`);
+4. still rewound but outside the frame, the engine's warm-up runs (a backend's compile);
+5. a :class:`Traced` is returned: the compiled module, its value guards, the structure of
+   the result the trace saw, and the time it took.
+
+Stage 2 (compiling the custom calls, :func:`._custom_op.compile_calls`) runs before this
+and needs to know whether the chosen engine captures a graph; see ``_jit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ._phases import tracing
+from ._record import Recording
+from ._replay import ReplayCursor, ReplayStep
+from ._signature import Spec
+from ._value_guards import Conversion, ValueGuard
+from ._wrapper import WrapperModule
+from .engines import CompiledModule, Engine, get_engine
+
+__all__ = ["Traced", "wrapper_engine", "trace"]
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What stage 4 produced for one specialization."""
+
+    module: CompiledModule
+    """The compiled wrapper (its notes include the engine's warm-up notes)."""
+    value_guards: tuple[ValueGuard, ...]
+    """Tensor values the traced Python branched on; checked after each compiled call."""
+    output_spec: Spec
+    """Structure of the result as the trace saw it (compared with the recorded one)."""
+    seconds: float
+    """Time spent tracing, warm-up included."""
+
+
+def wrapper_engine(engine: Engine, recording: Recording) -> tuple[Engine, str]:
+    """The engine that traces the wrapper -- ``engine``, or TorchScript's for PhiML's custom
+    gradients -- and a note for ``explain()`` when it is not ``engine``."""
+    if recording.phiml.used and not engine.torchscript_tracing:
+        note = f"engine {engine.name!r} used 'torchscript': PhiML custom gradients"
+        return get_engine("torchscript"), note
+    return engine, ""
+
+
+def _trace_input(t: torch.Tensor) -> torch.Tensor:
+    """A copy of an input for the trace pass, so in-place edits do not reach the caller's tensor."""
+    return t.detach().clone().requires_grad_(t.requires_grad)
+
+
+def trace(
+    engine: Engine,
+    steps: list[ReplayStep],
+    recording: Recording,
+    wrapper: WrapperModule,
+    tensors: list[torch.Tensor],
+    guarding: bool,
+    note: str = "",
+) -> Traced:
+    """Trace ``wrapper`` with ``engine``, replaying ``steps``; see the module docstring.
+
+    ``guarding``: collect tensor-to-Python conversions of user code as value guards.
+    ``note``: why this engine traces (from :func:`wrapper_engine`), for ``explain()``.
+    """
+    start = time.perf_counter()
+    cursor = ReplayCursor(steps, wrapper.owner)
+    example = tuple(_trace_input(t) for t in tensors)
+    conversions: list[Conversion] | None = [] if guarding else None
+    with recording.state.rewound():
+        with tracing(wrapper.owner, cursor, conversions, recording.phiml) as frame:
+            compiled = engine.compile_module(wrapper, example, wrapper.owner)
+        cursor.finish()
+        notes = compiled.warm_up() if compiled.warm_up is not None else ()
+    assert frame.outputs.spec is not None, "the wrapper's forward did not run"
+    notes = (*compiled.notes, *notes, *([note] if note else []))
+    compiled = dataclasses.replace(compiled, notes=notes, warm_up=None)
+    value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
+    return Traced(compiled, value_guards, frame.outputs.spec, time.perf_counter() - start)
