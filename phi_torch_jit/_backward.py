@@ -1,4 +1,4 @@
-"""The backward of a compiled custom call, compiled lazily per needs-input-grad pattern.
+"""Stage 2, at the first backward: a compiled call's backward, per needs-input-grad pattern.
 
 Which inputs need a gradient is only known at backward time, and it can
 change from call to call (train the source, then the initial state). A

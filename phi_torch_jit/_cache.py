@@ -11,12 +11,13 @@ build the same specialization, and a reader can never see an entry list being ev
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 
 from ._specialization import Key, Specialization
 
-__all__ = ["SpecializationCache"]
+__all__ = ["SpecializationCache", "clear_caches"]
 
 
 class SpecializationCache:
@@ -28,6 +29,7 @@ class SpecializationCache:
         self.lock = threading.RLock()
         """Held while a specialization is built and for every mutation."""
         self._entries: OrderedDict[Key, tuple[Specialization, ...]] = OrderedDict()
+        _LIVE.add(self)
 
     def lookup(self, key: Key) -> tuple[Specialization, ...]:
         """The specializations cached under ``key``, newest first (no lock taken)."""
@@ -71,3 +73,12 @@ class SpecializationCache:
         """Every specialization, least recently used key first, newest first per key."""
         for entries in list(self._entries.values()):
             yield from entries
+
+
+_LIVE: weakref.WeakSet[SpecializationCache] = weakref.WeakSet()
+
+
+def clear_caches() -> None:
+    """Drop the compiled specializations of every jitted function (frees their memory)."""
+    for cache in list(_LIVE):
+        cache.clear()

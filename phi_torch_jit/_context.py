@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -98,9 +98,9 @@ class Frame:
 _FRAME: ContextVar[Frame | None] = ContextVar("phi_torch_jit_frame", default=None)
 
 
-def current_frame() -> Frame | None:
-    """The frame of the jitted call being specialized here, or None outside one."""
-    return _FRAME.get()
+current_frame: Callable[[], Frame | None] = _FRAME.get
+"""The frame of the jitted call being specialized here, or None outside one (the ContextVar's
+own C-level getter: read on every jitted call)."""
 
 
 @contextmanager

@@ -9,17 +9,31 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterable
 
 from ._custom_op import CompiledCall
 from ._signature import describe_spec, first_difference
 from ._specialization import Key, Specialization
 from ._warnings import describe_warning, reemit
-from .engines import CompiledModule
-from .errors import JitWarning
+from .engines import CompiledModule, Engine
+from .errors import GuardError, JitWarning
 
-__all__ = ["explain_specialization", "Reporter"]
+__all__ = ["explain", "explain_specialization", "Reporter"]
 
 logger = logging.getLogger("phi_torch_jit")
+
+
+def explain(report: Reporter, engine: Engine, specializations: Iterable[Specialization]) -> str:
+    """The ``explain()`` report of a jitted function."""
+    lines = [
+        f"{report.owner}: engine {engine.name!r}, {report.num_traces} trace(s), "
+        f"max_traces={report.max_traces}"
+    ]
+    if engine.passthrough:
+        lines.append("  runs eagerly: nothing is recorded or compiled")
+    for i, spec in enumerate(specializations):
+        lines += explain_specialization(i, spec)
+    return "\n".join(lines)
 
 
 def explain_specialization(index: int, spec: Specialization) -> list[str]:
@@ -127,6 +141,15 @@ class Reporter:
                 "use engine='eager' while debugging."
             ),
             stacklevel=5,
+        )
+
+    def guard_error(self, description: str) -> GuardError:
+        """The error for a failed value guard under ``on_guard_failure="error"``."""
+        return GuardError(
+            f"phi_torch_jit: {self.owner} branched on a tensor value that changed since it was "
+            f"traced: {description}. The compiled program would return the traced branch's "
+            "result. Use jit(on_guard_failure='retrace') (the default) or 'eager', or replace "
+            "the Python branch by tensor operations (torch.where)."
         )
 
     def tracer_warnings(self, module: CompiledModule) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Stage 4: guard the module state a compiled program silently depends on.
+"""Stage 5: guard the module state a compiled program silently depends on.
 
 The argument spec does not see the modules a function calls, yet a trace
 bakes in their state: each module's training flag (Dropout and BatchNorm

@@ -47,21 +47,20 @@ class _ModuleHook:
     def __init__(self) -> None:
         self._handle: RemovableHandle | None = None
         self._patch = RefCounted(self._install, self._remove)
-
-    @property
-    def handle_id(self) -> int | None:
-        """Id of the installed hook in torch's global pre-hook dict (None if not installed)."""
-        handle = self._handle
-        return handle.id if handle is not None else None
+        self.handle_id: int | None = None
+        """Id of the installed hook in torch's global pre-hook dict (None if not installed);
+        a plain attribute: module guards read it on every compiled call."""
 
     def active(self) -> AbstractContextManager[None]:
         return self._patch.active()
 
     def _install(self) -> None:
         self._handle = nn.modules.module.register_module_forward_pre_hook(_on_module_call)
+        self.handle_id = self._handle.id
 
     def _remove(self) -> None:
         if self._handle is not None:
+            self.handle_id = None
             self._handle.remove()
             self._handle = None
 

@@ -1,4 +1,4 @@
-"""The replay cursor: hands out recorded custom calls in order, and checks itself.
+"""Stage 4: the replay cursor: hands out recorded custom calls in order, and checks itself.
 
 During the trace pass the user function runs again on the same inputs, so it
 must call the same custom functions, in the same order, with the same static

@@ -1,4 +1,4 @@
-"""Stage 4b: guard the tensor values that traced Python turned into control flow.
+"""Stage 4 (value guards): guard the tensor values that traced Python turned into control flow.
 
 A trace records operations, not Python decisions: ``if x.sum() > 0:``,
 ``int(n)``, ``t.item()`` are evaluated once and the branch taken is baked in.

@@ -18,17 +18,23 @@ Engines are registered by name (:func:`register_engine`) and looked up with
 
 from __future__ import annotations
 
-import abc
 import inspect
-import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
-
-import torch
-from torch import nn
+from typing import Any
 
 from ..errors import ConfigurationError, UsageError
+from .base import (
+    RANDOM_OPS,
+    CompiledFunction,
+    CompiledModule,
+    Engine,
+    FunctionTarget,
+    Mode,
+    captured_tensor_message,
+)
+from .compile import CompileEngine
+from .eager import EagerEngine
+from .torchscript import TorchScriptEngine
 
 __all__ = [
     "Engine",
@@ -36,102 +42,12 @@ __all__ = [
     "CompiledFunction",
     "CompiledModule",
     "Mode",
+    "RANDOM_OPS",
+    "captured_tensor_message",
     "register_engine",
     "get_engine",
     "available_engines",
 ]
-
-Mode = Literal["traced", "scripted", "python"]
-
-
-@dataclass(frozen=True)
-class FunctionTarget:
-    """A flat function to compile."""
-
-    fn: Callable[..., tuple[torch.Tensor, ...]]
-    """Takes ``example_inputs``-like tensors, returns a tuple of tensors."""
-    example_inputs: tuple[torch.Tensor, ...]
-    """Real inputs to trace with."""
-    label: str
-    """What this is, for logs, e.g. ``forward of solve (demo.py:12)``."""
-    scriptable: Callable[..., Any] | None = None
-    """The user's own function if it takes exactly the flat tensors; an engine may script it."""
-    expected: tuple[torch.Tensor, ...] | None = None
-    """Outputs recorded for ``example_inputs``; an alternative compilation must reproduce them."""
-
-
-@dataclass(frozen=True)
-class CompiledFunction:
-    """The result of :meth:`Engine.compile_function`."""
-
-    run: Callable[..., Any]
-    """Call with the flat tensors; returns a tuple of tensors."""
-    mode: Mode
-    """``traced``: a faithful trace; ``scripted``: control flow kept; ``python``: runs as Python."""
-    reason: str = ""
-    """Why it is not ``traced``, if it is not."""
-
-
-@dataclass(frozen=True)
-class CompiledModule:
-    """The result of :meth:`Engine.compile_module`."""
-
-    run: Callable[..., tuple[torch.Tensor, ...]]
-    """Call with the flat input tensors; returns the flat output tensors."""
-    tracer_warnings: tuple[warnings.WarningMessage, ...] = ()
-    """Tracer warnings from user code while compiling; the caller shows the relevant ones."""
-    uses_rng: bool = True
-    """Whether running it may draw random numbers (False only when the engine is sure)."""
-    notes: tuple[str, ...] = ()
-    """What the engine did, for ``explain()`` (e.g. graphs compiled, a fallback and why)."""
-    warm_up: Callable[[], tuple[str, ...]] | None = None
-    """Run once by the trace stage after the trace, outside any frame but with module state
-    and RNG still rewound, so a backend's compile time is paid by the first call; returns
-    more notes for ``explain()``."""
-
-
-class Engine(abc.ABC):
-    """Turns flat functions and wrapper modules into compiled callables."""
-
-    name: ClassVar[str]
-    """The name users pass as ``jit(engine=...)``."""
-    passthrough: ClassVar[bool] = False
-    """If True, jitted functions just call the user function (no recording, no cache)."""
-    captures_graph: ClassVar[bool] = False
-    """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
-    receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""
-    torchscript_tracing: ClassVar[bool] = True
-    """Whether :meth:`compile_module` traces with TorchScript's tracer. PhiML's custom
-    gradients only cooperate with that tracer; other engines hand such functions over to
-    engine ``"torchscript"`` (noted in ``explain()``)."""
-
-    @abc.abstractmethod
-    def compile_function(self, target: FunctionTarget) -> CompiledFunction:
-        """Compile a flat function, or explain why it must run as Python."""
-
-    @abc.abstractmethod
-    def compile_module(
-        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
-    ) -> CompiledModule:
-        """Compile ``module.forward`` for inputs like ``example_inputs``."""
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
-
-
-RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform",
-              "exponential", "geometric", "cauchy", "poisson")  # fmt: skip
-"""Substrings of op names that draw random numbers (for ``CompiledModule.uses_rng``)."""
-
-
-def captured_tensor_message(label: str) -> str:
-    """The TraceError text for a tensor requiring grad that a trace would turn into a constant."""
-    return (
-        f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an argument "
-        "nor a parameter of a module it calls (a closure or global?). Pass it as an argument, or "
-        "hold it in an nn.Module that the function calls or registers with "
-        "phi_torch_jit.register_module_call(module)."
-    )
 
 
 _REGISTRY: dict[str, Callable[[], Engine]] = {}
@@ -186,14 +102,6 @@ def get_engine(engine: str | Engine, options: Mapping[str, Any] | None = None) -
     return factory(**options)
 
 
-def _register_builtin() -> None:
-    from .compile import CompileEngine
-    from .eager import EagerEngine
-    from .torchscript import TorchScriptEngine
-
-    register_engine(EagerEngine.name, EagerEngine)
-    register_engine(TorchScriptEngine.name, TorchScriptEngine)
-    register_engine(CompileEngine.name, CompileEngine)
-
-
-_register_builtin()
+register_engine(EagerEngine.name, EagerEngine)
+register_engine(TorchScriptEngine.name, TorchScriptEngine)
+register_engine(CompileEngine.name, CompileEngine)

@@ -40,7 +40,7 @@ from torch import nn
 from .._compat import backend_exists, dynamo_counters, fx_tracing, import_inductor
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import ConfigurationError, TraceError, UsageError
-from . import (
+from .base import (
     RANDOM_OPS,
     CompiledFunction,
     CompiledModule,

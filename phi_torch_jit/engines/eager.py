@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import CompiledFunction, CompiledModule, Engine, FunctionTarget
+from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
 
 __all__ = ["EagerEngine"]
 

@@ -33,7 +33,7 @@ from .._compat import TracerWarning, graph_executor_optimize, set_graph_executor
 from .._sources import TORCH_DIR
 from .._warnings import describe_warning, is_torchscript_notice, reemit
 from ..errors import TraceError
-from . import (
+from .base import (
     RANDOM_OPS,
     CompiledFunction,
     CompiledModule,

@@ -1,0 +1,117 @@
+"""The engine interface: what an engine is given and what it returns.
+
+See :mod:`phi_torch_jit.engines` for the registry and the built-in engines.
+"""
+
+from __future__ import annotations
+
+import abc
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Engine",
+    "FunctionTarget",
+    "CompiledFunction",
+    "CompiledModule",
+    "Mode",
+    "RANDOM_OPS",
+    "captured_tensor_message",
+]
+
+Mode = Literal["traced", "scripted", "python"]
+
+
+@dataclass(frozen=True)
+class FunctionTarget:
+    """A flat function to compile."""
+
+    fn: Callable[..., tuple[torch.Tensor, ...]]
+    """Takes ``example_inputs``-like tensors, returns a tuple of tensors."""
+    example_inputs: tuple[torch.Tensor, ...]
+    """Real inputs to trace with."""
+    label: str
+    """What this is, for logs, e.g. ``forward of solve (demo.py:12)``."""
+    scriptable: Callable[..., Any] | None = None
+    """The user's own function if it takes exactly the flat tensors; an engine may script it."""
+    expected: tuple[torch.Tensor, ...] | None = None
+    """Outputs recorded for ``example_inputs``; an alternative compilation must reproduce them."""
+
+
+@dataclass(frozen=True)
+class CompiledFunction:
+    """The result of :meth:`Engine.compile_function`."""
+
+    run: Callable[..., Any]
+    """Call with the flat tensors; returns a tuple of tensors."""
+    mode: Mode
+    """``traced``: a faithful trace; ``scripted``: control flow kept; ``python``: runs as Python."""
+    reason: str = ""
+    """Why it is not ``traced``, if it is not."""
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """The result of :meth:`Engine.compile_module`."""
+
+    run: Callable[..., tuple[torch.Tensor, ...]]
+    """Call with the flat input tensors; returns the flat output tensors."""
+    tracer_warnings: tuple[warnings.WarningMessage, ...] = ()
+    """Tracer warnings from user code while compiling; the caller shows the relevant ones."""
+    uses_rng: bool = True
+    """Whether running it may draw random numbers (False only when the engine is sure)."""
+    notes: tuple[str, ...] = ()
+    """What the engine did, for ``explain()`` (e.g. graphs compiled, a fallback and why)."""
+    warm_up: Callable[[], tuple[str, ...]] | None = None
+    """Run once by the trace stage after the trace, outside any frame but with module state
+    and RNG still rewound, so a backend's compile time is paid by the first call; returns
+    more notes for ``explain()``."""
+
+
+class Engine(abc.ABC):
+    """Turns flat functions and wrapper modules into compiled callables."""
+
+    name: ClassVar[str]
+    """The name users pass as ``jit(engine=...)``."""
+    passthrough: ClassVar[bool] = False
+    """If True, jitted functions just call the user function (no recording, no cache)."""
+    captures_graph: ClassVar[bool] = False
+    """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
+    receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""
+    torchscript_tracing: ClassVar[bool] = True
+    """Whether :meth:`compile_module` traces with TorchScript's tracer. PhiML's custom
+    gradients only cooperate with that tracer; other engines hand such functions over to
+    engine ``"torchscript"`` (noted in ``explain()``)."""
+
+    @abc.abstractmethod
+    def compile_function(self, target: FunctionTarget) -> CompiledFunction:
+        """Compile a flat function, or explain why it must run as Python."""
+
+    @abc.abstractmethod
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        """Compile ``module.forward`` for inputs like ``example_inputs``."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform",
+              "exponential", "geometric", "cauchy", "poisson")  # fmt: skip
+"""Substrings of op names that draw random numbers (for ``CompiledModule.uses_rng``)."""
+
+
+def captured_tensor_message(label: str) -> str:
+    """The TraceError text for a tensor requiring grad that a trace would turn into a constant."""
+    return (
+        f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an argument "
+        "nor a parameter of a module it calls (a closure or global?). Pass it as an argument, or "
+        "hold it in an nn.Module that the function calls or registers with "
+        "phi_torch_jit.register_module_call(module)."
+    )

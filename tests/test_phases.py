@@ -1,0 +1,119 @@
+"""The patch table: what each phase installs, process-wide, and that it all goes away."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import threading
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from phi_torch_jit import _phases
+from phi_torch_jit._context import Frame, Phase, current_frame
+from phi_torch_jit._custom_op import NestedCalls
+from phi_torch_jit._function import interception_installed
+from phi_torch_jit._phases import MODULE_HOOK, PATCHES, compiling, recording, tracing
+from phi_torch_jit._phiml import PhiMLBridge
+from phi_torch_jit._record import Recording
+from phi_torch_jit._replay import ReplayCursor
+from phi_torch_jit._warnings import TORCHSCRIPT_NOTICE
+from phi_torch_jit.engines import get_engine
+
+
+def _active() -> dict[str, bool]:
+    """Which process-wide patches are in force now."""
+    return {
+        "module hook": MODULE_HOOK.handle_id is not None,
+        "print": builtins.print is not _ORIGINAL_PRINT,
+        "Function.apply": interception_installed(),
+        "conversions": "__bool__" in torch.Tensor.__dict__,
+        "notices": any(f[1] is not None and f[1].pattern == TORCHSCRIPT_NOTICE
+                       for f in warnings.filters),
+    }  # fmt: skip
+
+
+_ORIGINAL_PRINT = builtins.print
+_NONE = dict.fromkeys(("module hook", "print", "Function.apply", "conversions", "notices"), False)
+
+
+def test_the_table_names_each_patch_once_with_its_phases() -> None:
+    names = [p.name for p in PATCHES]
+    assert len(set(names)) == len(names) == 6
+    assert all(p.phases and p.phases <= set(Phase) for p in PATCHES)
+
+
+def test_record_phase_installs_its_patches_and_removes_them() -> None:
+    assert _active() == _NONE
+    with recording("f", Recording()) as frame:
+        assert current_frame() is frame and frame.phase is Phase.RECORD
+        assert _active() == {**_NONE, "module hook": True, "print": True,
+                             "Function.apply": True, "notices": True}  # fmt: skip
+    assert _active() == _NONE and current_frame() is None
+
+
+@pytest.mark.parametrize("guarding", [True, False])
+def test_trace_phase_patches_conversions_only_when_guarding(guarding: bool) -> None:
+    with tracing("f", ReplayCursor([], "f"), [] if guarding else None, None):
+        assert _active() == {**_NONE, "Function.apply": True, "notices": True,
+                             "conversions": guarding}  # fmt: skip
+    assert _active() == _NONE
+
+
+def test_compile_phase_captures_functions_and_hides_notices() -> None:
+    with compiling("f", NestedCalls(get_engine("torchscript"))):
+        assert _active() == {**_NONE, "Function.apply": True, "notices": True}
+    assert _active() == _NONE
+
+
+def test_phiml_bridge_is_on_phimls_jit_stack_in_record_and_trace() -> None:
+    backend = pytest.importorskip("phiml.backend.torch._torch_backend")
+    bridge = PhiMLBridge()
+    with recording("f", Recording(phiml=bridge)):
+        assert backend.CURRENT_JIT_CALLS[-1] is bridge
+    with tracing("f", ReplayCursor([], "f"), None, bridge):
+        assert backend.CURRENT_JIT_CALLS[-1] is bridge
+    assert bridge not in backend.CURRENT_JIT_CALLS
+    assert "phiml.backend.torch._torch_backend" in sys.modules
+
+
+def test_patches_are_removed_after_an_exception() -> None:
+    with pytest.raises(ValueError), recording("f", Recording()):
+        raise ValueError("user error")
+    assert _active() == _NONE and current_frame() is None
+
+
+def test_patches_stay_while_another_thread_still_needs_them() -> None:
+    inside, release = threading.Event(), threading.Event()
+    seen: list[dict[str, bool]] = []
+
+    def other() -> None:
+        with recording("g", Recording()):
+            inside.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    inside.wait(5)
+    with recording("f", Recording()):
+        pass
+    seen.append(_active())  # this thread left; the other is still recording
+    assert current_frame() is None  # frames are per thread
+    release.set()
+    worker.join()
+    assert seen[0]["module hook"] and seen[0]["Function.apply"]
+    assert _active() == _NONE
+
+
+def test_module_hook_records_modules_only_in_record_frames() -> None:
+    net = nn.Linear(2, 2)
+    rec = Recording()
+    with recording("f", rec):
+        net(torch.ones(2))
+        done = threading.Thread(target=lambda: nn.Linear(2, 2)(torch.ones(2)))
+        done.start()
+        done.join()  # another thread's module call is not ours
+    assert list(rec.modules.values()) == [net]
+    assert isinstance(_phases.phase(Frame(Phase.COMPILE, "x")), object)
