@@ -1,10 +1,13 @@
-"""Per-call cost of guards: module guards (issue 3) and value guards (issue 6).
+"""Per-call cost of guards: module guards (issue 3), value guards (issue 6), Python reads.
 
 Module guards: a jitted step calls a small CNN with N modules; guard_hooks=True
 vs False vs eager, plus the guard check alone (ModuleGuard.holds). Value
 guards: a function that branches on a tensor value (one guard) vs the same
-arithmetic without the branch. Variants are interleaved within each
-repetition; medians of per-call times are reported. Not a test.
+arithmetic without the branch. Python reads: a step reading 20 Python values
+(12 globals, 6 closure variables, a config dict, a list) vs the same step with
+the values baked as literals (no reads), plus the check alone (PythonGuard.holds).
+Variants are interleaved within each repetition; medians of per-call times are
+reported. Not a test.
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ def main() -> None:
             f"| {n} | {med['eager']:.1f} us | {med['light']:.1f} us "
             f"| {med['guarded']:.1f} us | {med['guard']:.2f} us | {med['light_guard']:.2f} us |"
         )
+    reads = bench_python_reads(args.reps, args.inner)
+    print(
+        f"\nPython reads: {reads['n']:.0f} values guarded, check alone {reads['guard']:.2f} us; "
+        f"jitted step {reads['reading']:.1f} us per call vs {reads['baked']:.1f} us for the same "
+        f"step with literals ({reads['reading'] - reads['baked']:+.1f} us)"
+    )
     value = bench_value_guard(args.reps, args.inner)
     print(
         f"\nValue guard: a guarded Python branch {value['guarded']:.1f} us per call vs "
@@ -85,6 +94,48 @@ def bench(blocks: int, x: torch.Tensor, reps: int, inner: int) -> tuple[int, dic
             for name, (fn, count) in variants.items():
                 times[name].append(per_call(fn, count))
     return len(guard.modules), {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
+_READS = "\n".join(
+    [
+        *(f"G{i} = {0.1 * i}" for i in range(12)),
+        "CONFIG = {'scale': 2.0, 'mode': 'a'}",
+        "LEVELS = [1, 2, 3]",
+        "def make(" + ", ".join(f"c{i}" for i in range(6)) + "):",
+        "    def step(u):",
+        "        s = " + " + ".join([*(f"G{i}" for i in range(12)), *(f"c{i}" for i in range(6))]),
+        "        return u * s * CONFIG['scale'] + LEVELS[0]",
+        "    return step",
+        "def make_baked():",
+        "    def step(u):",
+        "        return u * 12.6 * 2.0 + 1",
+        "    return step",
+    ]
+)
+
+
+def bench_python_reads(reps: int, inner: int) -> dict[str, float]:
+    """Median microseconds per call of a step reading 20 Python values vs literals."""
+    namespace: dict[str, Any] = {"__name__": "bench_reads"}
+    exec(compile(_READS, __file__, "exec"), namespace)  # user code (this file)
+    reading = ptj.jit(namespace["make"](*range(6)))
+    baked = ptj.jit(namespace["make_baked"]())
+    x = torch.randn(16)
+    reading(x), baked(x)
+    guard = reading.specializations[0].python_guard
+    assert guard is not None
+    variants: dict[str, tuple[Callable[[], Any], int]] = {
+        "reading": (lambda: reading(x), inner),
+        "baked": (lambda: baked(x), inner),
+        "guard": (guard.holds, inner * 10),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, (fn, count) in variants.items():
+            times[name].append(per_call(fn, count))
+    result = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    result["n"] = float(len(guard))
+    return result
 
 
 def bench_value_guard(reps: int, inner: int) -> dict[str, float]:

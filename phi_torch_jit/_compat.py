@@ -15,6 +15,7 @@ Nothing here imports a higher floor of the package: this is a leaf next to ``err
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ __all__ = [
     "set_version_counters",
     "is_fake",
     "fx_tracing",
+    "grad_mode_setter",
     "disable_dispatch_modes",
     "backward_hook_function",
     "global_module_hooks",
@@ -73,10 +75,15 @@ class PrivateAPI:
     """The module of phi_torch_jit that needs it."""
 
     def find(self) -> Any:
-        """The object behind the first name that resolves; TorchVersionError if none does."""
+        """The object behind the first name that resolves (looked up once); TorchVersionError
+        if none does."""
+        found = _FOUND.get(self.names, _MISSING)
+        if found is not _MISSING:
+            return found
         for name in self.names:
             found = _resolve(name)
             if found is not _MISSING:
+                _FOUND[self.names] = found
                 return found
         raise TorchVersionError(
             f"phi_torch_jit: torch {torch.__version__} has none of {', '.join(self.names)}, "
@@ -87,6 +94,7 @@ class PrivateAPI:
 
 
 _MISSING = object()
+_FOUND: dict[tuple[str, ...], Any] = {}
 
 
 def _resolve(dotted: str) -> Any:
@@ -211,6 +219,12 @@ TENSOR_VERSION = _api(
     "the version counter autograd checks; see torch._C._autograd._unsafe_set_version_counter",
     "_state",
 )
+SET_GRAD_ENABLED = _api(
+    "torch._C._set_grad_enabled",
+    "the C function every grad-mode change goes through (no_grad, enable_grad, "
+    "set_grad_enabled); the record pass watches for calls of it",
+    "_reads",
+)
 TRACER_WARNING = _api(
     "torch.jit.TracerWarning torch.jit._trace.TracerWarning",
     "the warning torch.jit.trace gives where it bakes a value; documented, but torch.jit does "
@@ -245,6 +259,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     TENSOR_IS_VIEW,
     TENSOR_VERSION,
     TRACER_WARNING,
+    SET_GRAD_ENABLED,
     FUNCTORCH_CONFIG,
 )
 """Every private torch API in use (checked by tests/test_compat.py)."""
@@ -319,10 +334,21 @@ def import_inductor() -> None:
     INDUCTOR.find()
 
 
+def grad_mode_setter() -> tuple[Any, str]:
+    """(module, attribute) of torch's C function that every grad-mode change calls, so the
+    record pass can watch it."""
+    SET_GRAD_ENABLED.find()
+    return importlib.import_module("torch._C"), "_set_grad_enabled"
+
+
 def fx_tracing() -> bool:
     """Whether an FX trace is running (per thread since torch 2.15, per process before)."""
     found = FX_TRACING.find()
-    return bool(found() if callable(found) else found)
+    if callable(found):  # torch 2.15: a getter
+        return bool(found())
+    # torch 2.13: a module-level bool that changes, so it is read anew each time
+    module, _, flag = FX_TRACING.names[-1].rpartition(".")
+    return bool(sys.modules[module].__dict__[flag])
 
 
 def backward_hook_function() -> type:

@@ -71,6 +71,9 @@ class TraceOutputs:
 
     spec: Spec | None = None
     """Structure of the user function's result, set when the wrapper's forward returns."""
+    buffer_writes: tuple[torch.Tensor, ...] = ()
+    """Buffers the function replaced by new tensors (``self.avg = ...``): the program returns
+    their new values after its other outputs, to be copied into these objects."""
 
 
 @dataclass(frozen=True)

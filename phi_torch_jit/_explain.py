@@ -55,6 +55,9 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
     for call in spec.calls:
         lines += _explain_call(call)
     lines += [f"    value guard: {g.describe()}" for g in spec.value_guards]
+    for read in spec.python_guard.reads if spec.python_guard is not None else ():
+        how = "input of the program" if read.kind.value == "tensor" else f"by {read.kind.value}"
+        lines.append(f"    python read: {read.source.label} at {read.source.location}, {how}")
     lines += [f"    tracer warning: {w}" for w in spec.tracer_warnings]
     return lines
 
@@ -88,6 +91,7 @@ class Reporter:
         self._warned_max = False
         self._eager_logged = False
         self._side_effects_warned = False
+        self._cannot_compile_warned = False
 
     def traced(self, key: Key, reason: str | None) -> None:
         """Count and log a trace; warn once past ``max_traces``."""
@@ -127,6 +131,21 @@ class Reporter:
             self._eager_logged = True
             logger.warning("phi_torch_jit: %s runs eagerly: %s", self.owner, reason)
         return reason
+
+    def cannot_compile(self, reasons: list[str]) -> None:
+        """Warn once that the function does what no compiled program repeats (it runs eagerly)."""
+        if self._cannot_compile_warned:
+            return
+        self._cannot_compile_warned = True
+        warnings.warn(
+            JitWarning(
+                f"phi_torch_jit: {self.owner} runs eagerly: {'; '.join(reasons)}. Pass random "
+                "values and times as tensor arguments or use torch's RNG (torch.rand, which "
+                "compiled programs draw from); for grad-mode changes use engine='compile'; "
+                "register tensor hooks outside the jitted function."
+            ),
+            stacklevel=6,
+        )
 
     def side_effects(self, seen: list[str]) -> None:
         """Warn once about Python side effects that compiled calls skip."""

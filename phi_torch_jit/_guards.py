@@ -31,6 +31,15 @@ from ._phases import MODULE_HOOK
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    return type(value) is tuple and all(_immutable(v) for v in value)
+
+
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _GLOBAL_HOOK_DICTS = global_module_hooks()  # forward pre, forward, backward pre, backward
 _training = operator.attrgetter("training")
@@ -74,6 +83,20 @@ class ModuleGuard:
             for d in (m.__dict__["_parameters"], m.__dict__["_buffers"])
             if d  # a tensor added to an empty dict later is not used by the traced program
         )
+        self._child_dicts = tuple(m.__dict__["_modules"] for m in self.modules if m._modules)
+        self._children = self._child_identities()
+        self._child_names = tuple(
+            (owner, name, type(child).__name__, id(child))
+            for owner, m in zip(self.names, self.modules)
+            for name, child in m._modules.items()
+        )
+        self._attributes = tuple(
+            (m.__dict__, name, owner) for owner, m in zip(self.names, self.modules)
+            for name, value in m.__dict__.items()
+            if not name.startswith("_") and name != "training" and _immutable(value)
+        )  # fmt: skip
+        """Plain attributes (``Dropout.p``, a temperature): traced in as constants."""
+        self._attribute_values = self._attribute_snapshot()
         self._trainings = self._training_flags()
         self._sizes = self._hook_sizes()
         self._tensor_ids = self._tensor_identities()
@@ -92,6 +115,15 @@ class ModuleGuard:
     def _tensor_identities(self) -> tuple[int, ...]:
         return tuple(map(id, chain.from_iterable(map(dict.values, self._tensor_dicts))))
 
+    def _child_identities(self) -> tuple[int, ...]:
+        return tuple(map(id, chain.from_iterable(map(dict.values, self._child_dicts))))
+
+    def _attribute_snapshot(self) -> list[Any]:
+        try:
+            return [d[name] for d, name, _ in self._attributes]
+        except KeyError:  # an attribute deleted
+            return []
+
     def _hook_keys(self) -> tuple[Any, ...]:
         ours = MODULE_HOOK.handle_id
         return tuple(tuple(k for k in d if k != ours) for d in self._hook_dicts)
@@ -99,6 +131,10 @@ class ModuleGuard:
     def holds(self) -> bool:
         """Whether the modules are still as they were traced."""
         if self._training_flags() != self._trainings:
+            return False
+        if self._attribute_snapshot() != self._attribute_values:
+            return False
+        if self._child_dicts and self._child_identities() != self._children:
             return False
         if not self.hooks:
             return True
@@ -112,9 +148,22 @@ class ModuleGuard:
 
     def describe_change(self) -> str:
         """What changed since the trace, e.g. ``module Sequential.2 training True -> False``."""
-        for name, old, new in zip(self.names, self._trainings, self._training_flags()):
-            if old != new:
-                return f"module {name} training {old} -> {new}"
+        for name, was, now_training in zip(self.names, self._trainings, self._training_flags()):
+            if was != now_training:
+                return f"module {name} training {was} -> {now_training}"
+        now = self._attribute_snapshot()
+        for (d, attr, owner), old in zip(self._attributes, self._attribute_values):
+            value = d.get(attr, "<deleted>")
+            if value != old or type(value) is not type(old):
+                return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
+        if len(now) != len(self._attribute_values):
+            return "a module attribute was deleted"
+        for owner, name, old_type, ident in self._child_names:
+            module = next(m for n, m in zip(self.names, self.modules) if n == owner)
+            child = module._modules.get(name)
+            if id(child) != ident:
+                new = type(child).__name__ if child is not None else "nothing"
+                return f"submodule {owner}.{name} replaced: {old_type} -> new {new}"
         if self.hooks and self._hook_keys() != self._hook_ids:
             keys = self._hook_keys()
             for i, (old_keys, new_keys) in enumerate(zip(self._hook_ids, keys)):

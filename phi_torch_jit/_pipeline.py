@@ -19,18 +19,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
 from ._guards import ModuleGuard, has_backward_hooks
 from ._options import Options
+from ._reads import PythonGuard, Unguardable, collect_reads
 from ._record import Recording, check_modules, record
 from ._signature import Spec, describe_spec, flatten_outputs, modules_in
 from ._specialization import Key, Specialization, Timings
 from ._state import rng_restored
 from ._trace import Traced, trace, wrapper_engine
 from ._wrapper import WrapperModule, make_wrapper, module_names
-from .engines import CompiledModule
+from .engines import CompiledModule, Engine
 from .errors import RunEagerly, TraceError
 
 __all__ = ["Target", "specialize"]
@@ -59,39 +61,65 @@ def specialize(
     output_spec, outputs = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
+    reads = collect_reads(target.fn, list(recording.modules.values()))
+    guard = PythonGuard(reads) if reads else None
+    captured = [r.source for r in guard.tensors] if guard is not None else []
     modules = recording.root_modules()
-    wrapper = make_wrapper(target.fn, key[0], modules, target.owner)
-    eager_reason = _eager_reason(recording)
+    wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
+    eager_reason = _eager_reason(target, recording)
     traced: Traced | None = None
     calls: tuple[CompiledCall, ...] = ()
     compile_s = 0.0
     if not eager_reason:
+        inputs = [*tensors, *(guard.captured() if guard is not None else ())]
         try:
-            traced, calls, compile_s = _compile(target, recording, wrapper, tensors)
+            traced, calls, compile_s = _compile(target, recording, wrapper, inputs)
         except RunEagerly as signal:
-            eager_reason = signal.reason
-    if eager_reason:  # custom functions run eagerly inside the wrapper's forward
-        target.report.runs_eagerly(eager_reason)
+            eager_reason = target.report.runs_eagerly(signal.reason)
+    if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:
         target.report.side_effects(recording.side_effects)
-    assert traced is not None
     _check_structure(target.owner, traced.output_spec, output_spec)
-    return result, Specialization(
-        key=key,
+    timings = Timings(record_s, compile_s, traced.seconds)
+    parts = _Parts(key, modules, traced, calls, timings, len(outputs), eager_reason, guard)
+    return result, _assemble(target, output_spec, parts)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What the stages produced, for stage 5."""
+
+    key: Key
+    modules: list[nn.Module]
+    traced: Traced
+    calls: tuple[CompiledCall, ...]
+    timings: Timings
+    n_outputs: int
+    eager_reason: str
+    python_guard: PythonGuard | None
+
+
+def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
+    """Stage 5: the specialization and its guards."""
+    traced, modules = parts.traced, parts.modules
+    return Specialization(
+        key=parts.key,
         program=traced.module.run,
         output_spec=output_spec,
         modules=tuple(module_names(modules)),
-        calls=calls,
-        timings=Timings(record_s, compile_s, traced.seconds),
+        calls=parts.calls,
+        timings=parts.timings,
         tracer_warnings=target.report.tracer_warnings(traced.module),
         guard=ModuleGuard(modules, target.options.guard_hooks) if modules else None,
-        eager_reason=eager_reason,
+        eager_reason=parts.eager_reason,
         value_guards=traced.value_guards,
-        n_outputs=len(outputs),
+        n_outputs=parts.n_outputs,
         buffers=tuple(b for m in modules for b in m.buffers()) if traced.value_guards else (),
         uses_rng=traced.module.uses_rng,
         engine_notes=traced.module.notes,
+        python_guard=parts.python_guard,
+        buffer_writes=traced.buffer_writes,
     )
 
 
@@ -111,12 +139,36 @@ def _compile(
     return traced, calls, compile_s
 
 
-def _eager_reason(recording: Recording) -> str:
-    """Why a specialization must run eagerly, known after the record pass ("" if none)."""
+def _eager_reason(target: Target, recording: Recording) -> str:
+    """Why a specialization must run eagerly, known after the record pass ("" if none).
+
+    Logged (once per jitted function); what the function itself does that no compiled program
+    can repeat (NOTE [Python reads]) is also warned about, once, with a JitWarning.
+    """
     reasons = list(recording.eager_reasons)
     if has_backward_hooks(recording.modules.values()):
         reasons.append("a module it calls has backward hooks, which a compiled program cannot fire")
-    return "; ".join(reasons)
+    unfaithful = _unguardable(recording.unguardable, target.options.engine)
+    if unfaithful:
+        target.report.cannot_compile(unfaithful)
+    reasons += unfaithful
+    return target.report.runs_eagerly("; ".join(reasons)) if reasons else ""
+
+
+def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
+    reasons = []
+    if seen.random:
+        reasons.append(
+            f"it draws values a compiled program would repeat ({', '.join(seen.random[:3])})"
+        )
+    if seen.grad_mode and not engine.keeps_grad_mode:
+        reasons.append(
+            f"it changes the grad mode ({', '.join(seen.grad_mode[:3])}), which engine "
+            f"{engine.name!r} drops (engine 'compile' keeps it)"
+        )
+    if seen.tensor_hooks:
+        reasons.append(f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])})")
+    return reasons
 
 
 def _check_structure(owner: str, traced: Spec, recorded: Spec) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 from ._context import note_module_call
 from ._phases import recording as recording_phase
 from ._phiml import PhiMLBridge
+from ._reads import Unguardable
 from ._state import StateSnapshot
 from .errors import TraceError
 
@@ -78,6 +79,9 @@ class Recording:
     """Lets PhiML's torch backend see our record and trace passes as its jit."""
     eager_reasons: list[str] = field(default_factory=list)
     """Why the specialization must run eagerly (e.g. an uncapturable autograd.Function)."""
+    unguardable: Unguardable = field(default_factory=Unguardable)
+    """Calls of user code that no compiled program repeats (random draws, clocks, grad-mode
+    changes, tensor hooks), noted by the phase's patches."""
 
     def add_module(self, module: nn.Module) -> None:
         """Note that ``module`` runs in this call (idempotent)."""
@@ -131,6 +135,7 @@ def record(
         recording.add_module(module)
     with recording_phase(owner, recording):  # patches: see _phases.PATCHES
         result = fn(*args, **kwargs)
+    recording.state.reinstate()
     return result, recording
 
 

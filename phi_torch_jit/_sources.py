@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 
 import torch
 
-__all__ = ["TORCH_DIR", "OWN_DIR", "user_location"]
+__all__ = ["TORCH_DIR", "OWN_DIR", "user_location", "is_user_file"]
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 """Directory of the torch package (trailing separator)."""
@@ -27,3 +28,25 @@ def user_location(depth: int) -> str | None:
     if filename.startswith((TORCH_DIR, OWN_DIR)):
         return None
     return f"{filename}:{frame.f_lineno}"
+
+
+_LIBRARY_DIRS = tuple(
+    os.path.realpath(d) + os.sep
+    for d in {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    if d
+)
+_NOT_USER = (
+    *{os.path.realpath(d) + os.sep for d in (TORCH_DIR, OWN_DIR)},
+    *_LIBRARY_DIRS,
+)
+_USER: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether code from ``filename`` is the user's: not torch's, not ours, not the standard
+    library's or an installed package's (and not generated: ``<string>``, ``<frozen ...>``)."""
+    known = _USER.get(filename)
+    if known is None:
+        path = os.path.realpath(filename) if not filename.startswith("<") else ""
+        known = _USER[filename] = bool(path) and not path.startswith(_NOT_USER)
+    return known

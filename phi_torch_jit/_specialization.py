@@ -17,6 +17,7 @@ import torch
 
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
+from ._reads import PythonGuard
 from ._signature import Spec, unflatten
 from ._state import capture_rng, restore_rng
 from ._value_guards import ValueGuard
@@ -79,12 +80,20 @@ class Specialization:
     """Whether the RNG state must be restored when a value guard fails."""
     engine_notes: tuple[str, ...] = ()
     """What the engine reported while compiling (graphs, graph breaks, fallbacks)."""
+    buffer_writes: tuple[torch.Tensor, ...] = ()
+    """Buffers the function replaces by new tensors: the program returns their new values
+    last, and they are copied in after the value guards passed (NOTE [side effects once])."""
+    python_guard: PythonGuard | None = None
+    """Globals and closure variables the trace baked (checked before each call), and the
+    tensors among them, which follow the arguments as inputs of the program."""
 
     def run(self, tensors: list[torch.Tensor]) -> Any:
         """The result for these inputs, or a :class:`GuardFailure` (state restored) if a
         value guard fails."""
+        if self.python_guard is not None and self.python_guard.tensors:
+            tensors = [*tensors, *self.python_guard.captured()]
         if not self.value_guards:
-            return unflatten(self.output_spec, iter(self._execute(tensors)))
+            return self._commit(self._execute(tensors))
         rng = capture_rng() if self.uses_rng else None
         saved = [b.clone() for b in self.buffers]
         flat = self._execute(tensors)
@@ -96,6 +105,15 @@ class Specialization:
                     for buffer, value in zip(self.buffers, saved):
                         buffer.copy_(value)
                 return GuardFailure(guard.describe(tensor))
+        return self._commit(flat)
+
+    def _commit(self, flat: tuple[torch.Tensor, ...]) -> Any:
+        """Write replaced buffers, return the result."""
+        if self.buffer_writes:
+            with torch.no_grad():
+                news = flat[len(flat) - len(self.buffer_writes) :]
+                for buffer, value in zip(self.buffer_writes, news):
+                    buffer.copy_(value)
         return unflatten(self.output_spec, iter(flat[: self.n_outputs]))
 
     def _execute(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -131,6 +149,9 @@ def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tenso
         guard = specialization.guard
         if guard is not None and not guard.holds():
             continue
+        python = specialization.python_guard
+        if python is not None and not python.holds():
+            continue
         result = specialization.run(tensors)
         if not isinstance(result, GuardFailure):
             return result
@@ -142,6 +163,11 @@ def retrace_reason(entries: Sequence[Specialization], miss: Any) -> str | None:
     """Why the cached specializations did not serve (None: a new argument signature)."""
     if isinstance(miss, Miss) and miss.failure is not None:
         return f"value guard failed: {miss.failure.description}"
-    if entries and entries[0].guard is not None:
+    if not entries:
+        return None
+    python = entries[0].python_guard
+    if python is not None and not python.holds():
+        return python.describe_change()
+    if entries[0].guard is not None:
         return entries[0].guard.describe_change()
     return None

@@ -65,12 +65,30 @@ class StateSnapshot:
     """RNG state at the start of the record pass."""
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """id -> (buffer, its value before the module first ran)."""
+    slots: list[tuple[nn.Module, str, torch.Tensor]] = field(default_factory=list)
+    """(module, buffer name, buffer object) as they were before the module first ran."""
 
     def add_module(self, module: nn.Module) -> None:
         """Remember the current value of every buffer of ``module`` not seen yet."""
-        for buffer in module.buffers():
-            if id(buffer) not in self.buffers:
-                self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
+        for owner in module.modules():
+            for name, buffer in owner._buffers.items():
+                if buffer is not None and id(buffer) not in self.buffers:
+                    self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
+                    self.slots.append((owner, name, buffer))
+
+    def reinstate(self) -> list[str]:
+        """Put back buffer objects the pass replaced (``self.avg = 0.9 * self.avg + ...``),
+        holding the new values: compiled programs write into the original objects. Returns
+        ``Module.name`` of each. See NOTE [side effects once]."""
+        replaced = []
+        for owner, name, original in self.slots:
+            current = owner._buffers.get(name)
+            if current is not original and isinstance(current, torch.Tensor):
+                with torch.no_grad():
+                    original.copy_(current)
+                owner._buffers[name] = original
+                replaced.append(f"{type(owner).__name__}.{name}")
+        return replaced
 
     @contextmanager
     def rewound(self) -> Iterator[None]:

@@ -49,6 +49,8 @@ class Traced:
     """Structure of the result as the trace saw it (compared with the recorded one)."""
     seconds: float
     """Time spent tracing, warm-up included."""
+    buffer_writes: tuple[torch.Tensor, ...] = ()
+    """Buffers the function replaced; their new values follow the program's other outputs."""
 
 
 def wrapper_engine(engine: Engine, recording: Recording) -> tuple[Engine, str]:
@@ -92,4 +94,6 @@ def trace(
     notes = (*compiled.notes, *notes, *([note] if note else []))
     compiled = dataclasses.replace(compiled, notes=notes, warm_up=None)
     value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
-    return Traced(compiled, value_guards, frame.outputs.spec, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    writes = frame.outputs.buffer_writes
+    return Traced(compiled, value_guards, frame.outputs.spec, seconds, writes)

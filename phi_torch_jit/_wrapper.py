@@ -19,13 +19,15 @@ function so traced graphs and errors read well.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ._context import current_frame
+from ._reads import Source
 from ._signature import Spec, flatten_outputs, unflatten_arguments
 
 __all__ = ["TensorHolder", "WrapperModule", "make_wrapper", "module_names"]
@@ -63,33 +65,93 @@ class WrapperModule(nn.Module):
     fn: Callable[..., Any]
     arg_spec: Spec
     owner: str
+    captured: tuple[Source, ...]
+    recorded: tuple[nn.Module, ...]
 
     def __init__(
-        self, fn: Callable[..., Any], arg_spec: Spec, modules: Sequence[nn.Module], owner: str
+        self,
+        fn: Callable[..., Any],
+        arg_spec: Spec,
+        modules: Sequence[nn.Module],
+        owner: str,
+        captured: Sequence[Source] = (),
     ) -> None:
         super().__init__()
         # Plain attributes, set past nn.Module.__setattr__ so a module `fn` is not registered.
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "arg_spec", arg_spec)
         object.__setattr__(self, "owner", owner)
+        object.__setattr__(self, "captured", tuple(captured))
+        object.__setattr__(self, "recorded", tuple(modules))
         self.tensors = TensorHolder(modules)
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args, kwargs = unflatten_arguments(self.arg_spec, tensors)
-        spec, flat = flatten_outputs(self.fn(*args, **kwargs), self.owner)
+        n = len(tensors) - len(self.captured)
+        args, kwargs = unflatten_arguments(self.arg_spec, tensors[:n])
         frame = current_frame()
-        if frame is not None:  # the trace stage returns what the trace saw
-            frame.outputs.spec = spec
-            if frame.conversions:  # value guards: see _value_guards
-                flat += [c.tensor for c in frame.conversions]
-        return tuple(flat)
+        if frame is None:  # eager: the function reads its globals and closures itself
+            return tuple(flatten_outputs(self.fn(*args, **kwargs), self.owner)[1])
+        slots = _buffer_slots(self.recorded)
+        with _rebound(self.captured, tensors[n:]):  # globals read the traced inputs
+            result = self.fn(*args, **kwargs)
+        spec, flat = flatten_outputs(result, self.owner)
+        frame.outputs.spec = spec  # the trace stage returns what the trace saw
+        if frame.conversions:  # value guards: see _value_guards
+            flat += [c.tensor for c in frame.conversions]
+        writes = _reinstated(slots)  # NOTE [side effects once]
+        frame.outputs.buffer_writes = tuple(original for original, _ in writes)
+        return (*flat, *(new for _, new in writes))
 
 
 def make_wrapper(
-    fn: Callable[..., Any], arg_spec: Spec, modules: Sequence[nn.Module], owner: str
+    fn: Callable[..., Any],
+    arg_spec: Spec,
+    modules: Sequence[nn.Module],
+    owner: str,
+    captured: Sequence[Source] = (),
 ) -> WrapperModule:
-    """A :class:`WrapperModule` of a subclass named after ``fn``."""
+    """A :class:`WrapperModule` of a subclass named after ``fn``.
+
+    ``captured``: globals and closure variables holding tensors; they follow the arguments as
+    inputs of the compiled program (NOTE [Python reads]).
+    """
     name = getattr(fn, "__name__", None) or type(fn).__name__
     ident = re.sub(r"\W", "_", name).strip("_") or "function"
     cls = type(f"{ident}_jit", (WrapperModule,), {"__module__": __name__})
-    return cast(WrapperModule, cls(fn, arg_spec, modules, owner))
+    return cast(WrapperModule, cls(fn, arg_spec, modules, owner, captured))
+
+
+def _buffer_slots(modules: Sequence[nn.Module]) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    return [
+        (owner, name, buffer)
+        for root in modules
+        for owner in root.modules()
+        for name, buffer in owner._buffers.items()
+        if buffer is not None
+    ]
+
+
+def _reinstated(
+    slots: list[tuple[nn.Module, str, torch.Tensor]],
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(original, new) for each buffer the traced call replaced; the original is put back."""
+    writes = []
+    for owner, name, original in slots:
+        current = owner._buffers.get(name)
+        if current is not original and isinstance(current, torch.Tensor):
+            owner._buffers[name] = original
+            writes.append((original, current))
+    return writes
+
+
+@contextmanager
+def _rebound(sources: Sequence[Source], values: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Bind each source to a traced input while the block runs, then back."""
+    saved = [s.get() for s in sources]
+    for source, value in zip(sources, values):
+        source.set(value)
+    try:
+        yield
+    finally:
+        for source, value in zip(sources, saved):
+            source.set(value)

@@ -7,6 +7,7 @@ compiles C++ and takes seconds: its tests are marked slow and kept to a few.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -171,10 +172,10 @@ def test_python_forward_with_other_ctx_values_than_compiled_raises_instead_of_wr
         step(-torch.ones(3))  # ctx.factor would be 1: refused, not silently wrong
 
 
-def test_tensor_closure_requiring_grad_is_refused_like_with_torchscript() -> None:
-    w = torch.randn(3, requires_grad=True)
-    step = ptj.jit(lambda x: x * w, engine="compile", backend="aot_eager")
-    with pytest.raises(ptj.TraceError, match="neither an argument nor a parameter"):
+def test_tensor_in_a_plain_object_requiring_grad_is_refused_like_with_torchscript() -> None:
+    holder = SimpleNamespace(w=torch.randn(3, requires_grad=True))
+    step = ptj.jit(lambda x: x * holder.w, engine="compile", backend="aot_eager")
+    with pytest.raises(ptj.TraceError, match="neither an argument, a global or closure"):
         step(torch.ones(3))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -72,10 +73,10 @@ def test_tracer_warnings_reach_the_user_when_value_guards_are_off() -> None:
 
 
 def test_captured_tensor_requiring_grad_gets_clear_error() -> None:
-    weight = torch.ones(3, requires_grad=True)
-    step = ptj.jit(lambda x: x * weight)
+    holder = SimpleNamespace(weight=torch.ones(3, requires_grad=True))
+    step = ptj.jit(lambda x: x * holder.weight)
     with pytest.raises(
-        ptj.TraceError, match=r"neither an argument nor a parameter .*register_module_call"
+        ptj.TraceError, match=r"neither an argument, a global or closure .*register_module_call"
     ):
         step(torch.ones(3))
 

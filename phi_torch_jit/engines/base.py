@@ -80,6 +80,9 @@ class Engine(abc.ABC):
     """The name users pass as ``jit(engine=...)``."""
     passthrough: ClassVar[bool] = False
     """If True, jitted functions just call the user function (no recording, no cache)."""
+    keeps_grad_mode: ClassVar[bool] = False
+    """Whether grad-mode changes inside the function (``torch.no_grad()`` blocks) are part of
+    what :meth:`compile_module` compiles; if not, such functions run eagerly."""
     captures_graph: ClassVar[bool] = False
     """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
     receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""
@@ -110,8 +113,8 @@ RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform"
 def captured_tensor_message(label: str) -> str:
     """The TraceError text for a tensor requiring grad that a trace would turn into a constant."""
     return (
-        f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an argument "
-        "nor a parameter of a module it calls (a closure or global?). Pass it as an argument, or "
-        "hold it in an nn.Module that the function calls or registers with "
-        "phi_torch_jit.register_module_call(module)."
+        f"phi_torch_jit: {label} uses a tensor that requires grad but is neither an argument, "
+        "a global or closure variable, nor a parameter of a module it calls (an attribute of a "
+        "plain object?). Pass it as an argument, or hold it in an nn.Module that the function "
+        "calls or registers with phi_torch_jit.register_module_call(module)."
     )

@@ -97,6 +97,7 @@ class CompileEngine(Engine):
 
     name = "compile"
     captures_graph = True
+    keeps_grad_mode = True
     torchscript_tracing = False
 
     def __init__(

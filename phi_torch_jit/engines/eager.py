@@ -20,6 +20,7 @@ class EagerEngine(Engine):
 
     name = "eager"
     passthrough = True
+    keeps_grad_mode = True
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         return CompiledFunction(target.fn, "python", "engine 'eager' compiles nothing")

@@ -1,0 +1,482 @@
+"""Stage 1 (reads): the Python state a specialization depends on, and what it must not touch.
+
+A trace bakes every Python value the function reads: a closure ``dt``, a global config, which
+object a global name is. After the record pass, :func:`collect_reads` walks the *user* code the
+call can reach -- the function, the functions and classes its closures and globals name, the
+methods of the user-defined modules it called (not torch's, ours, the standard library's or an
+installed package's) -- and turns the globals and closure variables that code reads into
+:class:`Read` records: immutable values are guarded by value, small containers of them by
+content, other objects by identity, and tensors become *inputs* of the compiled program, so
+reassigning them and updating them in place are both seen. :class:`PythonGuard` checks them
+before every compiled call; a changed value retraces, naming the variable, where it is read
+and old -> new. The walk is static (bytecode), so the record pass pays nothing for it.
+
+What no compiled program can repeat is noted while the record pass runs, by the patches of
+:data:`UNGUARDABLE` (an entry of the phase table; each wrapper checks that the call comes from
+user code in a record frame of its own thread):
+
+* Python's and NumPy's module-level random functions and the clocks of :mod:`time`
+  (a new value on every call), and changes of torch's RNG state (``torch.manual_seed``...);
+* grad-mode changes (``torch.no_grad()`` blocks) -- TorchScript's tracer drops them;
+* ``Tensor.register_hook`` -- a hook on an intermediate tensor is not part of any graph.
+
+See NOTE [Python reads] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import dis
+import enum
+import functools
+import random
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._compat import grad_mode_setter
+from ._context import Phase, current_frame
+from ._patches import RefCounted
+from ._sources import TORCH_DIR, is_user_file
+
+__all__ = [
+    "Unguardable",
+    "UNGUARDABLE",
+    "Read",
+    "Kind",
+    "Source",
+    "PythonGuard",
+    "collect_reads",
+]
+
+_PRIMITIVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+_MAX_CONTENT = 32
+"""Containers up to this many items (recursively) are guarded by content, larger by identity."""
+_MAX_FUNCTIONS = 400
+"""The walk over user code stops after this many functions."""
+
+
+@dataclass
+class Unguardable:
+    """What the record pass did that no compiled program repeats (reasons to run eagerly)."""
+
+    random: list[str] = field(default_factory=list)
+    """Draws from Python's or NumPy's RNG, clock reads, torch RNG state changes."""
+    grad_mode: list[str] = field(default_factory=list)
+    """Places where the grad mode was changed (``no_grad`` / ``enable_grad`` blocks)."""
+    tensor_hooks: list[str] = field(default_factory=list)
+    """Places where ``Tensor.register_hook`` was called."""
+
+
+def _from_user(frame: types.FrameType | None) -> bool:
+    """Whether the nearest frame outside torch at or above ``frame`` is user code."""
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
+        frame = frame.f_back
+    return frame is not None and is_user_file(frame.f_code.co_filename)
+
+
+def _where(frame: types.FrameType | None) -> str:
+    """``file:line`` of the nearest user frame at or above ``frame``."""
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+
+
+def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original``, noting calls from user code in this thread's record pass."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = current_frame()
+        if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+            caller = sys._getframe(1)
+            if _from_user(caller):
+                seen: list[str] = getattr(frame.recording.unguardable, kind)
+                where = f"{label} at {_where(caller)}" if label else _where(caller)
+                if where not in seen:
+                    seen.append(where)
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _targets() -> list[tuple[Any, str, str, str]]:
+    """(owner, attribute, kind, label) of every function the record pass watches."""
+    targets: list[tuple[Any, str, str, str]] = []
+    names = [n for n in random.__all__ if callable(getattr(random, n, None))]
+    targets += [(random, n, "random", f"random.{n}") for n in names if n[0].islower()]
+    clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+    targets += [(time, n, "random", f"time.{n}") for n in clocks]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        legacy = [n for n in dir(numpy.random) if n[0].islower() and n not in _NUMPY_KEEP]
+        targets += [(numpy.random, n, "random", f"numpy.random.{n}") for n in legacy
+                    if callable(getattr(numpy.random, n))]  # fmt: skip
+    for owner in (torch, torch.random):
+        targets += [(owner, n, "random", f"torch.{n}") for n in _TORCH_RNG if hasattr(owner, n)]
+    targets.append((*grad_mode_setter(), "grad_mode", ""))
+    targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
+    return targets
+
+
+_NUMPY_KEEP = frozenset(("default_rng", "get_state", "bit_generator", "test"))
+_TORCH_RNG = ("manual_seed", "seed", "set_rng_state")
+
+
+class _Watch:
+    """Installs and removes the wrappers of :func:`_targets` (see :data:`UNGUARDABLE`)."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        for owner, name, kind, label in _targets():
+            original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            self._saved.append((owner, name, original))
+            setattr(owner, name, _noted(kind, label, getattr(owner, name)))
+
+    def remove(self) -> None:
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+
+
+_WATCH = _Watch()
+UNGUARDABLE = RefCounted(_WATCH.install, _WATCH.remove)
+"""The record phase's patch: unguardable calls from user code are noted in the recording."""
+
+
+class Kind(enum.Enum):
+    """How a read value is guarded."""
+
+    VALUE = "value"
+    """Immutable: compared by value."""
+    CONTENT = "content"
+    """A small container of immutable values: compared by content (a snapshot)."""
+    IDENTITY = "identity"
+    """Any other object: must be the same object."""
+    TENSOR = "tensor"
+    """A tensor: an input of the compiled program, guarded by its metadata."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a read value lives: a globals dict entry or a closure cell."""
+
+    label: str
+    """``global dt`` or ``closure dt``, for messages."""
+    location: str
+    """``file:line`` of the first read."""
+    namespace: dict[str, Any] | None = None
+    """The globals dict (for a global)."""
+    name: str = ""
+    """The global's name."""
+    cell: types.CellType | None = None
+    """The cell (for a closure variable)."""
+
+    def get(self) -> Any:
+        """The current value (KeyError / ValueError if it no longer exists)."""
+        if self.cell is not None:
+            return self.cell.cell_contents
+        assert self.namespace is not None
+        return self.namespace[self.name]
+
+    def set(self, value: Any) -> None:
+        """Rebind it (used while tracing, to put a traced input in place of a tensor)."""
+        if self.cell is not None:
+            self.cell.cell_contents = value
+        else:
+            assert self.namespace is not None
+            self.namespace[self.name] = value
+
+
+@dataclass(frozen=True)
+class Read:
+    """One Python value the function read, and how it is guarded."""
+
+    source: Source
+    """Where it lives."""
+    kind: Kind
+    """How it is compared."""
+    expected: Any
+    """The value (VALUE), a snapshot (CONTENT), the object (IDENTITY) or the tensor's
+    ``(shape, dtype, device, requires_grad)`` (TENSOR)."""
+
+    def current(self) -> Any:
+        """What :attr:`expected` is compared with now."""
+        value = self.source.get()
+        if self.kind is Kind.TENSOR:
+            return _tensor_meta(value)
+        return value
+
+    def holds(self) -> bool:
+        try:
+            now = self.current()
+        except (KeyError, ValueError, AttributeError):
+            return False
+        if self.kind is Kind.IDENTITY:
+            return now is self.expected
+        return _same(now, self.expected)
+
+    def describe(self) -> str:
+        try:
+            now = repr(_short(self.current()))
+        except (KeyError, ValueError, AttributeError):
+            now = "<deleted>"
+        where = f"{self.source.label} (read at {self.source.location})"
+        return f"{where}: {_short(self.expected)!r} -> {now}"
+
+
+def _short(value: Any) -> Any:
+    text = repr(value)
+    return value if len(text) <= 60 else f"<{type(value).__name__} object>"
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # comparisons that raise: not provably equal
+        return False
+
+
+def _tensor_meta(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return ("not a tensor", type(value).__name__)
+    return (tuple(value.shape), value.dtype, value.device, value.requires_grad)
+
+
+def _kind(value: Any) -> Kind | None:
+    """How to guard ``value``; None: not worth guarding (modules, builtins)."""
+    if isinstance(value, torch.Tensor):
+        return Kind.TENSOR
+    if isinstance(value, (types.ModuleType, types.BuiltinFunctionType)):
+        return None
+    if _immutable(value):
+        return Kind.VALUE
+    if _small_plain(value, _MAX_CONTENT) >= 0:
+        return Kind.CONTENT
+    return Kind.IDENTITY
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, _PRIMITIVES) or isinstance(value, enum.Enum):
+        return True
+    if type(value) in (tuple, frozenset):
+        return all(_immutable(v) for v in value)
+    return False
+
+
+def _small_plain(value: Any, budget: int) -> int:
+    """Budget left after walking a list/dict/set of immutable values; -1 if it is not one."""
+    if _immutable(value):
+        return budget - 1
+    if type(value) in (list, set, tuple):
+        items = list(value)
+    elif type(value) is dict:
+        items = [*value.keys(), *value.values()]
+    else:
+        return -1
+    for item in items:
+        budget = _small_plain(item, budget)
+        if budget < 0:
+            return -1
+    return budget
+
+
+def _snapshot(value: Any) -> Any:
+    if type(value) is list:
+        return [_snapshot(v) for v in value]
+    if type(value) is dict:
+        return {k: _snapshot(v) for k, v in value.items()}
+    if type(value) is set:
+        return set(value)
+    return value
+
+
+_LOADS_GLOBAL = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
+_LOADS_CELL = frozenset(("LOAD_DEREF", "LOAD_CLASSDEREF"))
+_NAMES: dict[types.CodeType, tuple[dict[str, int], dict[str, int]]] = {}
+
+
+def _names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
+    """(globals read -> first line, free variables read -> first line) of one code object."""
+    found = _NAMES.get(code)
+    if found is None:
+        globals_read: dict[str, int] = {}
+        cells_read: dict[str, int] = {}
+        for instruction in dis.get_instructions(code):
+            line = instruction.positions.lineno if instruction.positions else None
+            if instruction.opname in _LOADS_GLOBAL:
+                globals_read.setdefault(instruction.argval, line or code.co_firstlineno)
+            elif instruction.opname in _LOADS_CELL and instruction.argval in code.co_freevars:
+                cells_read.setdefault(instruction.argval, line or code.co_firstlineno)
+        found = _NAMES[code] = (globals_read, cells_read)
+    return found
+
+
+def collect_reads(fn: Any, modules: Iterator[nn.Module] | list[nn.Module]) -> list[Read]:
+    """The globals and closure variables the user code reachable from ``fn`` and the
+    recorded ``modules`` reads, each once (see the module docstring)."""
+    reads: dict[Any, Read] = {}
+    for function in _user_functions([fn, *modules]):
+        code = function.__code__
+        globals_read, cells_read = _names_read(code)
+        namespace = function.__globals__
+        for name, line in globals_read.items():
+            if name in namespace:
+                source = Source(f"global {name}", f"{code.co_filename}:{line}", namespace, name)
+                _add(reads, (id(namespace), name), source)
+        for name, cell in zip(code.co_freevars, function.__closure__ or ()):
+            if name in cells_read:
+                location = f"{code.co_filename}:{cells_read[name]}"
+                _add(reads, id(cell), Source(f"closure {name}", location, cell=cell))
+    return list(reads.values())
+
+
+def _add(reads: dict[Any, Read], key: Any, source: Source) -> None:
+    if key in reads:
+        return
+    try:
+        value = source.get()
+    except (KeyError, ValueError):  # an empty cell: not read after all
+        return
+    kind = _kind(value)
+    if kind is None:
+        return
+    expected = {Kind.TENSOR: _tensor_meta, Kind.CONTENT: _snapshot}.get(kind, lambda v: v)(value)
+    reads[key] = Read(source, kind, expected)
+
+
+def _user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
+    """User functions reachable from ``roots`` through closures, globals read, classes and
+    bound methods (a static walk; at most ``_MAX_FUNCTIONS``)."""
+    pending = list(roots)
+    seen: set[int] = set()
+    found = 0
+    while pending and found < _MAX_FUNCTIONS:
+        obj = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if not isinstance(obj, types.FunctionType):
+            pending.extend(_parts(obj))
+            continue
+        if not is_user_file(obj.__code__.co_filename):
+            continue
+        found += 1
+        yield obj
+        for cell in obj.__closure__ or ():
+            try:
+                pending.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        globals_read, _ = _names_read(obj.__code__)
+        pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
+
+
+def _parts(obj: Any) -> list[Any]:
+    """What a non-function object leads to: a method's function and owner, a wrapped
+    function, the functions of a user-defined class (for an instance: of its class)."""
+    if isinstance(obj, types.MethodType):
+        return [obj.__func__, obj.__self__]
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *_PRIMITIVES)):
+        return []
+    wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
+    cls = obj if isinstance(obj, type) else type(obj)
+    parts: list[Any] = [wrapped] if wrapped is not None else []
+    for klass in cls.__mro__:
+        if klass.__module__ in ("builtins",) or not _user_class(klass):
+            continue
+        for member in vars(klass).values():
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                parts.append(member)
+    return parts
+
+
+def _user_class(klass: type) -> bool:
+    module = sys.modules.get(klass.__module__)
+    filename = getattr(module, "__file__", None)
+    return isinstance(filename, str) and is_user_file(filename)
+
+
+def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
+    """A function returning the current values of ``sources`` as one list display: the
+    namespaces and cells are its default arguments (fast locals), the names literals."""
+    params, items = [], []
+    for i, source in enumerate(sources):
+        if source.cell is not None:
+            params.append(f"c{i}=__sources[{i}].cell")
+            items.append(f"c{i}.cell_contents")
+        else:
+            params.append(f"n{i}=__sources[{i}].namespace")
+            items.append(f"n{i}[{source.name!r}]")
+    text = f"def fetch({', '.join(params)}):\n    return [{', '.join(items)}]\n"
+    scope: dict[str, Any] = {"__sources": sources}
+    exec(compile(text, "<phi_torch_jit guard>", "exec"), scope)
+    return scope["fetch"]  # type: ignore[no-any-return]
+
+
+class PythonGuard:
+    """Checks before each compiled call that the Python values a trace baked are unchanged.
+
+    Built for speed (read before every call): the current values are fetched by one list
+    comprehension over (namespace, name) and cell pairs, then compared in three slices --
+    values and contents with ``==`` (and their types), objects by ``id`` (the expected objects
+    are held, so their ids cannot be reused), tensors by metadata.
+    """
+
+    def __init__(self, reads: list[Read]) -> None:
+        order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.TENSOR: 2}
+        self.reads = tuple(sorted(reads, key=lambda r: order[r.kind]))
+        """Every guarded read: values and contents, then identities, then tensors."""
+        self.tensors = tuple(r for r in self.reads if r.kind is Kind.TENSOR)
+        """Tensors read from globals and closures: inputs of the compiled program."""
+        counts = [sum(order[r.kind] == k for r in self.reads) for k in (0, 1)]
+        self._n_values, self._n_ids = counts
+        values = self.reads[: self._n_values]
+        self._values = [r.expected for r in values]
+        self._types = [type(r.expected) for r in values]
+        self._ids = [
+            id(r.expected) for r in self.reads[self._n_values : self._n_values + self._n_ids]
+        ]
+        self._metas = [r.expected for r in self.tensors]
+        self._current = _fetcher([r.source for r in self.reads])
+
+    def holds(self) -> bool:
+        """Whether every read value is still what the trace saw."""
+        try:
+            now = self._current()
+        except (KeyError, ValueError):  # a global deleted, a cell emptied
+            return False
+        n, m = self._n_values, self._n_values + self._n_ids
+        values = now[:n]
+        if values != self._values or list(map(type, values)) != self._types:
+            return False
+        if list(map(id, now[n:m])) != self._ids:
+            return False
+        return list(map(_tensor_meta, now[m:])) == self._metas
+
+    def captured(self) -> list[torch.Tensor]:
+        """The current values of the captured tensors, in input order."""
+        return [r.source.get() for r in self.tensors]
+
+    def describe_change(self) -> str:
+        """The first read that changed, e.g. ``closure dt (read at f.py:3): 0.1 -> 0.2``."""
+        for read in self.reads:
+            if not read.holds():
+                return read.describe()
+        return "nothing"
+
+    def __len__(self) -> int:
+        return len(self.reads)

@@ -1,0 +1,249 @@
+"""Python state a jitted function reads: guarded, retraced when it changes, never baked stale.
+
+Every test compares with the same code run eagerly, on both engines (shared suite).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import phi_torch_jit as ptj
+from phi_torch_jit._reads import Kind, PythonGuard, collect_reads
+
+pytestmark = pytest.mark.all_engines
+
+SCALE = 2.0
+CONFIG: dict[str, Any] = {"gain": 1.5, "mode": "add"}
+OFFSET = torch.ones(3)
+MODEL = nn.Linear(3, 3)
+
+
+def _configured(u: torch.Tensor) -> torch.Tensor:
+    out = u * SCALE * CONFIG["gain"]
+    return out + OFFSET if CONFIG["mode"] == "add" else out - OFFSET
+
+
+def test_closure_time_step_changed_by_a_driver_loop_retraces(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dt = 0.1
+
+    def step(u: torch.Tensor) -> torch.Tensor:
+        return u + dt * torch.sin(u)
+
+    jitted = ptj.jit(step)
+    u = torch.linspace(0, 1, 5)
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        for _ in range(3):
+            assert torch.allclose(jitted(u), u + dt * torch.sin(u))
+            dt = dt / 2  # an adaptive driver shrinks the step
+    assert jitted.num_traces == 3
+    assert any("closure dt (read at" in r.message and "0.1 -> 0.05" in r.message
+               for r in caplog.records)  # fmt: skip
+
+
+def test_unchanged_values_do_not_retrace() -> None:
+    jitted = ptj.jit(_configured)
+    u = torch.randn(3)
+    for _ in range(4):
+        assert torch.allclose(jitted(u), _configured(u))
+    assert jitted.num_traces == 1
+
+
+def test_globals_floats_and_config_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    jitted = ptj.jit(_configured)
+    u = torch.randn(3)
+    jitted(u)
+    monkeypatch.setitem(CONFIG, "gain", 3.0)  # an entry changes: content guard
+    assert torch.allclose(jitted(u), _configured(u))
+    monkeypatch.setitem(CONFIG, "mode", "sub")
+    assert torch.allclose(jitted(u), _configured(u))
+    monkeypatch.setattr(__import__(__name__), "SCALE", 0.5)
+    assert torch.allclose(jitted(u), _configured(u))
+    assert jitted.num_traces == 4
+
+
+def test_global_tensor_updated_in_place_and_reassigned(monkeypatch: pytest.MonkeyPatch) -> None:
+    jitted = ptj.jit(_configured)
+    u = torch.randn(3)
+    for i in range(5):  # TorchScript's executor used to fold it into a constant
+        OFFSET.add_(1.0)
+        assert torch.allclose(jitted(u), _configured(u)), i
+    monkeypatch.setattr(__import__(__name__), "OFFSET", torch.full((3,), -4.0))
+    assert torch.allclose(jitted(u), _configured(u))
+    assert jitted.num_traces == 1  # same metadata: an input, not a retrace
+    monkeypatch.setattr(__import__(__name__), "OFFSET", torch.zeros(4))
+    with pytest.raises(RuntimeError):  # eager raises too: shapes (3,) and (4,)
+        jitted(u)
+
+
+def test_closure_tensor_requiring_grad_gets_its_gradient() -> None:
+    weight = torch.randn(3, requires_grad=True)
+    jitted = ptj.jit(lambda x: (x * weight).sin().sum())
+    x = torch.randn(3)
+    for _ in range(3):
+        weight.grad = None
+        jitted(x).backward()
+        assert weight.grad is not None and torch.allclose(weight.grad, x * (x * weight).cos())
+
+
+def test_global_model_name_rebound_to_another_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        return MODEL(x)
+
+    jitted = ptj.jit(predict)
+    x = torch.randn(2, 3)
+    assert torch.allclose(jitted(x), MODEL(x))
+    reloaded = nn.Linear(3, 3)
+    monkeypatch.setattr(__import__(__name__), "MODEL", reloaded)
+    assert torch.allclose(jitted(x), reloaded(x))
+
+
+class Annealed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.act: nn.Module = nn.ReLU()
+        self.drop = nn.Dropout(0.5)
+        self.temperature = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.drop(self.act(self.lin(x))) / self.temperature, -1)
+
+
+def test_module_attributes_and_replaced_submodules(caplog: pytest.LogCaptureFixture) -> None:
+    net = Annealed()
+    jitted = ptj.jit(net)
+    x = torch.randn(8, 4)
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        for temperature in (1.0, 0.5, 0.25):  # annealed between calls
+            net.temperature = temperature
+            torch.manual_seed(3)
+            got = jitted(x)
+            torch.manual_seed(3)
+            assert torch.allclose(got, net(x))
+        net.drop.p = 0.1  # a scheduled dropout rate
+        net.eval()
+        assert torch.allclose(jitted(x), net(x))
+        net.act = nn.Tanh()
+        assert torch.allclose(jitted(x), net(x))
+        net.lin = nn.Linear(4, 4)
+        assert torch.allclose(jitted(x), net(x))
+    messages = " ".join(r.message for r in caplog.records)
+    assert "attribute Annealed.temperature: 1.0 -> 0.5" in messages
+    assert "submodule Annealed.act replaced: ReLU -> new Tanh" in messages
+
+
+def _noisy_python(u: torch.Tensor) -> torch.Tensor:
+    return u * random.random()
+
+
+def _noisy_numpy(u: torch.Tensor) -> torch.Tensor:
+    return u * float(np.random.rand())
+
+
+def _clocked(u: torch.Tensor) -> torch.Tensor:
+    return u * (time.time() % 1.0 + 1.0)
+
+
+def _reseeding(u: torch.Tensor) -> torch.Tensor:
+    torch.manual_seed(0)
+    return u + torch.rand(3)
+
+
+@pytest.mark.parametrize("fn", [_noisy_python, _noisy_numpy, _clocked, _reseeding])
+def test_unguardable_reads_run_eagerly_with_one_warning(fn: Any) -> None:
+    jitted = ptj.jit(fn)
+    u = torch.ones(3)
+    with pytest.warns(ptj.JitWarning, match="runs eagerly") as record:
+        first = jitted(u)
+    assert len(record) == 1 and fn.__name__ in str(record[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+        results = [jitted(u) for _ in range(3)]
+    if fn is _reseeding:
+        assert all(torch.equal(r, first) for r in results)  # the same seed: eager's result
+    else:
+        assert len({float(r[0]) for r in [first, *results]}) == 4  # a new value on every call
+    assert "runs eagerly" in jitted.explain()
+
+
+def _target_network(x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        target = MODEL(x) * 2
+    return ((MODEL(x) - target) ** 2).sum()
+
+
+def test_no_grad_blocks_give_eager_gradients(jit_engine: str) -> None:
+    jitted = ptj.jit(_target_network)
+    x = torch.randn(4, 3)
+    MODEL.zero_grad()
+    _target_network(x).backward()
+    want = MODEL.weight.grad.clone()  # type: ignore[union-attr]
+    context = pytest.warns(ptj.JitWarning, match="grad mode")
+    if jit_engine.startswith("compile"):  # engine compile keeps grad-mode changes
+        context = warnings.catch_warnings()  # type: ignore[assignment]
+    with context:
+        for _ in range(3):
+            MODEL.zero_grad()
+            jitted(x).backward()
+            assert torch.allclose(MODEL.weight.grad, want)  # type: ignore[arg-type]
+    compiled = not jitted.specializations[0].eager_reason
+    assert compiled == jit_engine.startswith("compile")
+
+
+def test_tensor_hooks_run_eagerly_and_reverse_gradients() -> None:
+    def reversed_grad(x: torch.Tensor) -> torch.Tensor:
+        y = x * 3
+        y.register_hook(lambda g: -g)
+        return y.sum()
+
+    jitted = ptj.jit(reversed_grad)
+    x = torch.ones(2, requires_grad=True)
+    with pytest.warns(ptj.JitWarning, match="tensor hooks"):
+        jitted(x).backward()
+    assert torch.equal(x.grad, torch.full((2,), -3.0))  # type: ignore[arg-type]
+
+
+def test_helpers_and_module_methods_are_walked_statically() -> None:
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.helper(x)
+
+        def helper(self, x: torch.Tensor) -> torch.Tensor:
+            return x * SCALE
+
+    def outer(x: torch.Tensor) -> torch.Tensor:
+        return _configured(x)
+
+    reads = collect_reads(outer, [])
+    labels = {r.source.label: r.kind for r in reads}
+    assert labels["global SCALE"] is Kind.VALUE and labels["global CONFIG"] is Kind.CONTENT
+    assert labels["global OFFSET"] is Kind.TENSOR and labels["global _configured"] is Kind.IDENTITY
+    assert "global SCALE" in {r.source.label for r in collect_reads(lambda x: x, [Scaled()])}
+
+
+def test_python_guard_describes_the_first_change() -> None:
+    box = {"k": 1}
+    count = 3
+
+    def f() -> int:
+        return box["k"] + count
+
+    (read_box, read_count) = sorted(collect_reads(f, []), key=lambda r: r.source.label)
+    guard = PythonGuard([read_box, read_count])
+    assert guard.holds() and len(guard) == 2
+    box["k"] = 2
+    assert not guard.holds()
+    assert guard.describe_change().startswith("closure box (read at")
+    assert guard.describe_change().endswith("{'k': 1} -> {'k': 2}")
+    assert count == 3
