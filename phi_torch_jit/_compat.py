@@ -34,6 +34,8 @@ __all__ = [
     "missing_private_apis",
     "get_tracing_state",
     "set_tracing_state",
+    "functorch_transform",
+    "any_autocast",
     "value_trace",
     "graph_executor_optimize",
     "set_graph_executor_optimize",
@@ -225,6 +227,18 @@ SET_GRAD_ENABLED = _api(
     "set_grad_enabled); the record pass watches for calls of it",
     "_reads",
 )
+FUNCTORCH_STACK = _api(
+    "torch._C._functorch.peek_interpreter_stack",
+    "whether a torch.func transform (vmap, grad) is running: a jitted function called inside "
+    "one runs its Python; no public query exists",
+    "_jit",
+)
+ANY_AUTOCAST = _api(
+    "torch._C._is_any_autocast_enabled",
+    "one C call telling whether autocast is on for any device (read on every jitted call; "
+    "the public torch.is_autocast_enabled asks one device at a time)",
+    "_jit",
+)
 TRACER_WARNING = _api(
     "torch.jit.TracerWarning torch.jit._trace.TracerWarning",
     "the warning torch.jit.trace gives where it bakes a value; documented, but torch.jit does "
@@ -260,6 +274,8 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     TENSOR_VERSION,
     TRACER_WARNING,
     SET_GRAD_ENABLED,
+    FUNCTORCH_STACK,
+    ANY_AUTOCAST,
     FUNCTORCH_CONFIG,
 )
 """Every private torch API in use (checked by tests/test_compat.py)."""
@@ -301,6 +317,10 @@ TracerWarning: type[Warning] = TRACER_WARNING.find()
 """torch.jit's TracerWarning class."""
 get_tracing_state: Callable[[], Any] = _now_or_lazy(TRACING_STATE)
 """The running TorchScript trace's state, None when none runs (read on every jitted call)."""
+functorch_transform: Callable[[], Any] = _now_or_lazy(FUNCTORCH_STACK)
+"""The innermost running torch.func transform, None outside any (read on every jitted call)."""
+any_autocast: Callable[[], bool] = _now_or_lazy(ANY_AUTOCAST)
+"""Whether autocast is enabled for some device (read on every jitted call)."""
 set_tracing_state: Callable[[Any], None] = _now_or_lazy(SET_TRACING_STATE)
 """Install a tracing state (None pauses the trace)."""
 value_trace: Callable[[torch.Tensor], Any] = _now_or_lazy(VALUE_TRACE)

@@ -39,6 +39,10 @@ def explain(report: Reporter, engine: Engine, specializations: Iterable[Speciali
 def explain_specialization(index: int, spec: Specialization) -> list[str]:
     """The ``explain()`` lines of one specialization."""
     grad = "grad enabled" if spec.key[1] else "grad disabled"
+    if spec.key[2] is not None:
+        grad += ", autocast " + ", ".join(
+            f"{d} {str(t).replace('torch.', '')}" for d, t in spec.key[2]
+        )
     t = spec.timings
     lines = [
         f"[{index}] {describe_spec(spec.key[0])}, {grad}",
@@ -113,10 +117,12 @@ class Reporter:
             )
 
     def _change(self, old: Key, new: Key) -> str:
-        if old[0] == new[0]:
+        if old[0] != new[0]:
+            return first_difference(old[0], new[0], self.arg_names)
+        if old[1] != new[1]:
             states = {True: "enabled", False: "disabled"}
             return f"grad mode {states[old[1]]} -> {states[new[1]]}"
-        return first_difference(old[0], new[0], self.arg_names)
+        return f"autocast {old[2]} -> {new[2]}"
 
     def evicted(self, dropped: Specialization) -> None:
         logger.info(

@@ -43,6 +43,7 @@ def _immutable(value: Any) -> bool:
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _GLOBAL_HOOK_DICTS = global_module_hooks()  # forward pre, forward, backward pre, backward
 _training = operator.attrgetter("training")
+_DTYPE_DEVICE = operator.attrgetter("dtype", "device")
 
 
 def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
@@ -83,6 +84,7 @@ class ModuleGuard:
             for d in (m.__dict__["_parameters"], m.__dict__["_buffers"])
             if d  # a tensor added to an empty dict later is not used by the traced program
         )
+        self._tensor_metas = self._dtypes_devices()
         self._child_dicts = tuple(m.__dict__["_modules"] for m in self.modules if m._modules)
         self._children = self._child_identities()
         self._child_names = tuple(
@@ -96,7 +98,14 @@ class ModuleGuard:
             if not name.startswith("_") and name != "training" and _immutable(value)
         )  # fmt: skip
         """Plain attributes (``Dropout.p``, a temperature): traced in as constants."""
+        by_dict: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        for d, name, _ in self._attributes:
+            by_dict.setdefault(id(d), (d, []))[1].append(name)
+        self._attribute_getters = [
+            (operator.itemgetter(*names), d) for d, names in by_dict.values()
+        ]  # one C call per module
         self._attribute_values = self._attribute_snapshot()
+        self._initial = {(id(d), name): d[name] for d, name, _ in self._attributes}
         self._trainings = self._training_flags()
         self._sizes = self._hook_sizes()
         self._tensor_ids = self._tensor_identities()
@@ -115,12 +124,23 @@ class ModuleGuard:
     def _tensor_identities(self) -> tuple[int, ...]:
         return tuple(map(id, chain.from_iterable(map(dict.values, self._tensor_dicts))))
 
+    def moved(self) -> bool:
+        """Whether parameters or buffers changed dtype or device since the trace.
+
+        ``module.double()`` / ``.to(device)`` keep the tensor objects and change these. A
+        program then fails at its first op on them; checked only then, not before every call
+        (it would cost about half the guard). See NOTE [module guards]."""
+        return self._dtypes_devices() != self._tensor_metas
+
+    def _dtypes_devices(self) -> tuple[tuple[Any, Any], ...]:
+        return tuple(map(_DTYPE_DEVICE, chain.from_iterable(map(dict.values, self._tensor_dicts))))
+
     def _child_identities(self) -> tuple[int, ...]:
         return tuple(map(id, chain.from_iterable(map(dict.values, self._child_dicts))))
 
     def _attribute_snapshot(self) -> list[Any]:
         try:
-            return [d[name] for d, name, _ in self._attributes]
+            return [get(d) for get, d in self._attribute_getters]
         except KeyError:  # an attribute deleted
             return []
 
@@ -151,13 +171,12 @@ class ModuleGuard:
         for name, was, now_training in zip(self.names, self._trainings, self._training_flags()):
             if was != now_training:
                 return f"module {name} training {was} -> {now_training}"
-        now = self._attribute_snapshot()
-        for (d, attr, owner), old in zip(self._attributes, self._attribute_values):
-            value = d.get(attr, "<deleted>")
+        if self._dtypes_devices() != self._tensor_metas:
+            return "parameters or buffers changed dtype or device (module.double(), .to()?)"
+        for d, attr, owner in self._attributes:
+            old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
             if value != old or type(value) is not type(old):
                 return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
-        if len(now) != len(self._attribute_values):
-            return "a module attribute was deleted"
         for owner, name, old_type, ident in self._child_names:
             module = next(m for n, m in zip(self.names, self.modules) if n == owner)
             child = module._modules.get(name)

@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from ._cache import SpecializationCache, clear_caches
-from ._compat import get_tracing_state
+from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
 from ._explain import Reporter, explain
 from ._options import DISABLE_ENV, ENGINE_ENV, Options, positional_names
 from ._pipeline import Target, specialize
 from ._signature import flatten_arguments
-from ._specialization import Key, Miss, Specialization, retrace_reason
+from ._specialization import Key, Miss, Specialization, autocast_state, retrace_reason
 from ._specialization import run_first_valid as serve
 from .engines import Engine
 from .engines.compile import Backend
@@ -82,10 +82,15 @@ class JitFunction(Generic[P, R]):
         return self if instance is None else types.MethodType(self, instance)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self._engine.passthrough or current_frame() is not None or get_tracing_state():
-            return self._fn(*args, **kwargs)  # eager, or inlined into an enclosing trace
+        if (
+            self._engine.passthrough
+            or current_frame() is not None
+            or get_tracing_state()
+            or functorch_transform() is not None
+        ):  # eager; inlined into an enclosing trace; or inside vmap/grad, which see the Python
+            return self._fn(*args, **kwargs)
         spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)
-        key = (spec, torch.is_grad_enabled())
+        key = (spec, torch.is_grad_enabled(), autocast_state())
         seen = self._cache.lookup(key)
         result = serve(seen, tensors) if seen else Miss(None)
         if not isinstance(result, Miss):

@@ -27,7 +27,15 @@ from ._guards import ModuleGuard, has_backward_hooks
 from ._options import Options
 from ._reads import PythonGuard, Unguardable, collect_reads
 from ._record import Recording, check_modules, record
-from ._signature import Spec, describe_spec, flatten_outputs, modules_in
+from ._signature import (
+    Spec,
+    count_program_outputs,
+    describe_spec,
+    flatten_outputs,
+    merge_traced_numbers,
+    modules_in,
+    unflatten_arguments,
+)
 from ._specialization import Key, Specialization, Timings
 from ._state import rng_restored
 from ._trace import Traced, trace, wrapper_engine
@@ -58,7 +66,7 @@ def specialize(
     """The stages for a cache miss; return (the eager result, the specialization)."""
     start = time.perf_counter()
     result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]))
-    output_spec, outputs = flatten_outputs(result, target.owner)
+    output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
     reads = collect_reads(target.fn, list(recording.modules.values()))
@@ -80,10 +88,11 @@ def specialize(
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:
         target.report.side_effects(recording.side_effects)
-    _check_structure(target.owner, traced.output_spec, output_spec)
+    program_spec = _program_spec(target.owner, traced.output_spec, output_spec)
     timings = Timings(record_s, compile_s, traced.seconds)
-    parts = _Parts(key, modules, traced, calls, timings, len(outputs), eager_reason, guard)
-    return result, _assemble(target, output_spec, parts)
+    n_outputs = count_program_outputs(program_spec)
+    parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard)
+    return result, _assemble(target, program_spec, parts)
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,20 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         engine_notes=traced.module.notes,
         python_guard=parts.python_guard,
         buffer_writes=traced.buffer_writes,
+        eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
     )
+
+
+class _EagerCall:
+    """Runs a specialization eagerly: the user function on the rebuilt arguments."""
+
+    def __init__(self, fn: Callable[..., Any], arg_spec: Spec) -> None:
+        self.fn = fn
+        self.arg_spec = arg_spec
+
+    def __call__(self, tensors: list[torch.Tensor]) -> Any:
+        args, kwargs = unflatten_arguments(self.arg_spec, tensors)
+        return self.fn(*args, **kwargs)
 
 
 def _compile(
@@ -166,15 +188,24 @@ def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
             f"it changes the grad mode ({', '.join(seen.grad_mode[:3])}), which engine "
             f"{engine.name!r} drops (engine 'compile' keeps it)"
         )
+    if seen.functorch and not engine.keeps_functorch:
+        reasons.append(
+            f"it applies torch.func transforms ({', '.join(seen.functorch[:3])}), which engine "
+            f"{engine.name!r} does not capture"
+        )
     if seen.tensor_hooks:
         reasons.append(f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])})")
     return reasons
 
 
-def _check_structure(owner: str, traced: Spec, recorded: Spec) -> None:
-    if traced != recorded:
+def _program_spec(owner: str, traced: Spec, recorded: Spec) -> Spec:
+    """The output spec the program serves: the recorded one, with numbers the trace computed
+    as tensors made computed leaves (:func:`._signature.merge_traced_numbers`)."""
+    merged = merge_traced_numbers(recorded, traced)
+    if merged is None:
         raise TraceError(
             f"phi_torch_jit: {owner} returned a different structure while tracing "
             f"({describe_spec(traced)}) than while recording ({describe_spec(recorded)}). "
             "Make the output structure depend only on the inputs' shapes and static values."
         )
+    return merged

@@ -71,6 +71,8 @@ class Unguardable:
     """Places where the grad mode was changed (``no_grad`` / ``enable_grad`` blocks)."""
     tensor_hooks: list[str] = field(default_factory=list)
     """Places where ``Tensor.register_hook`` was called."""
+    functorch: list[str] = field(default_factory=list)
+    """Places where a torch.func transform (vmap, grad...) was applied."""
 
 
 def _from_user(frame: types.FrameType | None) -> bool:
@@ -121,11 +123,15 @@ def _targets() -> list[tuple[Any, str, str, str]]:
         targets += [(owner, n, "random", f"torch.{n}") for n in _TORCH_RNG if hasattr(owner, n)]
     targets.append((*grad_mode_setter(), "grad_mode", ""))
     targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
+    for owner, prefix in ((torch.func, "torch.func"), (torch, "torch")):
+        targets += [(owner, n, "functorch", f"{prefix}.{n}") for n in _TRANSFORMS
+                    if owner.__dict__.get(n) is not None]  # fmt: skip
     return targets
 
 
 _NUMPY_KEEP = frozenset(("default_rng", "get_state", "bit_generator", "test"))
 _TORCH_RNG = ("manual_seed", "seed", "set_rng_state")
+_TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")
 
 
 class _Watch:

@@ -54,6 +54,8 @@ __all__ = [
     "first_difference",
     "describe_spec",
     "modules_in",
+    "merge_traced_numbers",
+    "count_program_outputs",
 ]
 
 Spec = tuple[Any, ...]
@@ -217,6 +219,8 @@ def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
         return next(tensors)
     if tag == "S":
         return spec[2]
+    if tag == "I":  # a Python number the program computes (a traced size, a count)
+        return spec[1](next(tensors))
     if tag == "Q":
         return spec[1](unflatten(c, tensors) for c in spec[2])
     if tag == "D":
@@ -233,6 +237,45 @@ def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
     if tag == "P":
         return assemble(spec[1], tensors)
     raise AssertionError(f"unknown spec tag {tag!r}")
+
+
+_NUMBERS = (int, float, bool)
+
+
+def merge_traced_numbers(recorded: Spec, traced: Spec) -> Spec | None:
+    """The output spec of a compiled program, or None if the two passes' structures differ.
+
+    A Python number the record pass returned (``("S", int, 3)``) that the trace returned as a
+    tensor (TorchScript traces sizes such as ``x.nonzero().shape[0]`` as tensors) becomes a
+    leaf ``("I", int)``: computed by the program on every call, converted back to the number.
+    """
+    if recorded == traced:
+        return recorded
+    if recorded[0] == "S" and recorded[1] in _NUMBERS and traced == ("T",):
+        return ("I", recorded[1])
+    if (
+        recorded[0] != traced[0]
+        or recorded[0] not in ("Q", "N", "D", "C")
+        or len(recorded) != len(traced)
+    ):
+        return None
+    if recorded[:-1] != traced[:-1] or len(recorded[-1]) != len(traced[-1]):
+        return None
+    children = [merge_traced_numbers(a, b) for a, b in zip(recorded[-1], traced[-1])]
+    if any(c is None for c in children):
+        return None
+    return (*recorded[:-1], tuple(children))
+
+
+def count_program_outputs(spec: Spec) -> int:
+    """How many tensors a program returns for an output spec (tensor and number leaves)."""
+    if spec[0] in ("T", "I"):
+        return 1
+    if spec[0] == "P":  # a PhiML value: its torch natives
+        return sum(slot is None for slot in spec[1].slots)
+    if spec[0] in ("Q", "N", "D", "C"):
+        return sum(count_program_outputs(c) for c in spec[-1])
+    return 0
 
 
 def modules_in(spec: Spec) -> list[nn.Module]:
@@ -264,6 +307,8 @@ def describe_spec(spec: Spec) -> str:
         return f"Tensor[{shape}] {str(spec[2]).replace('torch.', '')} {spec[3]}{grad}"
     if tag == "S":
         return repr(spec[2])
+    if tag == "I":
+        return f"{spec[1].__name__} (computed)"
     if tag == "M":
         return f"<{type(spec[1]).__name__} module>"
     if tag == "P":

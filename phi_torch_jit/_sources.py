@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from typing import Any
 
 import torch
 
@@ -20,10 +21,18 @@ OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """Directory of phi_torch_jit (trailing separator)."""
 
 
-def user_location(depth: int) -> str | None:
+def user_location(depth: int, skip_torch: bool = False) -> str | None:
     """``file:line`` of the frame ``depth`` levels above the caller, or None if that frame is
-    torch's or phi_torch_jit's own code (``depth=1``: whoever called the caller)."""
-    frame = sys._getframe(depth + 1)
+    torch's or phi_torch_jit's own code (``depth=1``: whoever called the caller).
+
+    ``skip_torch``: look past torch's frames first (a conversion torch makes for the user, such
+    as ``Tensor.__array__`` calling ``numpy()``).
+    """
+    frame: Any = sys._getframe(depth + 1)
+    while (
+        skip_torch and frame.f_back is not None and frame.f_code.co_filename.startswith(TORCH_DIR)
+    ):
+        frame = frame.f_back
     filename = frame.f_code.co_filename
     if filename.startswith((TORCH_DIR, OWN_DIR)):
         return None

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._compat import any_autocast
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
 from ._reads import PythonGuard
@@ -24,6 +25,7 @@ from ._value_guards import ValueGuard
 
 __all__ = [
     "Key",
+    "autocast_state",
     "Timings",
     "Specialization",
     "GuardFailure",
@@ -32,8 +34,22 @@ __all__ = [
     "retrace_reason",
 ]
 
-Key = tuple[Spec, bool]
-"""(argument spec, grad mode): what a specialization is cached under."""
+Key = tuple[Spec, bool, Any]
+"""(argument spec, grad mode, autocast state): what a specialization is cached under."""
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+def autocast_state() -> Any:
+    """The autocast part of a cache key: None, or ((device, dtype), ...) where it is on."""
+    if not any_autocast():
+        return None
+    return tuple(
+        (device, torch.get_autocast_dtype(device))
+        for device in _AUTOCAST_DEVICES
+        if torch.is_autocast_enabled(device)
+    )
 
 
 @dataclass(frozen=True)
@@ -53,7 +69,7 @@ class Specialization:
     """One compiled version of a jitted function, for one input signature."""
 
     key: Key
-    """(argument spec, grad mode) it was built for."""
+    """(argument spec, grad mode, autocast state) it was built for."""
     program: Callable[..., tuple[torch.Tensor, ...]]
     """The compiled wrapper: flat input tensors -> flat output tensors."""
     output_spec: Spec
@@ -83,6 +99,9 @@ class Specialization:
     buffer_writes: tuple[torch.Tensor, ...] = ()
     """Buffers the function replaces by new tensors: the program returns their new values
     last, and they are copied in after the value guards passed (NOTE [side effects once])."""
+    eager: Callable[[list[torch.Tensor]], Any] | None = None
+    """For a specialization that runs eagerly: calls the Python function on the arguments
+    rebuilt from the tensors and returns its result as it is (non-tensor leaves included)."""
     python_guard: PythonGuard | None = None
     """Globals and closure variables the trace baked (checked before each call), and the
     tensors among them, which follow the arguments as inputs of the program."""
@@ -90,6 +109,8 @@ class Specialization:
     def run(self, tensors: list[torch.Tensor]) -> Any:
         """The result for these inputs, or a :class:`GuardFailure` (state restored) if a
         value guard fails."""
+        if self.eager is not None:
+            return self.eager(tensors)
         if self.python_guard is not None and self.python_guard.tensors:
             tensors = [*tensors, *self.python_guard.captured()]
         if not self.value_guards:
@@ -152,7 +173,12 @@ def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tenso
         python = specialization.python_guard
         if python is not None and not python.holds():
             continue
-        result = specialization.run(tensors)
+        try:
+            result = specialization.run(tensors)
+        except RuntimeError:
+            if guard is not None and guard.moved():  # module.double(), .to(): retrace
+                continue
+            raise
         if not isinstance(result, GuardFailure):
             return result
         failure = failure or result

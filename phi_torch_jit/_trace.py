@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +69,20 @@ def _trace_input(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().requires_grad_(t.requires_grad)
 
 
+@contextmanager
+def _fresh_autocast_cache() -> Iterator[None]:
+    """Under autocast, casts of parameters are cached: the record pass's cached casts would
+    enter the trace as constants, and the trace's would leak into later eager code."""
+    if not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"):
+        yield
+        return
+    torch.clear_autocast_cache()
+    try:
+        yield
+    finally:
+        torch.clear_autocast_cache()
+
+
 def trace(
     engine: Engine,
     steps: list[ReplayStep],
@@ -85,7 +101,7 @@ def trace(
     cursor = ReplayCursor(steps, wrapper.owner)
     example = tuple(_trace_input(t) for t in tensors)
     conversions: list[Conversion] | None = [] if guarding else None
-    with recording.state.rewound():
+    with recording.state.rewound(), _fresh_autocast_cache():
         with tracing(wrapper.owner, cursor, conversions, recording.phiml) as frame:
             compiled = engine.compile_module(wrapper, example, wrapper.owner)
         cursor.finish()

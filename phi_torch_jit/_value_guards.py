@@ -21,6 +21,7 @@ key. Functions without conversions pay nothing. See NOTE [value guards].
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ __all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
 GUARD_POLICIES = ("retrace", "eager", "error", "off")
 """Accepted values of ``jit(on_guard_failure=...)``."""
 
-_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
+_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy")
+"""Tensor-to-Python conversions; ``numpy`` also serves ``np.asarray(t)`` (``Tensor.__array__``)."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,13 @@ class ValueGuard:
     def describe(self, tensor: torch.Tensor | None = None) -> str:
         call = {"__bool__": "bool", "__int__": "int", "__float__": "float", "__index__": "index"}
         name = call.get(self.kind, f".{self.kind}")
-        now = "" if tensor is None else f" -> {_convert(self.kind, tensor)!r}"
-        return f"{name}(...) at {self.location}: {self.expected!r}{now}"
+        now = "" if tensor is None else f" -> {_brief(_convert(self.kind, tensor))}"
+        return f"{name}(...) at {self.location}: {_brief(self.expected)}{now}"
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _convert(kind: str, tensor: torch.Tensor) -> Any:
@@ -89,6 +96,10 @@ def _convert(kind: str, tensor: torch.Tensor) -> Any:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
+    if hasattr(a, "__array_interface__") or hasattr(b, "__array_interface__"):  # numpy()
+        numpy = sys.modules["numpy"]
+        same_kind = getattr(a, "dtype", None) == getattr(b, "dtype", None)
+        return same_kind and bool(numpy.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
     return bool(a == b)
 
 
@@ -140,7 +151,10 @@ def _intercepting(kind: str) -> Callable[..., Any]:
         with warnings.catch_warnings(), disable_dispatch_modes():
             warnings.simplefilter("ignore", TracerWarning)
             value = original(self, *args)
-        location = user_location(1)  # who converted the tensor
+        if kind == "numpy":  # a copy: the array shares the tensor's memory
+            value = value.copy()
+        # who converted the tensor (for numpy past torch's own Tensor.__array__)
+        location = user_location(1, skip_torch=kind == "numpy")
         if location is not None and not _from_shapes(self):
             frame.conversions.append(Conversion(self, kind, value, location))
         return value

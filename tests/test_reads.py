@@ -247,3 +247,59 @@ def test_python_guard_describes_the_first_change() -> None:
     assert guard.describe_change().startswith("closure box (read at")
     assert guard.describe_change().endswith("{'k': 1} -> {'k': 2}")
     assert count == 3
+
+
+def _count(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    n = x.nonzero().shape[0]
+    return x * n, n
+
+
+def test_ints_derived_from_tensor_values_are_never_baked() -> None:
+    jitted = ptj.jit(_count)
+    for values in ([1.0, 0.0, 2.0], [1.0, 1.0, 2.0], [0.0, 0.0, 0.0]):
+        x = torch.tensor(values)
+        got, want = jitted(x), _count(x)
+        assert got[1] == want[1] and type(got[1]) is int and torch.equal(got[0], want[0])
+    uniq = ptj.jit(lambda x: torch.unique(x).shape[0] * x)
+    for values in ([1.0, 1.0, 2.0], [1.0, 3.0, 2.0]):
+        x = torch.tensor(values)
+        assert torch.equal(uniq(x), torch.unique(x).shape[0] * x)
+
+
+def test_numpy_conversions_are_guarded_like_item() -> None:
+    jitted = ptj.jit(lambda x: x * float(np.asarray(x).sum()) + float(x.numpy()[0]))
+    for fill in (1.0, 2.0, 1.0):
+        x = torch.full((2,), fill)
+        assert torch.equal(jitted(x), x * float(x.sum()) + fill)
+    assert jitted.num_traces == 2  # one per branch of values, reused
+
+
+def test_module_moved_to_another_dtype_retraces() -> None:
+    net = nn.Linear(3, 3)
+    jitted = ptj.jit(lambda x: net(x.to(net.weight.dtype)))
+    x = torch.ones(3)
+    assert jitted(x).dtype == torch.float32
+    net.double()
+    assert jitted(x).dtype == torch.float64 and torch.allclose(jitted(x), net(x.double()))
+
+
+def test_autocast_then_plain_calls_return_eagers_dtypes() -> None:
+    net = nn.Linear(3, 3)
+    jitted = ptj.jit(lambda x: net(x))
+    x = torch.ones(2, 3)
+    for autocast in (True, False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            got, want = jitted(x), net(x)
+        assert got.dtype == want.dtype and torch.allclose(got.float(), want.float())
+    assert jitted.num_traces == 2
+
+
+def test_torch_func_transforms_inside_and_around_a_jitted_function() -> None:
+    inner = ptj.jit(lambda x: torch.func.vmap(torch.sin)(x) * 2)
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ptj.JitWarning)  # engine compile: runs eagerly
+        assert torch.allclose(inner(x), torch.sin(x) * 2)
+    outer = ptj.jit(lambda x: x.sin() * 2)
+    assert torch.allclose(torch.func.vmap(outer)(x), torch.sin(x) * 2)
+    assert torch.allclose(torch.func.grad(lambda y: outer(y).sum())(x[0]), 2 * torch.cos(x[0]))

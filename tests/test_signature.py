@@ -124,3 +124,19 @@ def test_first_difference_names_path_and_change() -> None:
 def test_describe_spec_is_readable() -> None:
     text = describe_spec(key(torch.zeros(2, 3, requires_grad=True), dt=0.5))
     assert text == "(Tensor[2, 3] float32 cpu requires_grad, dt=0.5)"
+
+
+def test_numbers_the_trace_computed_become_computed_leaves() -> None:
+    from phi_torch_jit._signature import count_program_outputs, merge_traced_numbers
+
+    recorded, _ = flatten_outputs((torch.ones(2), 3, {"n": 2.5, "tag": "a"}), "f")
+    traced, _ = flatten_outputs(
+        (torch.ones(2), torch.tensor(3), {"n": torch.tensor(2.5), "tag": "a"}), "f"
+    )
+    merged = merge_traced_numbers(recorded, traced)
+    assert merged is not None and count_program_outputs(merged) == 3
+    value = unflatten(merged, iter([torch.zeros(2), torch.tensor(7), torch.tensor(0.5)]))
+    assert value[1] == 7 and type(value[1]) is int and value[2] == {"n": 0.5, "tag": "a"}
+    assert merge_traced_numbers(recorded, recorded) == recorded
+    other, _ = flatten_outputs((torch.ones(2), "x", {"n": 2.5, "tag": "a"}), "f")
+    assert merge_traced_numbers(other, traced) is None  # a string cannot be computed

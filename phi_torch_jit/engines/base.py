@@ -83,6 +83,9 @@ class Engine(abc.ABC):
     keeps_grad_mode: ClassVar[bool] = False
     """Whether grad-mode changes inside the function (``torch.no_grad()`` blocks) are part of
     what :meth:`compile_module` compiles; if not, such functions run eagerly."""
+    keeps_functorch: ClassVar[bool] = True
+    """Whether torch.func transforms applied inside the function (``vmap``, ``grad``) are
+    compiled faithfully; if not, such functions run eagerly."""
     captures_graph: ClassVar[bool] = False
     """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
     receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""

@@ -39,7 +39,7 @@ from torch import nn
 
 from .._compat import backend_exists, dynamo_counters, fx_tracing, import_inductor
 from .._warnings import TORCHSCRIPT_NOTICE
-from ..errors import ConfigurationError, TraceError, UsageError
+from ..errors import ConfigurationError, RunEagerly, TraceError, UsageError
 from .base import (
     RANDOM_OPS,
     CompiledFunction,
@@ -98,6 +98,7 @@ class CompileEngine(Engine):
     name = "compile"
     captures_graph = True
     keeps_grad_mode = True
+    keeps_functorch = False
     torchscript_tracing = False
 
     def __init__(
@@ -184,7 +185,34 @@ def _capture(
             "'retrace' (the default), or tensor operations such as torch.where."
         ) from None
     _reject_captured(graph, label)
+    _reject_data_dependent_shapes(graph)
     return graph
+
+
+_DATA_DEPENDENT = ("nonzero.", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
+                   "repeat_interleave.Tensor", "bincount")  # fmt: skip
+"""Ops whose output shape depends on tensor values (``nonzero_static`` is not one of them)."""
+
+
+def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:
+    """A captured graph has the shapes of this run baked in; an op whose output shape depends
+    on values (``x.nonzero()``, ``torch.unique``, ``x[mask]``) would give other calls wrong
+    sizes. Such functions run eagerly (TorchScript traces those sizes dynamically)."""
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = str(node.target)
+        masked = name == "aten.index.Tensor" and any(
+            getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
+            for i in node.args[1]
+            if i is not None
+        )
+        if masked or any(op in name for op in _DATA_DEPENDENT):
+            raise RunEagerly(
+                f"engine 'compile' would bake the output shape of {name} (it depends on tensor "
+                "values); use engine 'torchscript', or ops with static shapes (torch.where "
+                "with three arguments, nonzero_static)"
+            )
 
 
 _VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
