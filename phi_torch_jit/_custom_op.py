@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ._backward import LazyBackward
-from ._compat import destroy_library, is_fake, is_view
+from ._compat import destroy_library, disable_dispatch_modes, is_fake, is_view
 from ._context import Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._phases import compiling
@@ -114,6 +114,7 @@ class CompiledCall:
         backward op then serves every call with the recorded call context (NOTE [opaque
         backward])."""
         self.output_meta = tuple(_Meta.of(o) for o in recorded.outputs)
+        self._fake_present: dict[tuple[bool, ...], tuple[bool, ...]] = {}
         self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
         self.op_name = self._define_op()
         self.backward_op = self._define_backward_op()
@@ -194,9 +195,35 @@ class CompiledCall:
         pattern = tuple(bool(n) for n in ctx.needs_input_grad)
         if any(_is_fake(t) for t in (*saved, *grad_outputs)):  # NOTE [opaque backward]
             grads = self.backward_op(list(saved), list(grad_outputs), list(pattern))
-            return tuple(g if need else None for g, need in zip(grads, pattern))
+            present = self._present(pattern, saved, grad_outputs, ctx.call_context)
+            return tuple(g if keep else None for g, keep in zip(grads, present))
         inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
         return self.backward(pattern, inputs, outputs, grad_outputs, ctx.call_context)
+
+    def _present(
+        self,
+        pattern: tuple[bool, ...],
+        saved: tuple[torch.Tensor, ...],
+        grad_outputs: tuple[torch.Tensor, ...],
+        context: Any,
+    ) -> tuple[bool, ...]:
+        """Which inputs get a gradient (not None) for ``pattern``, learnt by running the
+        user's gradient once, as Python, on real zeros shaped like the fake tensors: a graph
+        must know at capture time which gradients are None (NOTE [opaque backward])."""
+        known = self._fake_present.get(pattern)
+        if known is None:
+            with disable_dispatch_modes(), no_frame(), torch.no_grad():
+                real = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in saved]
+                ones = [torch.ones(g.shape, dtype=g.dtype, device=g.device) for g in grad_outputs]
+                inputs = merge_tensors(self.template, real[: self.n_inputs])
+                outputs = tuple(real[self.n_inputs :])
+                full = iter(pattern)
+                needs = tuple(next(full) if s is TENSOR else False for s in self.template)
+                grads = self.function.gradients(inputs, outputs, tuple(ones), needs, context)
+            tensor_grads = [g for g, slot in zip(grads, self.template) if slot is TENSOR]
+            known = tuple(need and g is not None for g, need in zip(tensor_grads, pattern))
+            self._fake_present[pattern] = known
+        return known
 
     def _define_backward_op(self) -> Any:
         """The backward as an op of its own, ``<name>_bwd(saved, grad_outputs, pattern)``.
@@ -204,7 +231,8 @@ class CompiledCall:
         Graph capture (torch.compile's AOTAutograd) traces the autograd formula with fake
         tensors, but a :class:`LazyBackward` compiles on real ones: the captured graph calls
         this op instead, which runs the lazy backward on the real tensors when the graph runs.
-        Gradients the backward leaves None come back as zeros (an op returns tensors only).
+        Gradients the backward leaves None come back as zeros (an op returns tensors only);
+        the autograd formula drops them again (:meth:`_present`).
         Defined with the forward op: code that torch.compile cached on disk may call it
         without tracing the formula again. See NOTE [opaque backward].
         """

@@ -193,6 +193,11 @@ def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
             f"it applies torch.func transforms ({', '.join(seen.functorch[:3])}), which engine "
             f"{engine.name!r} does not capture"
         )
+    if seen.data:
+        reasons.append(
+            f"it uses Tensor.data ({', '.join(seen.data[:3])}), which traces do not follow "
+            "(write `with torch.no_grad(): p.clamp_(...)` instead, compiled by engine 'compile')"
+        )
     if seen.tensor_hooks:
         reasons.append(f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])})")
     return reasons

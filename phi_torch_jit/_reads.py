@@ -73,6 +73,8 @@ class Unguardable:
     """Places where ``Tensor.register_hook`` was called."""
     functorch: list[str] = field(default_factory=list)
     """Places where a torch.func transform (vmap, grad...) was applied."""
+    data: list[str] = field(default_factory=list)
+    """Places where user code reads or writes ``Tensor.data`` (outside autograd's view)."""
 
 
 def _from_user(frame: types.FrameType | None) -> bool:
@@ -139,6 +141,7 @@ class _Watch:
 
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
+        self._data = False
 
     def install(self) -> None:
         for owner, name, kind, label in _targets():
@@ -146,10 +149,43 @@ class _Watch:
             self._saved.append((owner, name, original))
             setattr(owner, name, _noted(kind, label, getattr(owner, name)))
 
+        self._data = "data" not in torch.Tensor.__dict__  # else someone else's: leave it
+        if self._data:
+            torch.Tensor.data = _DATA  # type: ignore[assignment,method-assign]
+
     def remove(self) -> None:
+        if self._data:
+            del torch.Tensor.data  # back to TensorBase's descriptor
         while self._saved:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)
+
+
+def _note_data(tensor: torch.Tensor) -> None:
+    frame = current_frame()
+    if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
+        return
+    caller = sys._getframe(2)
+    if is_user_file(caller.f_code.co_filename):  # torch's own .data uses are fine
+        where = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+        if where not in frame.recording.unguardable.data:
+            frame.recording.unguardable.data.append(where)
+
+
+_BASE_DATA = torch.Tensor.data  # TensorBase's getset descriptor, inherited
+
+
+def _get_data(tensor: torch.Tensor) -> torch.Tensor:
+    _note_data(tensor)
+    return _BASE_DATA.__get__(tensor)  # type: ignore[no-any-return,attr-defined]
+
+
+def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    _note_data(tensor)
+    _BASE_DATA.__set__(tensor, value)  # type: ignore[attr-defined]
+
+
+_DATA = property(_get_data, _set_data, doc=_BASE_DATA.__doc__)
 
 
 _WATCH = _Watch()

@@ -35,6 +35,7 @@ from ._signature import Spec
 from ._value_guards import Conversion, ValueGuard
 from ._wrapper import WrapperModule
 from .engines import CompiledModule, Engine, get_engine
+from .errors import TraceError, ValueNotCaptured
 
 __all__ = ["Traced", "wrapper_engine", "trace"]
 
@@ -83,6 +84,16 @@ def _fresh_autocast_cache() -> Iterator[None]:
         torch.clear_autocast_cache()
 
 
+def _unguarded_value_message(owner: str) -> str:
+    return (
+        f"phi_torch_jit: {owner} turns a tensor into a Python value (if on a tensor, int(), "
+        "float(), .item(), .tolist()) and value guards are off, so engine 'compile' cannot "
+        "capture it: with jit(on_guard_failure='off') only engine 'torchscript' bakes the "
+        "traced branch. Use on_guard_failure='retrace' (the default), or tensor operations "
+        "such as torch.where."
+    )
+
+
 def trace(
     engine: Engine,
     steps: list[ReplayStep],
@@ -103,7 +114,12 @@ def trace(
     conversions: list[Conversion] | None = [] if guarding else None
     with recording.state.rewound(), _fresh_autocast_cache():
         with tracing(wrapper.owner, cursor, conversions, recording.phiml) as frame:
-            compiled = engine.compile_module(wrapper, example, wrapper.owner)
+            try:
+                compiled = engine.compile_module(wrapper, example, wrapper.owner)
+            except ValueNotCaptured:
+                if guarding:  # a conversion inside a torch op: the signal's reason says so
+                    raise
+                raise TraceError(_unguarded_value_message(wrapper.owner)) from None
         cursor.finish()
         notes = compiled.warm_up() if compiled.warm_up is not None else ()
     assert frame.outputs.spec is not None, "the wrapper's forward did not run"

@@ -16,6 +16,7 @@ __all__ = [
     "ConfigurationError",
     "UsageError",
     "RunEagerly",
+    "ValueNotCaptured",
     "SignatureError",
     "OutputError",
     "ReplayError",
@@ -86,6 +87,11 @@ class RunEagerly(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class ValueNotCaptured(RunEagerly):
+    """Internal signal: graph capture met a tensor read as a Python value that no value guard
+    intercepted (value guards off, or a conversion inside a torch op: ``torch.ones(n)``)."""
 
 
 def describe_function(fn: Any, name: str | None = None) -> str:

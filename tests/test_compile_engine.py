@@ -7,6 +7,7 @@ compiles C++ and takes seconds: its tests are marked slow and kept to a few.
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -202,3 +203,45 @@ def test_inductor_training_matches_eager_with_dropout_batchnorm_and_optimizer_st
         torch.testing.assert_close(a, b)  # parameters and BatchNorm running stats
     assert jitted.num_traces == 1
     assert "1 graph(s), 0 graph break(s)" in jitted.explain()
+
+
+def test_lstm_training_matches_eager_even_where_the_backend_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(2)
+    lstms = [nn.LSTM(4, 8, batch_first=True), nn.LSTM(4, 8, batch_first=True)]
+    lstms[1].load_state_dict(lstms[0].state_dict())
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in lstms]
+
+    def loss_of(lstm: nn.LSTM) -> Any:
+        def loss(x: torch.Tensor) -> torch.Tensor:
+            return lstm(x)[0][:, -1].square().mean()
+
+        return loss
+
+    jitted = ptj.jit(loss_of(lstms[0]), engine="compile", backend="aot_eager")
+    eager = loss_of(lstms[1])
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        for _ in range(3):
+            x = torch.randn(2, 5, 4)
+            for fn, optimizer in zip((jitted, eager), optimizers):
+                optimizer.zero_grad()
+                fn(x).backward()
+                optimizer.step()
+            for a, b in zip(lstms[0].parameters(), lstms[1].parameters()):
+                assert torch.allclose(a, b, atol=1e-6)
+    notes = " ".join(jitted.specializations[0].engine_notes)
+    assert "graph(s)" in notes or "runs uncompiled" in notes
+    assert sum("runs uncompiled" in r.message for r in caplog.records) <= 1
+
+
+def test_a_tensor_used_as_a_size_runs_eagerly_with_the_right_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    step = ptj.jit(lambda x, n: x.repeat(n), engine="compile", backend="aot_eager")
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        for n in (2, 3):
+            assert torch.equal(step(torch.ones(2), torch.tensor(n)), torch.ones(2 * n))
+    (record,) = [r for r in caplog.records if "runs eagerly" in r.message]
+    assert "a tensor used as a size" in record.message
+    assert "value guards are off" not in record.message  # they are on (the default)

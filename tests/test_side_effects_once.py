@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -59,3 +61,50 @@ def test_failed_value_guard_does_not_apply_an_in_place_update_twice() -> None:
     for _ in range(4):  # the branch flips at the second call: the guard fails once
         assert torch.equal(jitted(x), _doubled_then_branch(y))
         assert torch.equal(x, y)
+
+
+def test_weight_clipping_through_data_matches_eager() -> None:
+    nets = [nn.Linear(3, 3), nn.Linear(3, 3)]
+    nets[1].load_state_dict(nets[0].state_dict())
+
+    def clipped(net: nn.Module) -> object:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            loss = net(x).sum()
+            for p in net.parameters():
+                p.data.clamp_(-0.1, 0.1)  # weight clipping (WGAN style)
+            return loss
+
+        return step
+
+    jitted, eager = ptj.jit(clipped(nets[0])), clipped(nets[1])
+    x = torch.randn(2, 3)
+    with pytest.warns(ptj.JitWarning, match=r"Tensor\.data"):
+        for _ in range(3):
+            with torch.no_grad():
+                for net in nets:
+                    net.weight.add_(0.5)
+            assert torch.allclose(jitted(x), eager(x))  # type: ignore[operator]
+            assert torch.equal(nets[0].weight, nets[1].weight)
+    assert "data" not in torch.Tensor.__dict__  # the watch is gone
+
+
+class RunningStats(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return x - self.mean
+
+
+def test_running_statistics_under_no_grad_from_inputs_requiring_grad() -> None:
+    jitted_net, eager_net = RunningStats(), RunningStats()
+    jitted = ptj.jit(jitted_net)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ptj.JitWarning)  # torchscript: grad mode -> eager
+        for _ in range(3):
+            x = torch.randn(4, 3, requires_grad=True)
+            assert torch.allclose(jitted(x), eager_net(x))
+    assert torch.allclose(jitted_net.mean, eager_net.mean) and not jitted_net.mean.requires_grad

@@ -39,7 +39,7 @@ from torch import nn
 
 from .._compat import backend_exists, dynamo_counters, fx_tracing, import_inductor
 from .._warnings import TORCHSCRIPT_NOTICE
-from ..errors import ConfigurationError, RunEagerly, TraceError, UsageError
+from ..errors import ConfigurationError, RunEagerly, TraceError, UsageError, ValueNotCaptured
 from .base import (
     RANDOM_OPS,
     CompiledFunction,
@@ -131,24 +131,9 @@ class CompileEngine(Engine):
             # The graph's forward, not the module: global module hooks must not fire for it.
             compiled = torch.compile(graph.forward, backend=self.backend, **self.options)
         backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
-
-        def warm_up() -> tuple[str, ...]:  # the backend compiles at the first run: pay it now
-            with _CAPTURE_LOCK:
-                before = _graph_counts()
-                compiled(*example_inputs, *state)
-                graphs, breaks = (b - a for a, b in zip(before, _graph_counts()))
-            return (
-                f"torch.compile (backend {backend}): {graphs} graph(s), {breaks} graph break(s)",
-            )
-
-        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            # An FX trace is running (any thread before torch 2.15): dynamo would refuse to
-            # run compiled code ("FX to symbolically trace a dynamo-optimized function").
-            if fx_tracing():
-                return graph.forward(*tensors, *state)  # type: ignore[no-any-return]
-            return compiled(*tensors, *state)  # type: ignore[no-any-return]
-
-        return CompiledModule(run, (), _uses_rng(graph), (), warm_up)
+        what = f"torch.compile (backend {backend})"
+        program = _Program(graph, compiled, state, example_inputs, what, label)
+        return CompiledModule(program, (), _uses_rng(graph), (), program.warm_up)
 
     def __repr__(self) -> str:
         backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
@@ -156,6 +141,59 @@ class CompileEngine(Engine):
 
 
 _CAPTURE_LOCK = threading.Lock()
+
+
+class _Program:
+    """The captured graph, run compiled by torch.compile -- or uncompiled if compiling failed.
+
+    The backend compiles at the first run, which :meth:`warm_up` makes (so the jitted
+    function's first call pays it). If the backend fails there, the failure is logged once and
+    the captured graph runs uncompiled: same values, no backend speed (``explain()`` says so).
+    """
+
+    def __init__(
+        self,
+        graph: torch.fx.GraphModule,
+        compiled: Callable[..., Any],
+        state: tuple[torch.Tensor, ...],
+        example: tuple[torch.Tensor, ...],
+        label: str,
+        owner: str,
+    ) -> None:
+        self.graph = graph
+        self.compiled = compiled
+        self.state = state
+        self._example = example
+        """The trace inputs, for the warm-up run only (released after it)."""
+        self.label = label
+        self.owner = owner
+        self.failure: str | None = None
+        """Why the backend could not compile the graph (None: it did)."""
+
+    def warm_up(self) -> tuple[str, ...]:
+        with _CAPTURE_LOCK:
+            before = _graph_counts()
+            example, self._example = self._example, ()
+            try:
+                self.compiled(*example, *self.state)
+            except Exception as error:  # any backend failure: the graph itself is fine
+                self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                logger.warning(
+                    "phi_torch_jit: %s of %s failed, the captured graph runs uncompiled: %s",
+                    self.label, self.owner, self.failure,
+                )  # fmt: skip
+                return (
+                    f"{self.label} failed ({self.failure}); the captured graph runs uncompiled",
+                )
+            graphs, breaks = (b - a for a, b in zip(before, _graph_counts()))
+        return (f"{self.label}: {graphs} graph(s), {breaks} graph break(s)",)
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # An FX trace is running (any thread before torch 2.15): dynamo would refuse to run
+        # compiled code ("FX to symbolically trace a dynamo-optimized function").
+        if self.failure is not None or fx_tracing():
+            return self.graph.forward(*tensors, *self.state)  # type: ignore[no-any-return]
+        return self.compiled(*tensors, *self.state)  # type: ignore[no-any-return]
 
 
 def _capture(
@@ -177,12 +215,10 @@ def _capture(
     except RuntimeError as error:
         if _VALUE_OUT_OF_GRAPH not in str(error):
             raise
-        raise TraceError(
-            f"phi_torch_jit: {label} turns a tensor into a Python value (if on a "
-            "tensor, int(), float(), .item(), .tolist()) and value guards are off, so "
-            "engine 'compile' cannot capture it: with jit(on_guard_failure='off') only "
-            "engine 'torchscript' bakes the traced branch. Use on_guard_failure="
-            "'retrace' (the default), or tensor operations such as torch.where."
+        raise ValueNotCaptured(
+            "a tensor is read as a Python value that engine 'compile' cannot capture (a tensor "
+            "used as a size, e.g. torch.ones(n) or x.repeat(n)); pass it as an int, or use "
+            "engine 'torchscript'"
         ) from None
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
