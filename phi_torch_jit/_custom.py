@@ -19,6 +19,7 @@ calls enforce the same rules.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ import torch
 
 from ._compat import get_tracing_state, set_tracing_state
 from ._context import Phase, call_state, current_frame, inside_custom_function
+from ._sources import is_user_file
 from .errors import CustomFunctionError, GradientError, UsageError, describe_function
 
 __all__ = ["CustomFunction", "custom_gradient", "split_tensors", "merge_tensors", "untraced"]
@@ -95,6 +97,9 @@ class CustomFunction:
         """What an engine may script when all arguments are tensors (None: never)."""
         self._autograd = _make_autograd_function(self)
         self._fallback_logged = False
+        code = getattr(inspect.unwrap(f), "__code__", None)
+        self.user_code = code is None or is_user_file(code.co_filename)
+        """Whether ``f`` is the user's code (not a library's), for the level of notices."""
 
     def __repr__(self) -> str:
         return f"<custom function {self.label}>"
@@ -227,10 +232,16 @@ class CustomFunction:
         return tuple(result)
 
     def note_python_fallback(self, what: str, reason: str) -> None:
-        """Log once per custom function that part of it runs as Python when compiled."""
+        """Log once per custom function that part of it runs as Python when compiled.
+
+        A warning for the user's own functions (they can make them scriptable); for a
+        library's (PhiML's pressure solve) only at INFO: it is correct, and nothing to act on.
+        """
         if not self._fallback_logged:
             self._fallback_logged = True
-            logger.warning(
+            level = logging.WARNING if self.user_code else logging.INFO
+            logger.log(
+                level,
                 "phi_torch_jit: the %s of %s runs as Python inside the compiled program: %s",
                 what,
                 self.label,

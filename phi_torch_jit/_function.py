@@ -46,6 +46,7 @@ from ._compat import backward_hook_function, original_function_apply
 from ._context import Phase, current_frame
 from ._custom import CustomFunction, untraced
 from ._patches import RefCounted
+from ._sources import is_user_file
 from ._warnings import torchscript_notices_hidden
 from .errors import RunEagerly, describe_function
 
@@ -255,6 +256,8 @@ class _AdapterFunction(CustomFunction):
         super().__init__(adapter.forward, adapter.gradient, name=adapter.cls.__name__)  # type: ignore[arg-type]
         self.label = describe_function(adapter.cls)
         self.scriptable = None  # the forward takes a ctx: never scriptable
+        forward = getattr(getattr(adapter.cls, "forward", None), "__code__", None)
+        self.user_code = forward is None or is_user_file(forward.co_filename)
         self.adapter = adapter
 
     def _call_gradient(
