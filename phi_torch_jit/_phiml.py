@@ -52,7 +52,9 @@ class PhiKey:
     ) -> None:
         self.tree = tree
         self.shapes = shapes
-        self.specs = specs
+        self.specs = tuple(_frozen(s) for s in specs)
+        """PhiML's per-tensor specs, lists made tuples (PhiML hands back dimension names as a
+        list where the input had a tuple: the same layout must not retrace)."""
         self.slots = tuple(None if isinstance(n, torch.Tensor) else n for n in natives)
         """Per native: None for a traced torch tensor, else the constant itself."""
         self.constants = tuple(_comparable(n) for n in self.slots if n is not None)
@@ -79,9 +81,38 @@ class PhiKey:
         except Exception:  # structures that cannot be compared are not equal
             return False
 
+    def difference(self, other: PhiKey) -> str:
+        """What differs from ``other``, e.g. ``native 0 dtype int64 -> float32``."""
+        fields = ("shape", "dtype", "device", "requires_grad")
+        for i, (old, new) in enumerate(zip(self.metas, other.metas)):
+            changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, old, new) if x != y]
+            if changes:
+                return f"PhiML native {i} " + ", ".join(changes)
+        for name, old, new in (
+            ("shape", self.shapes, other.shapes),
+            ("layout", self.specs, other.specs),
+            ("constants", self.constants, other.constants),
+        ):
+            if old != new:
+                return f"PhiML {name}: {_short(old)} -> {_short(new)}"
+        return f"PhiML structure: {_short(self.tree)} -> {_short(other.tree)}"
+
     def __repr__(self) -> str:
         shapes = ", ".join(_ANSI.sub("", str(shape)) for shape in self.shapes)
         return f"PhiML[{shapes}]"
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    return value
+
+
+def _short(value: Any) -> str:
+    text = _ANSI.sub("", str(value))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:

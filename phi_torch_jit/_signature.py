@@ -348,6 +348,8 @@ def _difference(a: Spec, b: Spec, path: str) -> str | None:
             fields = ("shape", "dtype", "device", "requires_grad")
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
             return f"{path}: " + ", ".join(changes)
+        if a[0] == b[0] == "P":
+            return f"{path}: {a[1].difference(b[1])}"
         return f"{path}: {describe_spec(a)} -> {describe_spec(b)}"
     labels: Sequence[Any] = range(len(a[-1]))
     if a[0] in ("D", "C"):

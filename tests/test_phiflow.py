@@ -139,6 +139,20 @@ def test_native_dtype_and_requires_grad_are_part_of_the_key() -> None:
     assert key(torch.zeros(4)) != base
 
 
+def test_retrace_reason_says_what_differs_in_a_phiml_value() -> None:
+    from phi_torch_jit._phiml import PhiKey
+    from phi_torch_jit._signature import first_difference, flatten_arguments
+
+    def key(native: torch.Tensor) -> Any:
+        return flatten_arguments((math.tensor(native, spatial("x")),), {}, "f", ("s",))[0]
+
+    reason = first_difference(key(torch.zeros(3, dtype=torch.int64)), key(torch.zeros(3)), ("s",))
+    assert reason == "s: PhiML native 0 dtype torch.int64 -> torch.float32"
+    as_list = PhiKey(None, (), ({"names": ["x", "y"]},), [])
+    as_tuple = PhiKey(None, (), ({"names": ("x", "y")},), [])
+    assert as_list == as_tuple  # PhiML hands back names as a list: no retrace for that
+
+
 def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
