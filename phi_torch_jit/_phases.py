@@ -102,7 +102,7 @@ PATCHES: tuple[Patch, ...] = (
           lambda f: torchscript_notices_hidden()),
     Patch("PhiML's jit stack: PhiML custom gradients see this pass as its jit",
           frozenset({Phase.RECORD, Phase.TRACE}),
-          lambda f: f.phiml.active() if f.phiml is not None else None),
+          lambda f: f.phiml.active(f.phase is Phase.RECORD) if f.phiml is not None else None),
     Patch("random, clocks, torch RNG state, grad mode, tensor hooks: calls from user code "
           "that no compiled program repeats are noted", _RECORD,
           lambda f: UNGUARDABLE.active()),

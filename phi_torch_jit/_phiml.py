@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
+from ._compat import get_tracing_state
 from ._context import note_module_call
+from ._patches import RefCounted
 
 __all__ = ["is_phiml", "PhiKey", "disassemble", "assemble", "PhiMLBridge"]
 
@@ -146,6 +148,8 @@ class PhiMLBridge:
     """
 
     def __init__(self) -> None:
+        self.recording = False
+        """Whether the pass on PhiML's stack now is the record pass (values are real)."""
         self.called_modules: set[Any] = set()
         """Modules PhiML's networks registered (forwarded to register_module_call)."""
         self._calls: list[Any] = []
@@ -172,17 +176,25 @@ class PhiMLBridge:
         return function, ext_cache  # its apply() reaches our replay through the interception
 
     @contextmanager
-    def active(self) -> Iterator[None]:
-        """Make PhiML see this bridge as the current jit while the block runs (if PhiML is used)."""
+    def active(self, recording: bool = False) -> Iterator[None]:
+        """Make PhiML see this bridge as the current jit while the block runs (if PhiML is used).
+
+        ``recording``: the record pass, which is a real eager call. PhiML treats every value as
+        unavailable while a jit is on its stack (no convergence checks, ``when_available``
+        deferred); in the record pass the values are real, so PhiML is told they are available
+        and raises ``NotConverged`` on the same calls as eager code.
+        """
         backend = sys.modules.get("phiml.backend.torch._torch_backend")
         if backend is None:
             yield
             return
         self._replayed = 0
+        self.recording = recording
         stack = backend.CURRENT_JIT_CALLS
         stack.append(self)
         try:
-            yield
+            with _AVAILABILITY.active():
+                yield
         finally:
             stack.remove(self)
             self._forward_modules()
@@ -190,3 +202,33 @@ class PhiMLBridge:
     def _forward_modules(self) -> None:
         for module in self.called_modules:
             note_module_call(module)
+
+
+class _Availability:
+    """``TorchBackend.is_available`` that says True during our record passes (see
+    :meth:`PhiMLBridge.active`); installed while any bridge is active."""
+
+    def __init__(self) -> None:
+        self._original: Any = None
+
+    def install(self) -> None:
+        from phiml.backend.torch import _torch_backend as backend
+
+        original = self._original = backend.TorchBackend.__dict__["is_available"]
+
+        def is_available(self_: Any, tensor: Any) -> bool:
+            stack = backend.CURRENT_JIT_CALLS
+            if stack and isinstance(stack[-1], PhiMLBridge) and stack[-1].recording:
+                return get_tracing_state() is None  # a real eager call
+            return bool(original(self_, tensor))
+
+        backend.TorchBackend.is_available = is_available
+
+    def remove(self) -> None:
+        from phiml.backend.torch import _torch_backend as backend
+
+        backend.TorchBackend.is_available = self._original
+
+
+_AVAILABILITY_PATCH = _Availability()
+_AVAILABILITY = RefCounted(_AVAILABILITY_PATCH.install, _AVAILABILITY_PATCH.remove)

@@ -209,3 +209,15 @@ def test_phiml_network_trained_through_jitted_steps() -> None:
 
     for want, got in zip(train(False), train(True)):
         assert torch.allclose(want, got, atol=1e-6)
+
+
+def test_solver_errors_are_raised_on_the_same_calls_as_eager() -> None:
+    def starved(v: Any, s: Any) -> tuple[Any, Any]:
+        solve = Solve("CG", 1e-9, 1e-9, max_iterations=2, x0=None)
+        return fluid.make_incompressible(v, (), solve)[0], s
+
+    step = ptj.jit(starved)
+    v, s = initial()
+    for _ in range(3):  # the first (recording) call raised nothing before
+        with pytest.raises(math.NotConverged):
+            step(v, s)
