@@ -57,6 +57,8 @@ __all__ = [
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 _MAX_CONTENT = 32
 """Containers up to this many items (recursively) are guarded by content, larger by identity."""
+_MAX_ARRAY = 4096
+"""NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
 _MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
 
@@ -202,6 +204,8 @@ class Kind(enum.Enum):
     """A small container of immutable values: compared by content (a snapshot)."""
     IDENTITY = "identity"
     """Any other object: must be the same object."""
+    ARRAY = "array"
+    """A NumPy array of up to ``_MAX_ARRAY`` elements: compared by content (a copy)."""
     TENSOR = "tensor"
     """A tensor: an input of the compiled program, guarded by its metadata."""
 
@@ -279,7 +283,22 @@ def _short(value: Any) -> Any:
     return value if len(text) <= 60 else f"<{type(value).__name__} object>"
 
 
+def _array_copy(value: Any) -> Any:
+    return value.copy()
+
+
+def _same_array(a: Any, b: Any) -> bool:
+    numpy = sys.modules["numpy"]
+    return (
+        type(a) is type(b)
+        and a.dtype == b.dtype
+        and bool(numpy.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    )
+
+
 def _same(a: Any, b: Any) -> bool:
+    if hasattr(a, "__array_interface__"):
+        return _same_array(a, b)
     try:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # comparisons that raise: not provably equal
@@ -302,6 +321,11 @@ def _kind(value: Any) -> Kind | None:
         return Kind.VALUE
     if _small_plain(value, _MAX_CONTENT) >= 0:
         return Kind.CONTENT
+    if (
+        hasattr(value, "__array_interface__")
+        and getattr(value, "size", _MAX_ARRAY + 1) <= _MAX_ARRAY
+    ):
+        return Kind.ARRAY
     return Kind.IDENTITY
 
 
@@ -365,6 +389,8 @@ def collect_reads(fn: Any, modules: Iterator[nn.Module] | list[nn.Module]) -> li
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring)."""
     reads: dict[Any, Read] = {}
+    for module in modules:
+        _add_attributes(reads, module)
     for function in _user_functions([fn, *modules]):
         code = function.__code__
         globals_read, cells_read = _names_read(code)
@@ -380,6 +406,23 @@ def collect_reads(fn: Any, modules: Iterator[nn.Module] | list[nn.Module]) -> li
     return list(reads.values())
 
 
+def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
+    """Plain attributes of a module that the module guard does not cover: tensors that are
+    not buffers (``self.mask = torch.ones(3)``) become inputs; lists, dicts and arrays are
+    guarded by content, other objects by identity (immutable values: see ``_guards``)."""
+    namespace = module.__dict__
+    where = f"{type(module).__qualname__} attributes"
+    for name, value in list(namespace.items()):
+        if name.startswith("_") or name == "training" or _immutable(value):
+            continue
+        if isinstance(value, nn.Module) or (
+            callable(value) and not isinstance(value, torch.Tensor)
+        ):
+            continue  # submodules: the module guard; methods and functions: not data
+        label = f"attribute {type(module).__name__}.{name}"
+        _add(reads, (id(namespace), name), Source(label, where, namespace, name))
+
+
 def _add(reads: dict[Any, Read], key: Any, source: Source) -> None:
     if key in reads:
         return
@@ -390,7 +433,9 @@ def _add(reads: dict[Any, Read], key: Any, source: Source) -> None:
     kind = _kind(value)
     if kind is None:
         return
-    expected = {Kind.TENSOR: _tensor_meta, Kind.CONTENT: _snapshot}.get(kind, lambda v: v)(value)
+    expected = {Kind.TENSOR: _tensor_meta, Kind.CONTENT: _snapshot, Kind.ARRAY: _array_copy}.get(
+        kind, lambda v: v
+    )(value)
     reads[key] = Read(source, kind, expected)
 
 
@@ -479,13 +524,15 @@ class PythonGuard:
     """
 
     def __init__(self, reads: list[Read]) -> None:
-        order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.TENSOR: 2}
+        order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ARRAY: 2, Kind.TENSOR: 3}
         self.reads = tuple(sorted(reads, key=lambda r: order[r.kind]))
         """Every guarded read: values and contents, then identities, then tensors."""
         self.tensors = tuple(r for r in self.reads if r.kind is Kind.TENSOR)
         """Tensors read from globals and closures: inputs of the compiled program."""
-        counts = [sum(order[r.kind] == k for r in self.reads) for k in (0, 1)]
-        self._n_values, self._n_ids = counts
+        counts = [sum(order[r.kind] == k for r in self.reads) for k in (0, 1, 2)]
+        self._n_values, self._n_ids, self._n_arrays = counts
+        start = self._n_values + self._n_ids
+        self._arrays = [r.expected for r in self.reads[start : start + self._n_arrays]]
         values = self.reads[: self._n_values]
         self._values = [r.expected for r in values]
         self._types = [type(r.expected) for r in values]
@@ -507,7 +554,10 @@ class PythonGuard:
             return False
         if list(map(id, now[n:m])) != self._ids:
             return False
-        return list(map(_tensor_meta, now[m:])) == self._metas
+        k = m + self._n_arrays
+        if not all(map(_same_array, now[m:k], self._arrays)):
+            return False
+        return list(map(_tensor_meta, now[k:])) == self._metas
 
     def captured(self) -> list[torch.Tensor]:
         """The current values of the captured tensors, in input order."""

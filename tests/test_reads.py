@@ -303,3 +303,45 @@ def test_torch_func_transforms_inside_and_around_a_jitted_function() -> None:
     outer = ptj.jit(lambda x: x.sin() * 2)
     assert torch.allclose(torch.func.vmap(outer)(x), torch.sin(x) * 2)
     assert torch.allclose(torch.func.grad(lambda y: outer(y).sum())(x[0]), 2 * torch.cos(x[0]))
+
+
+TABLE = np.array([1.0, 2.0, 3.0])
+
+
+def _lookup(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.from_numpy(TABLE).float()
+
+
+def test_small_numpy_arrays_are_guarded_by_content() -> None:
+    jitted = ptj.jit(_lookup)
+    x = torch.ones(3)
+    try:
+        for value in (1.0, 10.0, 10.0, 1.0):
+            TABLE[0] = value  # updated in place between calls
+            assert torch.equal(jitted(x), _lookup(x))
+    finally:
+        TABLE[0] = 1.0
+    assert jitted.num_traces == 2
+
+
+class Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mask = torch.ones(3)  # a plain tensor attribute, not a registered buffer
+        self.scales = [1.0, 2.0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.mask * self.scales[1]
+
+
+def test_plain_tensor_and_list_attributes_of_modules() -> None:
+    net = Masked()
+    jitted = ptj.jit(net)
+    x = torch.ones(3)
+    assert torch.equal(jitted(x), net(x))
+    net.mask[0] = 5.0  # in place: an input of the program, seen without a retrace
+    assert torch.equal(jitted(x), net(x)) and jitted.num_traces == 1
+    net.scales[1] = 3.0  # a list entry: guarded by content
+    assert torch.equal(jitted(x), net(x))
+    net.mask = torch.zeros(3)  # reassigned
+    assert torch.equal(jitted(x), net(x)) and jitted.num_traces == 2
