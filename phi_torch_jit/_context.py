@@ -71,6 +71,11 @@ class TraceOutputs:
 
     spec: Spec | None = None
     """Structure of the user function's result, set when the wrapper's forward returns."""
+    deferred: list[Any] = field(default_factory=list)
+    """PhiML ``math.when_available`` callbacks met while tracing (``_phiml.Deferred``); the
+    program returns their tensors after the value-guard tensors."""
+    deferred_tensors: list[torch.Tensor] = field(default_factory=list)
+    """The traced tensors the deferred callbacks receive, in order."""
     buffer_writes: tuple[torch.Tensor, ...] = ()
     """Buffers the function replaced by new tensors (``self.avg = ...``): the program returns
     their new values after its other outputs, to be copied into these objects."""

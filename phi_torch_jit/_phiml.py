@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import re
 import sys
+import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ._compat import get_tracing_state
-from ._context import note_module_call
+from ._context import current_frame, note_module_call
 from ._patches import RefCounted
 
 __all__ = ["is_phiml", "PhiKey", "disassemble", "assemble", "PhiMLBridge"]
@@ -167,6 +169,28 @@ class PhiMLBridge:
         """PhiML, untraced pass: a custom-gradient call happened (our adapter recorded it)."""
         self._calls.append(ext_cache)
 
+    def extract_and_call(self, tensors: tuple[Any, ...], runnable: Any) -> None:
+        """PhiML, traced pass: ``math.when_available(runnable, *tensors)`` waits for values.
+
+        The tensors' torch natives become extra outputs of the program, and every compiled
+        call rebuilds the PhiML tensors from them and calls ``runnable`` (as PhiML's jit does
+        after its calls). In the record pass the values are available and PhiML calls
+        ``runnable`` at once."""
+        frame = current_frame()
+        if frame is None:
+            raise RuntimeError("phi_torch_jit: PhiML deferred a call outside a trace")
+        natives: list[torch.Tensor] = []
+        key = disassemble(tuple(tensors), natives)
+        frame.outputs.deferred.append(Deferred(key, runnable, len(natives)))
+        frame.outputs.deferred_tensors.extend(natives)
+
+    @property
+    def _tracing_in_key(self) -> Any:
+        """What PhiML's ``perf_counter`` asks a tracing jit for: its backend."""
+        from phiml.backend.torch import TORCH
+
+        return types.SimpleNamespace(backend=TORCH)
+
     def get_compiled_function(self, function: Any, args: Any) -> tuple[Any, Any]:
         """PhiML, traced pass: return (what to apply, the recorded external cache)."""
         if self._replayed >= len(self._calls):
@@ -192,11 +216,16 @@ class PhiMLBridge:
         self.recording = recording
         stack = backend.CURRENT_JIT_CALLS
         stack.append(self)
+        tracing = sys.modules["phiml.math._functional"]._TRACING_JIT
+        if not recording:  # when_available asks PhiML's own jit stack
+            tracing.append(self)
         try:
             with _AVAILABILITY.active():
                 yield
         finally:
             stack.remove(self)
+            if not recording:
+                tracing.remove(self)
             self._forward_modules()
 
     def _forward_modules(self) -> None:
@@ -216,9 +245,14 @@ class _Availability:
 
         original = self._original = backend.TorchBackend.__dict__["is_available"]
 
+        functional = sys.modules["phiml.math._functional"]
+
         def is_available(self_: Any, tensor: Any) -> bool:
             stack = backend.CURRENT_JIT_CALLS
-            if stack and isinstance(stack[-1], PhiMLBridge) and stack[-1].recording:
+            recording = stack and isinstance(stack[-1], PhiMLBridge) and stack[-1].recording
+            # Under install(), PhiML's own jit is tracing: it expects no values in either pass.
+            phiml_jit = any(not isinstance(j, PhiMLBridge) for j in functional._TRACING_JIT)
+            if recording and not phiml_jit:
                 return get_tracing_state() is None  # a real eager call
             return bool(original(self_, tensor))
 
@@ -232,3 +266,18 @@ class _Availability:
 
 _AVAILABILITY_PATCH = _Availability()
 _AVAILABILITY = RefCounted(_AVAILABILITY_PATCH.install, _AVAILABILITY_PATCH.remove)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A ``math.when_available`` callback met while tracing, with how to rebuild its args."""
+
+    key: PhiKey
+    """Structure of the PhiML tensors it receives."""
+    runnable: Any
+    """The callback."""
+    count: int
+    """How many torch natives the program returns for it."""
+
+    def call(self, natives: Sequence[torch.Tensor]) -> None:
+        self.runnable(*assemble(self.key, iter(natives)))

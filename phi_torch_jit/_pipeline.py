@@ -129,6 +129,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         engine_notes=traced.module.notes,
         python_guard=parts.python_guard,
         buffer_writes=traced.buffer_writes,
+        deferred=traced.deferred,
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
     )
 

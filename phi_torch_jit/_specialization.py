@@ -99,6 +99,9 @@ class Specialization:
     buffer_writes: tuple[torch.Tensor, ...] = ()
     """Buffers the function replaces by new tensors: the program returns their new values
     last, and they are copied in after the value guards passed (NOTE [side effects once])."""
+    deferred: tuple[Any, ...] = ()
+    """PhiML ``math.when_available`` callbacks (``_phiml.Deferred``): called after each call
+    with their tensors, which follow the value-guard tensors among the program's outputs."""
     eager: Callable[[list[torch.Tensor]], Any] | None = None
     """For a specialization that runs eagerly: calls the Python function on the arguments
     rebuilt from the tensors and returns its result as it is (non-tensor leaves included)."""
@@ -129,7 +132,11 @@ class Specialization:
         return self._commit(flat)
 
     def _commit(self, flat: tuple[torch.Tensor, ...]) -> Any:
-        """Write replaced buffers, return the result."""
+        """Write replaced buffers, run deferred callbacks, return the result."""
+        start = self.n_outputs + len(self.value_guards)
+        for deferred in self.deferred:
+            deferred.call(flat[start : start + deferred.count])
+            start += deferred.count
         if self.buffer_writes:
             with torch.no_grad():
                 news = flat[len(flat) - len(self.buffer_writes) :]

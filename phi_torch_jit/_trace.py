@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -54,6 +55,8 @@ class Traced:
     """Time spent tracing, warm-up included."""
     buffer_writes: tuple[torch.Tensor, ...] = ()
     """Buffers the function replaced; their new values follow the program's other outputs."""
+    deferred: tuple[Any, ...] = ()
+    """PhiML ``when_available`` callbacks, called with their tensors after each call."""
 
 
 def wrapper_engine(engine: Engine, recording: Recording) -> tuple[Engine, str]:
@@ -128,4 +131,5 @@ def trace(
     value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
     seconds = time.perf_counter() - start
     writes = frame.outputs.buffer_writes
-    return Traced(compiled, value_guards, frame.outputs.spec, seconds, writes)
+    deferred = tuple(frame.outputs.deferred)
+    return Traced(compiled, value_guards, frame.outputs.spec, seconds, writes, deferred)

@@ -221,3 +221,30 @@ def test_solver_errors_are_raised_on_the_same_calls_as_eager() -> None:
     for _ in range(3):  # the first (recording) call raised nothing before
         with pytest.raises(math.NotConverged):
             step(v, s)
+
+
+def test_when_available_and_scatter_work_under_jit() -> None:
+    from phi.torch.flow import channel, instance
+
+    seen: list[float] = []
+
+    def report(x: Any) -> Any:
+        math.when_available(lambda v: seen.append(float(math.sum(v))), x)
+        return x * 2
+
+    x = math.tensor(torch.ones(3), spatial("x"))
+    jitted = ptj.jit(report)
+    for _ in range(3):
+        jitted(x)
+    assert seen == [3.0, 3.0, 3.0]  # once per call, as eager code does
+
+    def scatter(grid: Any, indices: Any, values: Any) -> Any:
+        return math.scatter(grid, indices, values)  # default outside_handling='check'
+
+    grid = math.zeros(spatial(x=4))
+    indices = math.tensor(torch.tensor([[1], [2]]), instance("points"), channel(vector="x"))
+    values = math.tensor(torch.tensor([1.0, 2.0]), instance("points"))
+    jitted_scatter = ptj.jit(scatter)
+    for _ in range(2):
+        got = jitted_scatter(grid, indices, values)
+        assert torch.equal(got.native(), scatter(grid, indices, values).native())
