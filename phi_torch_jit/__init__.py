@@ -9,6 +9,7 @@ from ._custom import CustomFunction, custom_gradient
 from ._jit import JitFunction, clear_caches, jit
 from ._record import register_module_call
 from .errors import (
+    ConfigurationError,
     CustomFunctionError,
     GradientError,
     GuardError,
@@ -17,7 +18,9 @@ from .errors import (
     OutputError,
     ReplayError,
     SignatureError,
+    TorchVersionError,
     TraceError,
+    UsageError,
 )
 
 __all__ = [
@@ -35,6 +38,9 @@ __all__ = [
     "GradientError",
     "TraceError",
     "GuardError",
+    "ConfigurationError",
+    "UsageError",
+    "TorchVersionError",
     "JitWarning",
 ]
 
