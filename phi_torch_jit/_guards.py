@@ -85,6 +85,16 @@ class ModuleGuard:
             if d  # a tensor added to an empty dict later is not used by the traced program
         )
         self._tensor_metas = self._dtypes_devices()
+        self._snapshot_children()
+        self._snapshot_attributes()
+        self._trainings = self._training_flags()
+        self._sizes = self._hook_sizes()
+        self._tensor_ids = self._tensor_identities()
+        self._hook_ids = self._hook_keys()
+        self._handle_counter = RemovableHandle.next_id
+
+    def _snapshot_children(self) -> None:
+        """Which module object each submodule slot holds (``net.act = nn.Tanh()`` retraces)."""
         self._child_dicts = tuple(m.__dict__["_modules"] for m in self.modules if m._modules)
         self._children = self._child_identities()
         self._child_names = tuple(
@@ -92,12 +102,14 @@ class ModuleGuard:
             for owner, m in zip(self.names, self.modules)
             for name, child in m._modules.items()
         )
+
+    def _snapshot_attributes(self) -> None:
+        """Plain immutable attributes (``Dropout.p``, a temperature): traced in as constants."""
         self._attributes = tuple(
             (m.__dict__, name, owner) for owner, m in zip(self.names, self.modules)
             for name, value in m.__dict__.items()
             if not name.startswith("_") and name != "training" and _immutable(value)
         )  # fmt: skip
-        """Plain attributes (``Dropout.p``, a temperature): traced in as constants."""
         by_dict: dict[int, tuple[dict[str, Any], list[str]]] = {}
         for d, name, _ in self._attributes:
             by_dict.setdefault(id(d), (d, []))[1].append(name)
@@ -106,11 +118,6 @@ class ModuleGuard:
         ]  # one C call per module
         self._attribute_values = self._attribute_snapshot()
         self._initial = {(id(d), name): d[name] for d, name, _ in self._attributes}
-        self._trainings = self._training_flags()
-        self._sizes = self._hook_sizes()
-        self._tensor_ids = self._tensor_identities()
-        self._hook_ids = self._hook_keys()
-        self._handle_counter = RemovableHandle.next_id
 
     def _training_flags(self) -> tuple[bool, ...]:
         return tuple(map(_training, self.modules))

@@ -186,15 +186,11 @@ def jit(
       custom forwards runs (unless a custom function had to fall back to Python, which is
       logged). Parameters and buffers of the modules ``fn`` calls are live: ``optimizer.step()``
       is seen.
-    * Nested: a jitted function called while another is being traced is inlined into the outer
-      trace.
-    * Values: tensor-to-Python conversions in ``fn`` become guards, checked after each compiled
-      call (a few microseconds each; none if there are none).
-    * Module state: each module the function calls is guarded: a changed training flag
-      (``train()``/``eval()``), hooks added, removed or replaced, or parameters/buffers replaced
-      by new objects retrace (and the previous specialization stays cached). A function whose
-      modules have backward hooks runs eagerly (logged once), so the hooks fire as in eager
-      mode.
+    * Nested (or inside ``torch.func`` transforms): the Python runs, inlined into the outer trace.
+    * Guards (docs/guarded.md): tensor values turned into Python, globals and closure variables,
+      module state (training flags, hooks, parameter objects, plain attributes, submodules) and
+      autocast; a change retraces, older specializations stay cached. What cannot be compiled
+      faithfully (backward hooks, random draws, tensor hooks...) runs eagerly, said once.
 
     Args:
         fn: a function, an nn.Module, or a method (``@jit`` on ``forward``). May be omitted to
