@@ -292,17 +292,15 @@ def missing_private_apis() -> list[str]:
     return missing
 
 
-def _lazy(api: PrivateAPI) -> Callable[..., Any]:
-    """A function that resolves ``api`` at its first call (imports stay cheap) and forwards."""
-    found: list[Callable[..., Any]] = []
+class _Lazy:
+    """Calls the function of a private API, looked up at the first call (imports stay cheap)."""
 
-    def call(*args: Any) -> Any:
-        if not found:
-            found.append(api.find())
-        return found[0](*args)
+    def __init__(self, api: PrivateAPI) -> None:
+        self.api = api
+        self.__name__ = api.names[0].rsplit(".", 1)[-1]
 
-    call.__name__ = api.names[0].rsplit(".", 1)[-1]
-    return call
+    def __call__(self, *args: Any) -> Any:
+        return self.api.find()(*args)  # find() caches the lookup
 
 
 def _now_or_lazy(api: PrivateAPI) -> Callable[..., Any]:
@@ -310,7 +308,7 @@ def _now_or_lazy(api: PrivateAPI) -> Callable[..., Any]:
     try:
         return api.find()  # type: ignore[no-any-return]
     except TorchVersionError:
-        return _lazy(api)
+        return _Lazy(api)
 
 
 TracerWarning: type[Warning] = TRACER_WARNING.find()
@@ -329,13 +327,13 @@ graph_executor_optimize: Callable[[], bool] = _now_or_lazy(GRAPH_EXECUTOR_OPTIMI
 """Whether TorchScript's graph executor optimizes (this thread)."""
 set_graph_executor_optimize: Callable[[bool], None] = _now_or_lazy(SET_GRAPH_EXECUTOR_OPTIMIZE)
 """Switch TorchScript's graph executor optimizations (this thread)."""
-set_version_counters: Callable[[tuple[torch.Tensor, ...], tuple[int, ...]], None] = _lazy(
+set_version_counters: Callable[[tuple[torch.Tensor, ...], tuple[int, ...]], None] = _Lazy(
     VERSION_COUNTER
 )
 """Set tensors' version counters (what autograd compares to detect in-place edits)."""
-is_fake: Callable[[Any], bool] = _lazy(IS_FAKE)
+is_fake: Callable[[Any], bool] = _Lazy(IS_FAKE)
 """Whether a tensor is a fake (or functional wrapper of a fake) tensor."""
-disable_dispatch_modes: Callable[[], Any] = _lazy(DISABLE_MODES)
+disable_dispatch_modes: Callable[[], Any] = _Lazy(DISABLE_MODES)
 """Context manager: no Python dispatch mode (make_fx's) is active in the block."""
 
 

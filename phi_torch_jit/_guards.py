@@ -28,17 +28,9 @@ from torch.utils.hooks import RemovableHandle
 
 from ._compat import global_module_hooks
 from ._phases import MODULE_HOOK
+from ._reads import immutable
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
-
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-
-
-def _immutable(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    return type(value) is tuple and all(_immutable(v) for v in value)
-
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _GLOBAL_HOOK_DICTS = global_module_hooks()  # forward pre, forward, backward pre, backward
@@ -108,7 +100,7 @@ class ModuleGuard:
         self._attributes = tuple(
             (m.__dict__, name, owner) for owner, m in zip(self.names, self.modules)
             for name, value in m.__dict__.items()
-            if not name.startswith("_") and name != "training" and _immutable(value)
+            if not name.startswith("_") and name != "training" and immutable(value)
         )  # fmt: skip
         by_dict: dict[int, tuple[dict[str, Any], list[str]]] = {}
         for d, name, _ in self._attributes:

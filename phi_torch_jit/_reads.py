@@ -32,7 +32,7 @@ import random
 import sys
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,8 @@ __all__ = [
     "Source",
     "PythonGuard",
     "collect_reads",
+    "same_value",
+    "immutable",
 ]
 
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
@@ -98,17 +100,22 @@ def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[...,
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        frame = current_frame()
-        if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-            caller = sys._getframe(1)
-            if _from_user(caller):
-                seen: list[str] = getattr(frame.recording.unguardable, kind)
-                where = f"{label} at {_where(caller)}" if label else _where(caller)
-                if where not in seen:
-                    seen.append(where)
+        caller = sys._getframe(1)
+        if _from_user(caller):
+            where = _where(caller)
+            _note(kind, f"{label} at {where}" if label else where)
         return original(*args, **kwargs)
 
     return wrapper
+
+
+def _note(kind: str, where: str) -> None:
+    """Add ``where`` to this thread's recording's unguardable ``kind`` (once; record phase)."""
+    frame = current_frame()
+    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+        seen: list[str] = getattr(frame.recording.unguardable, kind)
+        if where not in seen:
+            seen.append(where)
 
 
 def _targets() -> list[tuple[Any, str, str, str]]:
@@ -164,14 +171,9 @@ class _Watch:
 
 
 def _note_data(tensor: torch.Tensor) -> None:
-    frame = current_frame()
-    if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
-        return
     caller = sys._getframe(2)
     if is_user_file(caller.f_code.co_filename):  # torch's own .data uses are fine
-        where = f"{caller.f_code.co_filename}:{caller.f_lineno}"
-        if where not in frame.recording.unguardable.data:
-            frame.recording.unguardable.data.append(where)
+        _note("data", f"{caller.f_code.co_filename}:{caller.f_lineno}")
 
 
 _BASE_DATA = torch.Tensor.data  # TensorBase's getset descriptor, inherited
@@ -267,7 +269,7 @@ class Read:
             return False
         if self.kind is Kind.IDENTITY:
             return now is self.expected
-        return _same(now, self.expected)
+        return same_value(now, self.expected)
 
     def describe(self) -> str:
         try:
@@ -296,9 +298,13 @@ def _same_array(a: Any, b: Any) -> bool:
     )
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Whether a value read now equals the one a trace saw: same type, equal (NaN equals
+    NaN, arrays element-wise with their dtype); comparisons that raise are not equal."""
     if hasattr(a, "__array_interface__"):
         return _same_array(a, b)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
     try:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # comparisons that raise: not provably equal
@@ -317,7 +323,7 @@ def _kind(value: Any) -> Kind | None:
         return Kind.TENSOR
     if isinstance(value, (types.ModuleType, types.BuiltinFunctionType)):
         return None
-    if _immutable(value):
+    if immutable(value):
         return Kind.VALUE
     if _small_plain(value, _MAX_CONTENT) >= 0:
         return Kind.CONTENT
@@ -329,17 +335,19 @@ def _kind(value: Any) -> Kind | None:
     return Kind.IDENTITY
 
 
-def _immutable(value: Any) -> bool:
+def immutable(value: Any) -> bool:
+    """Whether a value can be guarded by value: numbers, strings, None, enums, dtypes,
+    devices, and tuples or frozensets of these."""
     if isinstance(value, _PRIMITIVES) or isinstance(value, enum.Enum):
         return True
     if type(value) in (tuple, frozenset):
-        return all(_immutable(v) for v in value)
+        return all(immutable(v) for v in value)
     return False
 
 
 def _small_plain(value: Any, budget: int) -> int:
     """Budget left after walking a list/dict/set of immutable values; -1 if it is not one."""
-    if _immutable(value):
+    if immutable(value):
         return budget - 1
     if type(value) in (list, set, tuple):
         items = list(value)
@@ -385,7 +393,7 @@ def _names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
     return found
 
 
-def collect_reads(fn: Any, modules: Iterator[nn.Module] | list[nn.Module]) -> list[Read]:
+def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring)."""
     reads: dict[Any, Read] = {}
@@ -413,7 +421,7 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
     namespace = module.__dict__
     where = f"{type(module).__qualname__} attributes"
     for name, value in list(namespace.items()):
-        if name.startswith("_") or name == "training" or _immutable(value):
+        if name.startswith("_") or name == "training" or immutable(value):
             continue
         if isinstance(value, nn.Module) or (
             callable(value) and not isinstance(value, torch.Tensor)

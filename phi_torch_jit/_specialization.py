@@ -134,7 +134,7 @@ class Specialization:
     def _commit(self, flat: tuple[torch.Tensor, ...]) -> Any:
         """Write replaced buffers, run deferred callbacks, return the result."""
         start = self.n_outputs + len(self.value_guards)
-        for deferred in self.deferred:
+        for deferred in self.deferred:  # usually none
             deferred.call(flat[start : start + deferred.count])
             start += deferred.count
         if self.buffer_writes:

@@ -10,7 +10,7 @@ in docs/design.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -19,7 +19,16 @@ from torch import nn
 
 from ._compat import set_version_counters, version
 
-__all__ = ["RngState", "capture_rng", "restore_rng", "rng_restored", "StateSnapshot"]
+__all__ = [
+    "RngState",
+    "capture_rng",
+    "restore_rng",
+    "rng_restored",
+    "StateSnapshot",
+    "BufferSlot",
+    "buffer_slots",
+    "put_back",
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,33 @@ def restore_rng(state: RngState) -> None:
         torch.cuda.set_rng_state_all(list(state.cuda))
 
 
+BufferSlot = tuple[nn.Module, str, torch.Tensor]
+"""(module, buffer name, the buffer object it held)."""
+
+
+def buffer_slots(modules: Sequence[nn.Module]) -> list[BufferSlot]:
+    """Every buffer of ``modules`` and their submodules, with where it sits."""
+    return [
+        (owner, name, buffer)
+        for root in modules
+        for owner in root.modules()
+        for name, buffer in owner._buffers.items()
+        if buffer is not None
+    ]
+
+
+def put_back(slots: Sequence[BufferSlot]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(original, new) for each slot whose module now holds another tensor (a buffer replaced
+    in forward); the original object is put back in the module."""
+    replaced = []
+    for owner, name, original in slots:
+        current = owner._buffers.get(name)
+        if current is not original and isinstance(current, torch.Tensor):
+            owner._buffers[name] = original
+            replaced.append((original, current))
+    return replaced
+
+
 @contextmanager
 def rng_restored() -> Iterator[None]:
     """Run a block, then put the RNG states back as they were before it."""
@@ -65,30 +101,24 @@ class StateSnapshot:
     """RNG state at the start of the record pass."""
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """id -> (buffer, its value before the module first ran)."""
-    slots: list[tuple[nn.Module, str, torch.Tensor]] = field(default_factory=list)
+    slots: list[BufferSlot] = field(default_factory=list)
     """(module, buffer name, buffer object) as they were before the module first ran."""
 
     def add_module(self, module: nn.Module) -> None:
         """Remember the current value of every buffer of ``module`` not seen yet."""
-        for owner in module.modules():
-            for name, buffer in owner._buffers.items():
-                if buffer is not None and id(buffer) not in self.buffers:
-                    self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
-                    self.slots.append((owner, name, buffer))
+        for slot in buffer_slots([module]):
+            buffer = slot[2]
+            if id(buffer) not in self.buffers:
+                self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
+                self.slots.append(slot)
 
-    def reinstate(self) -> list[str]:
+    def reinstate(self) -> None:
         """Put back buffer objects the pass replaced (``self.avg = 0.9 * self.avg + ...``),
-        holding the new values: compiled programs write into the original objects. Returns
-        ``Module.name`` of each. See NOTE [side effects once]."""
-        replaced = []
-        for owner, name, original in self.slots:
-            current = owner._buffers.get(name)
-            if current is not original and isinstance(current, torch.Tensor):
-                with torch.no_grad():
-                    original.copy_(current)
-                owner._buffers[name] = original
-                replaced.append(f"{type(owner).__name__}.{name}")
-        return replaced
+        holding the new values: compiled programs write into the original objects.
+        See NOTE [side effects once]."""
+        with torch.no_grad():
+            for original, new in put_back(self.slots):
+                original.copy_(new)
 
     @contextmanager
     def rewound(self) -> Iterator[None]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ._compat import any_autocast
 from ._phases import tracing
 from ._record import Recording
 from ._replay import ReplayCursor, ReplayStep
@@ -77,7 +78,7 @@ def _trace_input(t: torch.Tensor) -> torch.Tensor:
 def _fresh_autocast_cache() -> Iterator[None]:
     """Under autocast, casts of parameters are cached: the record pass's cached casts would
     enter the trace as constants, and the trace's would leak into later eager code."""
-    if not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"):
+    if not any_autocast():  # the same test as the cache key's
         yield
         return
     torch.clear_autocast_cache()

@@ -20,8 +20,6 @@ key. Functions without conversions pay nothing. See NOTE [value guards].
 
 from __future__ import annotations
 
-import math
-import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from ._compat import (
 )
 from ._context import Phase, current_frame
 from ._patches import RefCounted
+from ._reads import same_value
 from ._sources import user_location
 
 __all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
@@ -75,7 +74,7 @@ class ValueGuard:
     """The user's ``file:line``."""
 
     def holds(self, tensor: torch.Tensor) -> bool:
-        return _same(_convert(self.kind, tensor), self.expected)
+        return same_value(_convert(self.kind, tensor), self.expected)
 
     def describe(self, tensor: torch.Tensor | None = None) -> str:
         call = {"__bool__": "bool", "__int__": "int", "__float__": "float", "__index__": "index"}
@@ -91,16 +90,6 @@ def _brief(value: Any) -> str:
 
 def _convert(kind: str, tensor: torch.Tensor) -> Any:
     return tensor_conversion(kind)(tensor)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if hasattr(a, "__array_interface__") or hasattr(b, "__array_interface__"):  # numpy()
-        numpy = sys.modules["numpy"]
-        same_kind = getattr(a, "dtype", None) == getattr(b, "dtype", None)
-        return same_kind and bool(numpy.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-    return bool(a == b)
 
 
 # Nodes through which a traced value can only carry shape information.

@@ -29,6 +29,7 @@ from torch import nn
 from ._context import current_frame
 from ._reads import Source
 from ._signature import Spec, flatten_outputs, unflatten_arguments
+from ._state import buffer_slots, put_back
 
 __all__ = ["TensorHolder", "WrapperModule", "make_wrapper", "module_names"]
 
@@ -91,7 +92,7 @@ class WrapperModule(nn.Module):
         frame = current_frame()
         if frame is None:  # eager: the function reads its globals and closures itself
             return tuple(flatten_outputs(self.fn(*args, **kwargs), self.owner)[1])
-        slots = _buffer_slots(self.recorded)
+        slots = buffer_slots(self.recorded)
         with _rebound(self.captured, tensors[n:]):  # globals read the traced inputs
             result = self.fn(*args, **kwargs)
         spec, flat = flatten_outputs(result, self.owner)
@@ -99,7 +100,7 @@ class WrapperModule(nn.Module):
         if frame.conversions:  # value guards: see _value_guards
             flat += [c.tensor for c in frame.conversions]
         flat += frame.outputs.deferred_tensors  # PhiML when_available: see _phiml.Deferred
-        writes = _reinstated(slots)  # NOTE [side effects once]
+        writes = put_back(slots)  # NOTE [side effects once]
         frame.outputs.buffer_writes = tuple(original for original, _ in writes)
         return (*flat, *(new for _, new in writes))
 
@@ -120,29 +121,6 @@ def make_wrapper(
     ident = re.sub(r"\W", "_", name).strip("_") or "function"
     cls = type(f"{ident}_jit", (WrapperModule,), {"__module__": __name__})
     return cast(WrapperModule, cls(fn, arg_spec, modules, owner, captured))
-
-
-def _buffer_slots(modules: Sequence[nn.Module]) -> list[tuple[nn.Module, str, torch.Tensor]]:
-    return [
-        (owner, name, buffer)
-        for root in modules
-        for owner in root.modules()
-        for name, buffer in owner._buffers.items()
-        if buffer is not None
-    ]
-
-
-def _reinstated(
-    slots: list[tuple[nn.Module, str, torch.Tensor]],
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(original, new) for each buffer the traced call replaced; the original is put back."""
-    writes = []
-    for owner, name, original in slots:
-        current = owner._buffers.get(name)
-        if current is not original and isinstance(current, torch.Tensor):
-            owner._buffers[name] = original
-            writes.append((original, current))
-    return writes
 
 
 @contextmanager

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import sys
 import threading
 import warnings
 
@@ -11,8 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from phi_torch_jit import _phases
-from phi_torch_jit._context import Frame, Phase, current_frame
+from phi_torch_jit._context import Phase, current_frame
 from phi_torch_jit._custom_op import NestedCalls
 from phi_torch_jit._function import interception_installed
 from phi_torch_jit._phases import MODULE_HOOK, PATCHES, compiling, recording, tracing
@@ -76,7 +74,6 @@ def test_phiml_bridge_is_on_phimls_jit_stack_in_record_and_trace() -> None:
     with tracing("f", ReplayCursor([], "f"), None, bridge):
         assert backend.CURRENT_JIT_CALLS[-1] is bridge
     assert bridge not in backend.CURRENT_JIT_CALLS
-    assert "phiml.backend.torch._torch_backend" in sys.modules
 
 
 def test_patches_are_removed_after_an_exception() -> None:
@@ -116,4 +113,3 @@ def test_module_hook_records_modules_only_in_record_frames() -> None:
         done.start()
         done.join()  # another thread's module call is not ours
     assert list(rec.modules.values()) == [net]
-    assert isinstance(_phases.phase(Frame(Phase.COMPILE, "x")), object)
