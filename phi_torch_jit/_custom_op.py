@@ -36,6 +36,7 @@ from ._compat import destroy_library, disable_dispatch_modes, is_fake, is_view
 from ._context import Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._phases import compiling
+from ._phiml import ForwardChecks, deferred_checks
 from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
@@ -52,9 +53,16 @@ class _FlatForward:
     def __init__(self, function: CustomFunction, template: tuple[Any, ...]) -> None:
         self.function = function
         self.template = template
+        self.checks = ForwardChecks()
+        """PhiML convergence checks met by the latest traced run; their tensors follow the
+        outputs (none when values were available: the checks then ran)."""
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.function.run_forward(merge_tensors(self.template, tensors))[0]
+        with deferred_checks() as checks:
+            outputs = self.function.run_forward(merge_tensors(self.template, tensors))[0]
+        if checks.checks:
+            self.checks = checks
+        return (*outputs, *checks.tensors)
 
 
 def original_error(wrapped: BaseException) -> BaseException | None:
@@ -94,8 +102,9 @@ class CompiledCall:
         self.n_outputs = len(recorded.outputs)
         all_tensors = self.n_inputs == len(template)
         self.nested = NestedCalls(engine)
+        flat = _FlatForward(function, template)
         target = FunctionTarget(
-            _FlatForward(function, template),
+            flat,
             tuple(tensors),
             f"forward of {function.label}",
             scriptable=function.scriptable if all_tensors else None,
@@ -103,6 +112,8 @@ class CompiledCall:
         )
         with compiling(function.label, self.nested):
             self.forward = engine.compile_function(target)
+        self.checks = flat.checks if self.forward.mode == "traced" else ForwardChecks()
+        """Convergence checks the compiled forward returns the values of (NOTE [PhiML bridge])."""
         # A compiled forward runs no Python, so its context is the one of the compile run.
         self.static_context = call_state().last_context if self.forward.mode != "python" else None
         if self.forward.mode == "python":
@@ -168,6 +179,9 @@ class CompiledCall:
         else:
             try:
                 results = self.forward.run(*tensors)
+                if self.checks.checks:  # raises like eager PhiML (NotConverged, Diverged)
+                    self.checks.run(results[self.n_outputs :])
+                    results = results[: self.n_outputs]
             except BaseException as error:  # re-raised unchanged by Specialization.run
                 state.last_error = error
                 raise

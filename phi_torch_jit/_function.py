@@ -172,6 +172,14 @@ def _slot(t: Any, args: Sequence[Any], outs: Sequence[torch.Tensor], residuals: 
     return ("res", len(residuals) - 1)
 
 
+def _forward_of(cls: Any) -> Any:
+    """``cls.forward``, or PhiML's wrapped function for its custom gradients (NOTE [PhiML
+    bridge]): PhiML's own forward returns stale outputs under a trace."""
+    from ._phiml import traceable_forward
+
+    return traceable_forward(cls) or cls.forward
+
+
 def _needs_grad(args: Sequence[Any]) -> tuple[bool, ...]:
     """ctx.needs_input_grad as seen inside jit: every differentiable tensor may need one."""
     return tuple(
@@ -191,7 +199,7 @@ def run_forward(cls: Any, args: tuple[Any, ...]) -> tuple[tuple[torch.Tensor, ..
             out = cls.forward(*args)
             cls.setup_context(ctx, args, out)
         else:
-            out = cls.forward(ctx, *args)
+            out = _forward_of(cls)(ctx, *args)
     single = isinstance(out, torch.Tensor)
     outs = (out,) if single else tuple(out) if isinstance(out, (tuple, list)) else None
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):

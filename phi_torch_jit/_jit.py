@@ -94,7 +94,7 @@ class JitFunction(Generic[P, R]):
         seen = self._cache.lookup(key)
         result = serve(seen, tensors) if seen else Miss(None)
         if not isinstance(result, Miss):
-            self._cache.touch(key)
+            self._cache.touch(seen[0].key)  # the stored key: found by identity, not compared
             return result  # type: ignore[no-any-return]
         policy = self._options.on_guard_failure
         if result.failure is not None and policy == "eager":

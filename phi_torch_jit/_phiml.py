@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,16 @@ from ._compat import get_tracing_state
 from ._context import current_frame, note_module_call
 from ._patches import RefCounted
 
-__all__ = ["is_phiml", "PhiKey", "disassemble", "assemble", "PhiMLBridge"]
+__all__ = [
+    "is_phiml",
+    "PhiKey",
+    "disassemble",
+    "assemble",
+    "PhiMLBridge",
+    "traceable_forward",
+    "ForwardChecks",
+    "deferred_checks",
+]
 
 _MODULES = ("phiml.", "phi.")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -52,7 +62,11 @@ class PhiKey:
     __slots__ = ("_hash", "constants", "metas", "shapes", "slots", "specs", "tree")
 
     def __init__(
-        self, tree: Any, shapes: tuple[Any, ...], specs: tuple[Any, ...], natives: Sequence[Any]
+        self,
+        tree: Any,
+        shapes: tuple[Any, ...],
+        specs: tuple[Any, ...],
+        natives: Sequence[Any],
     ) -> None:
         self.tree = tree
         self.shapes = shapes
@@ -80,10 +94,15 @@ class PhiKey:
             return False
         if self.constants != other.constants:
             return False
+        if self.specs is other.specs and self.tree is other.tree:
+            return True
         try:
-            return bool(self.specs == other.specs) and bool(self.tree == other.tree)
+            equal = bool(self.specs == other.specs) and bool(self.tree == other.tree)
         except Exception:  # structures that cannot be compared are not equal
             return False
+        if equal:  # share one structure: NOTE [PhiML bridge], equal keys adopt one structure
+            self.specs, self.tree = other.specs, other.tree
+        return equal
 
     def difference(self, other: PhiKey) -> str:
         """What differs from ``other``, e.g. ``native 0 dtype int64 -> float32``."""
@@ -131,12 +150,170 @@ def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:
 
 
 def assemble(key: PhiKey, tensors: Iterator[torch.Tensor]) -> Any:
-    """Inverse of :func:`disassemble`: rebuild the value from new torch tensors."""
+    """Inverse of :func:`disassemble`: rebuild the value from new torch tensors.
+
+    Dataclasses whose ``__post_init__`` only checks shapes (PhiFlow's ``Field``) are built
+    without running the check: the structure and shapes are the ones checked when the program
+    was traced, and the check costs more than the compiled step (NOTE [PhiML bridge]).
+    """
     from phiml.math._tensors import assemble_tensors
-    from phiml.math._tree import assemble_tree
 
     natives = [next(tensors) if slot is None else slot for slot in key.slots]
-    return assemble_tree(key.tree, assemble_tensors(natives, key.specs))
+    values = assemble_tensors(natives, key.specs)
+    return _assemble(key.tree, values)
+
+
+def _assemble(node: Any, values: list[Any]) -> Any:
+    from phiml.math._tree import DataclassTreeNode, assemble_tree
+
+    if isinstance(node, tuple):
+        return tuple(_assemble(item, values) for item in node)
+    if isinstance(node, list):
+        return [_assemble(item, values) for item in node]
+    if type(node) is dict and "__layout__" not in node:
+        return {name: _assemble(item, values) for name, item in node.items()}
+    if isinstance(node, DataclassTreeNode) and _checks_only(node.cls):
+        instance = node.cls.__new__(node.cls)
+        for name, item in node.extracted.items():
+            object.__setattr__(instance, name, _assemble(item, values))
+        for name, value in node.not_extracted.items():
+            object.__setattr__(instance, name, value)
+        instance.__dict__.update(node.cache or {})
+        return instance
+    return assemble_tree(node, values)  # takes its tensors from the front of ``values``
+
+
+_CHECK_ONLY = {"phi.field._field.Field": frozenset(
+    {"math", "merge_shapes", "values", "non_batch", "sampled_elements", "non_channel"}
+)}  # fmt: skip
+"""Classes whose ``__post_init__`` is a shape check, with the names that check may read: if a
+PhiFlow version reads anything else there, its ``__post_init__`` runs as usual."""
+
+
+def _checks_only(cls: type) -> bool:
+    known = _CHECK_ONLY.get(f"{cls.__module__}.{cls.__qualname__}")
+    code = getattr(getattr(cls, "__post_init__", None), "__code__", None)
+    return (
+        known is not None
+        and code is not None
+        and not code.co_freevars
+        and set(code.co_names) <= known
+    )
+
+
+_CUSTOM_FUNCTION = ("phiml.backend.torch._torch_backend", "construct_torch_custom_function.")
+
+
+def traceable_forward(cls: type) -> Callable[..., Any] | None:
+    """The forward to run for a PhiML custom-gradient Function class, or None for other classes.
+
+    PhiML's Function answers any TorchScript trace with the output its own jit recorded
+    (its trace pass must not run the solve twice). Our forward compile traces the forward on
+    purpose, so it calls the function PhiML wraps directly -- PhiML's backend then takes its
+    traced paths, e.g. the scripted CG loop -- and fills ctx as PhiML's forward does (inputs and
+    outputs saved, ``input_count`` set), which PhiML's backward reads.
+    """
+    if cls.__module__ != _CUSTOM_FUNCTION[0] or not cls.__qualname__.startswith(
+        _CUSTOM_FUNCTION[1]
+    ):
+        return None
+    function: Any = cls.__dict__.get("forward")
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    if code is None or not {"f", "jit_f"} <= set(code.co_freevars):
+        return None  # a PhiML version we do not know: its own forward runs
+    cells = dict(zip(code.co_freevars, function.__closure__))
+    wrapped = cells["jit_f"].cell_contents or cells["f"].cell_contents
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        outputs = wrapped(*args)
+        ctx.save_for_backward(*args, *outputs)
+        ctx.input_count = len(args)
+        return outputs
+
+    return forward
+
+
+class ForwardChecks:
+    """PhiML convergence checks met while a custom forward was traced (values unavailable).
+
+    The tensors they need become extra outputs of the compiled forward; :meth:`run` calls the
+    checks with the values of each compiled call, so ``NotConverged`` and ``Diverged`` are
+    raised on the same calls as in eager code."""
+
+    def __init__(self) -> None:
+        self.checks: list[Deferred] = []
+        self.tensors: list[torch.Tensor] = []
+
+    def add(self, check: Deferred, tensors: list[torch.Tensor]) -> None:
+        self.checks.append(check)
+        self.tensors.extend(tensors)
+
+    def run(self, tensors: Sequence[torch.Tensor]) -> None:
+        start = 0
+        for check in self.checks:
+            check.call(tensors[start : start + check.count])
+            start += check.count
+
+
+_COLLECTING: ContextVar[ForwardChecks | None] = ContextVar("phi_torch_jit_checks", default=None)
+
+
+@contextmanager
+def deferred_checks() -> Iterator[ForwardChecks]:
+    """Collect PhiML's convergence checks skipped under a trace while the block runs."""
+    checks = ForwardChecks()
+    if "phiml.math._optimize" not in sys.modules:
+        yield checks
+        return
+    token = _COLLECTING.set(checks)
+    try:
+        with _CHECKS.active():
+            yield checks
+    finally:
+        _COLLECTING.reset(token)
+
+
+class _ConvergenceCheck:
+    """``SolveInfo.convergence_check`` that defers itself to a collector while values are
+    unavailable (a forward being traced), instead of silently skipping."""
+
+    def __init__(self) -> None:
+        self.original: Any = None
+
+    def install(self) -> None:
+        from phiml.math._optimize import SolveInfo
+
+        original = self.original = SolveInfo.__dict__["convergence_check"]
+
+        def convergence_check(info: Any, only_warn: bool) -> None:
+            from phiml.math import all_available
+
+            collector = _COLLECTING.get()
+            if collector is None or all_available(info.diverged, info.converged):
+                return original(info, only_warn)  # type: ignore[no-any-return]
+            parts = (info.x, info.residual, info.iterations, info.function_evaluations,
+                     info.converged, info.diverged)  # fmt: skip
+            natives: list[torch.Tensor] = []
+            key = disassemble(parts, natives)
+
+            def check(*values: Any) -> None:
+                real = SolveInfo(info.solve, *values, info.method, info.msg, info.solve_time)
+                original(real, only_warn)
+
+            collector.add(Deferred(key, check, len(natives)), natives)
+            return None
+
+        SolveInfo.convergence_check = convergence_check
+
+    def remove(self) -> None:
+        from phiml.math._optimize import SolveInfo
+
+        SolveInfo.convergence_check = self.original
+
+
+_CHECK_PATCH = _ConvergenceCheck()
+_CHECKS = RefCounted(_CHECK_PATCH.install, _CHECK_PATCH.remove)
 
 
 class PhiMLBridge:

@@ -248,3 +248,99 @@ def test_when_available_and_scatter_work_under_jit() -> None:
     for _ in range(2):
         got = jitted_scatter(grid, indices, values)
         assert torch.equal(got.native(), scatter(grid, indices, values).native())
+
+
+def open_step(v: Any, s: Any) -> tuple[Any, Any]:
+    """A smoke step whose pressure solve PhiML builds with a constant matrix (no rank
+    deficiency to remove): its forward is compiled, with PhiML's scripted CG loop."""
+    s = advect.mac_cormack(s, v, 1.0)
+    v = advect.semi_lagrangian(v, v, 1.0) + resample(s * (0, 0.1), to=v)
+    solve = Solve("CG", 1e-5, 1e-5, max_iterations=300, x0=None, rank_deficiency=0)
+    v, _ = fluid.make_incompressible(v, (), solve)
+    return v, s
+
+
+def test_pressure_solve_is_compiled_with_its_loop_kept() -> None:
+    jitted = ptj.jit(open_step)
+    v, s = initial()
+    jitted(v, s)  # compiled on this state
+    assert "forward: traced" in jitted.explain()
+    # A new state and a fluid at rest (zero iterations): a baked iteration count fails both.
+    for state in (initial(seed=3), (v * 0, s * 0)):
+        with phiml_eager():
+            want = open_step(*state)
+        got = jitted(*state)
+        assert jitted.num_traces == 1
+        for a, b in zip(want, got):
+            assert _max_diff(a, b) < 1e-5  # NaN fails too
+
+
+def test_solver_errors_of_a_compiled_solve_are_raised_on_the_same_calls_as_eager() -> None:
+    def starved(v: Any, s: Any) -> Any:
+        solve = Solve("CG", 1e-6, 1e-6, max_iterations=3, x0=None, rank_deficiency=0)
+        return fluid.make_incompressible(v, (), solve)[0]
+
+    v, s = initial()
+    jitted = ptj.jit(starved)
+    jitted(v * 0, s)  # at rest: converges at once, nothing raised; the solve is compiled
+    assert "forward: traced" in jitted.explain()
+    with pytest.raises(math.NotConverged), phiml_eager():
+        starved(v, s)
+    with pytest.raises(math.NotConverged):
+        jitted(v, s)  # the compiled program returned the convergence flags; checked as eager
+    jitted(v * 0, s)  # and a converging call still passes
+    assert jitted.num_traces == 1
+
+
+def test_fields_are_rebuilt_without_repeating_their_shape_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from phi.field import _field
+    from phi.field._field import Field
+
+    from phi_torch_jit import _phiml
+
+    assert _phiml._checks_only(Field)  # the PhiFlow version installed: a shape check only
+    jitted = ptj.jit(smoke_step)
+    v, s = initial()
+    v, s = jitted(v, s)
+    jitted(v, s)  # both structures traced: the calls below are cache hits
+    merges = 0
+    merge_shapes = _field.math.merge_shapes
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal merges
+        merges += 1
+        return merge_shapes(*args, **kwargs)
+
+    monkeypatch.setattr(_field.math, "merge_shapes", counted)
+    got = jitted(v, s)
+    fast = merges
+    monkeypatch.setattr(_phiml, "_checks_only", lambda cls: False)
+    jitted(v, s)
+    assert merges - 2 * fast >= 2  # the slow call made the two Fields' checks on top
+    with phiml_eager():
+        want = smoke_step(v, s)
+    for a, b in zip(want, got):
+        assert type(a) is type(b) and a.geometry == b.geometry and a.boundary == b.boundary
+        assert a.values.shape == b.values.shape and _max_diff(a, b) < 1e-5
+
+
+def test_post_init_with_unknown_code_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phi.field._field import Field
+
+    from phi_torch_jit import _phiml
+
+    calls: list[Any] = []
+
+    def check(self: Any) -> None:
+        calls.append(self)
+
+    monkeypatch.setattr(Field, "__post_init__", check)
+    assert not _phiml._checks_only(Field)
+    jitted = ptj.jit(smoke_step)
+    v, s = initial()
+    jitted(v, s)
+    calls.clear()
+    jitted(v, s)
+    assert len(calls) >= 2  # the two output Fields ran the (patched) __post_init__

@@ -73,6 +73,36 @@ def _is_library_check(w: warnings.WarningMessage) -> bool:
     return "registered as constants" in str(w.message) and w.filename.startswith(_phiml_dirs())
 
 
+_SHAPE_READ = "Converting a tensor to a Python integer"
+
+
+def is_phiml_shape_read(w: warnings.WarningMessage) -> bool:
+    """PhiML's torch backend reading a traced tensor's shape (``TorchBackend.staticshape``).
+
+    Shapes of the compiled call's inputs are part of its key; a shape computed from tensor
+    *values* would be baked, so a trace with such warnings is only used when its graph has no
+    op whose output shape depends on values (:func:`_has_value_dependent_shapes`).
+    """
+    if not issubclass(w.category, TracerWarning) or _SHAPE_READ not in str(w.message):
+        return False
+    backend = sys.modules.get("phiml.backend.torch._torch_backend")
+    code = getattr(getattr(getattr(backend, "TorchBackend", None), "staticshape", None),
+                   "__code__", None)  # fmt: skip
+    if code is None or w.filename != code.co_filename:
+        return False
+    lines: list[int] = [line for _, _, line in code.co_lines() if line is not None]
+    return bool(min(lines) <= w.lineno <= max(lines))
+
+
+_VALUE_SHAPED = ("aten::nonzero", "aten::unique", "aten::_unique", "aten::masked_select",
+                 "aten::repeat_interleave", "aten::bincount", "aten::index")  # fmt: skip
+"""TorchScript ops whose output shape may depend on tensor values (``aten::index``: a mask)."""
+
+
+def _has_value_dependent_shapes(graph: Any) -> bool:
+    return any(node.kind().startswith(_VALUE_SHAPED) for node in graph.nodes())
+
+
 def _phiml_dirs() -> tuple[str, ...]:
     return tuple(
         os.path.dirname(module.__file__) + os.sep
@@ -207,6 +237,9 @@ class TorchScriptEngine(Engine):
                 traced, failure = None, f"tracing failed: {type(error).__name__}: {error}"
         tracer, other = _sort_warnings(caught)
         reemit(other)
+        if traced is not None and tracer and all(is_phiml_shape_read(w) for w in tracer):
+            if not _has_value_dependent_shapes(traced.inlined_graph):
+                tracer = []
         if traced is not None and not tracer:  # runs below autograd: nothing to differentiate
             return CompiledFunction(self._executable(traced), "traced")
         if traced is not None:
