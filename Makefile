@@ -16,7 +16,7 @@ TORCH_VERSIONS ?= 2.13.0 2.15.0
 # The environment that tests a torch version: .venv for the demo's torch, else its own.
 venv_of = $(if $(filter $(DEMO_TORCH),$(1)),$(VENV),$(VENV)-torch$(1))
 
-.PHONY: demo test lint docs bench bench-peers fuzz clean
+.PHONY: demo test lint docs bench bench-peers bench-phiflow fuzz clean
 .SECONDEXPANSION:
 
 $(VENV)/.ready: pyproject.toml Makefile
@@ -59,6 +59,10 @@ bench: $(VENV)/.ready
 BENCH_TORCH ?= $(DEMO_TORCH)
 bench-peers: $$(call venv_of,$$(BENCH_TORCH))/.ready
 	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_peers.py
+
+# PhiFlow steps: eager, PhiML's own jit, install(), ptj.jit (docs/phiflow.md).
+bench-phiflow: $$(call venv_of,$$(BENCH_TORCH))/.ready
+	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_phiflow.py
 
 fuzz: $(VENV)/.ready
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -p no:cacheprovider

@@ -1,0 +1,201 @@
+"""PhiFlow steps: eager vs PhiML's own jit vs ``install()`` vs ``phi_torch_jit.jit``, one process.
+
+Three simulations in the style of PhiFlow's historic demos, written here as plain step
+functions:
+
+* ``karman``: 128x128 staggered grid, inflow boundary mask, a cylinder obstacle, 'auto' solve;
+* ``pipe``: 50x32 viscous pipe flow, explicit diffusion, 'CG-adaptive' solve;
+* ``smoke``: this project's 64x64 smoke plume demo step (CG solve).
+
+Each variant of a step gets its own function object: ``PhiML jit`` is
+``math.jit_compile(step)`` with PhiML's own torch tracer (so it runs at its real speed),
+``install()`` is ``math.jit_compile(step)`` compiled while :func:`phi_torch_jit.phiflow.install`
+is in effect, ``ptj.jit`` is :func:`phi_torch_jit.jit`. Reported per simulation and variant:
+the first call (record/trace/compile), the median steady step with calls interleaved
+across variants in every repetition (machine noise hits all alike), and the largest
+difference to eager after a few steps from a *new* state (not the one compiled on) and from
+a fluid at rest. Ratios are to PhiML's own jit. Writes JSON to ``benchmarks/results/`` and
+prints a markdown table. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "demos"))
+
+from phi.torch.flow import (
+    INF,
+    ZERO_GRADIENT,
+    Box,
+    Obstacle,
+    Solve,
+    StaggeredGrid,
+    advect,
+    diffuse,
+    extrapolation,
+    fluid,
+    geom,
+    math,
+    vec,
+)
+
+import phi_torch_jit as ptj
+import phi_torch_jit.phiflow as ptj_phiflow
+
+Step = Callable[..., Any]
+
+
+def karman() -> tuple[Step, tuple[Any, ...]]:
+    speed = 2.0
+    v = StaggeredGrid((speed, 0), ZERO_GRADIENT, x=128, y=128, bounds=Box(x=128, y=64))
+    cylinder = Obstacle(geom.infinite_cylinder(x=15, y=32, radius=5, inf_dim=None))
+    inflow = StaggeredGrid(Box(x=(-INF, 0.5), y=None), v.extrapolation, v.bounds, v.resolution)
+
+    def karman_step(v: Any, p: Any) -> Any:
+        v = advect.semi_lagrangian(v, v, 1.0)
+        v = v * (1 - inflow) + inflow * (speed, 0)
+        return fluid.make_incompressible(v, [cylinder], Solve("auto", 1e-5, x0=p))
+
+    return karman_step, karman_step(v, None)
+
+
+def pipe() -> tuple[Step, tuple[Any, ...]]:
+    boundary = extrapolation.combine_sides(x=(vec(x=1, y=0), ZERO_GRADIENT), y=0)
+    v = StaggeredGrid(0, boundary, x=50, y=32)
+
+    def pipe_step(v: Any, p: Any) -> Any:
+        v = advect.semi_lagrangian(v, v, 1.0)
+        v = diffuse.explicit(v, 0.1, 1.0)
+        return fluid.make_incompressible(v, solve=Solve("CG-adaptive", 1e-5, x0=p))
+
+    return pipe_step, pipe_step(v, None)
+
+
+def smoke() -> tuple[Step, tuple[Any, ...]]:
+    from smoke_plume import initial_state, make_step
+
+    v, s, inflow = initial_state(64)
+    step = make_step(inflow)
+    return step, step(v, s)  # a state with the steady structure (the first one is lazy)
+
+
+SIMULATIONS = {"karman": karman, "pipe": pipe, "smoke": smoke}
+
+
+def _perturbed(state: tuple[Any, ...]) -> tuple[Any, ...]:
+    v = state[0]
+    noisy = v.with_values(v.values + 0.3 * math.random_normal(v.values.shape))
+    return (noisy, *state[1:])
+
+
+def _at_rest(state: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(x * 0 if x is not None else None for x in state)
+
+
+def _rollout(step: Step, state: tuple[Any, ...], n: int) -> tuple[Any, ...]:
+    for _ in range(n):
+        state = step(*state)
+    return state
+
+
+def _max_diff(a: tuple[Any, ...], b: tuple[Any, ...]) -> float:
+    scale = max(float(math.max(abs(x.values))) for x in a if x is not None) or 1.0
+    diffs = [float(math.max(abs(x.values - y.values))) for x, y in zip(a, b) if x is not None]
+    return max(diffs) / scale
+
+
+def _variants(make: Callable[[], tuple[Step, tuple[Any, ...]]]) -> dict[str, Step]:
+    step, _ = make()
+    phiml = math.jit_compile(make()[0])
+    ptj_phiflow.install()
+    try:
+        installed = math.jit_compile(make()[0])
+    finally:
+        ptj_phiflow.uninstall()
+    return {"eager": step, "PhiML jit": phiml, "install()": installed, "ptj.jit": ptj.jit(step)}
+
+
+def bench(name: str, reps: int) -> list[dict[str, Any]]:
+    make = SIMULATIONS[name]
+    _, state = make()
+    variants = _variants(make)
+    rows: dict[str, dict[str, Any]] = {k: {"simulation": name, "variant": k} for k in variants}
+    for label, fn in variants.items():
+        if label == "install()":
+            ptj_phiflow.install()
+        start = time.perf_counter()
+        try:
+            state_after = fn(*state)
+            fn(*state_after)  # the steady structure
+        finally:
+            ptj_phiflow.uninstall()
+        rows[label]["first_call_s"] = time.perf_counter() - start
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    current = {k: state for k in variants}
+    for _ in range(reps):
+        for label, fn in variants.items():
+            start = time.perf_counter()
+            current[label] = fn(*current[label])
+            times[label].append(time.perf_counter() - start)
+    for label in variants:
+        rows[label]["step_ms"] = 1e3 * statistics.median(times[label])
+    reference = rows["PhiML jit"]["step_ms"]
+    for label in variants:
+        rows[label]["vs_phiml"] = rows[label]["step_ms"] / reference
+    new_state = _perturbed(state)
+    rest = _at_rest(state)
+    eager_new = _rollout(variants["eager"], new_state, 3)
+    eager_rest = _rollout(variants["eager"], rest, 3)
+    for label, fn in variants.items():
+        rows[label]["rel_diff_new_state"] = _max_diff(eager_new, _rollout(fn, new_state, 3))
+        rows[label]["max_abs_at_rest"] = max(
+            float(math.max(abs(x.values))) for x in _rollout(fn, rest, 3) if x is not None
+        ) - max(float(math.max(abs(x.values))) for x in eager_rest if x is not None)
+    return list(rows.values())
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| simulation | variant | first call | steady step | vs PhiML jit | rel. diff, new state "
+        "| at rest (max |x| - eager's) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['simulation']} | {r['variant']} | {r['first_call_s']:.2f} s "
+            f"| {r['step_ms']:.2f} ms | {r['vs_phiml']:.2f}x | {r['rel_diff_new_state']:.1e} "
+            f"| {r['max_abs_at_rest']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sims", nargs="+", default=list(SIMULATIONS), choices=SIMULATIONS)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")  # PhiML's sparse-CSR beta notice, deprecations
+    rows = [row for name in args.sims for row in bench(name, args.reps)]
+    meta = {"torch": torch.__version__, "python": platform.python_version(),
+            "threads": torch.get_num_threads(), "reps": args.reps}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "phiflow.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(json.dumps(meta))
+    print(_table(rows))
+
+
+if __name__ == "__main__":
+    main()
