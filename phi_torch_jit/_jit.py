@@ -46,13 +46,16 @@ class JitFunction(Generic[P, R]):
         max_traces: int = 8,
         guard_hooks: bool = True,
         on_guard_failure: str = "retrace",
+        label: str | None = None,
         **engine_options: Any,
     ) -> None:
         options = Options.of(fn, engine, max_traces, guard_hooks, on_guard_failure, engine_options)
         self._options = options
         self._engine = options.engine
         self._fn = fn
-        self._owner = describe_function(fn)
+        self._owner = label or describe_function(fn)
+        """How messages and logs name the function, e.g. ``step (sim.py:12)``; ``label``
+        overrides it (``phiflow.install()`` names the user's function, not PhiML's wrapper)."""
         self._arg_names = positional_names(fn)
         self._cache = SpecializationCache(max_traces)
         self._report = Reporter(self._owner, self._arg_names, max_traces)

@@ -28,6 +28,7 @@ import torch
 from ._compat import get_tracing_state
 from ._context import current_frame, note_module_call
 from ._patches import RefCounted
+from .errors import RunEagerly
 
 __all__ = [
     "is_phiml",
@@ -268,7 +269,7 @@ def deferred_checks() -> Iterator[ForwardChecks]:
         return
     token = _COLLECTING.set(checks)
     try:
-        with _CHECKS.active():
+        with _CHECKS.active(), _LOOPS.active():
             yield checks
     finally:
         _COLLECTING.reset(token)
@@ -290,7 +291,13 @@ class _ConvergenceCheck:
             from phiml.math import all_available
 
             collector = _COLLECTING.get()
-            if collector is None or all_available(info.diverged, info.converged):
+            if collector is None:
+                token = _CHECKING.set(True)  # the record pass under install(): values are real
+                try:
+                    return original(info, only_warn)  # type: ignore[no-any-return]
+                finally:
+                    _CHECKING.reset(token)
+            if all_available(info.diverged, info.converged):
                 return original(info, only_warn)  # type: ignore[no-any-return]
             parts = (info.x, info.residual, info.iterations, info.function_evaluations,
                      info.converged, info.diverged)  # fmt: skip
@@ -310,6 +317,46 @@ class _ConvergenceCheck:
         from phiml.math._optimize import SolveInfo
 
         SolveInfo.convergence_check = self.original
+
+
+class _WhileLoop:
+    """``TorchBackend.while_loop`` that never lets a trace repeat a fixed iteration count.
+
+    PhiML's torch backend unrolls ``while_loop`` to ``max_iter`` iterations under a TorchScript
+    trace (with a RuntimeWarning): a loop whose count depends on values would then be wrong
+    for other values. In a record pass, a loop outside any custom function is noted (the
+    specialization runs eagerly, with one warning); under a trace it raises ``RunEagerly``, so a
+    custom forward being compiled runs as Python instead (NOTE [PhiML bridge])."""
+
+    def __init__(self) -> None:
+        self.original: Any = None
+
+    def install(self) -> None:
+        from phiml.backend.torch._torch_backend import TorchBackend
+
+        original = self.original = TorchBackend.__dict__["while_loop"]
+
+        def while_loop(self_: Any, loop: Any, values: Any, max_iter: Any) -> Any:
+            if get_tracing_state() is not None:
+                raise RunEagerly(
+                    f"it runs a PhiML while_loop, which a trace would unroll to {max_iter} "
+                    "iterations"
+                )
+            from ._reads import note_unguardable
+
+            note_unguardable("loops", "PhiML while_loop")
+            return original(self_, loop, values, max_iter)
+
+        TorchBackend.while_loop = while_loop
+
+    def remove(self) -> None:
+        from phiml.backend.torch._torch_backend import TorchBackend
+
+        TorchBackend.while_loop = self.original
+
+
+_LOOP_PATCH = _WhileLoop()
+_LOOPS = RefCounted(_LOOP_PATCH.install, _LOOP_PATCH.remove)
 
 
 _CHECK_PATCH = _ConvergenceCheck()
@@ -353,6 +400,8 @@ class PhiMLBridge:
         call rebuilds the PhiML tensors from them and calls ``runnable`` (as PhiML's jit does
         after its calls). In the record pass the values are available and PhiML calls
         ``runnable`` at once."""
+        if _phiml_jit_tracing():  # under install(): PhiML's own jit extracts and calls it
+            return
         frame = current_frame()
         if frame is None:
             raise RuntimeError("phi_torch_jit: PhiML deferred a call outside a trace")
@@ -397,7 +446,7 @@ class PhiMLBridge:
         if not recording:  # when_available asks PhiML's own jit stack
             tracing.append(self)
         try:
-            with _AVAILABILITY.active():
+            with _AVAILABILITY.active(), _CHECKS.active(), _LOOPS.active():
                 yield
         finally:
             stack.remove(self)
@@ -422,16 +471,16 @@ class _Availability:
 
         original = self._original = backend.TorchBackend.__dict__["is_available"]
 
-        functional = sys.modules["phiml.math._functional"]
-
         def is_available(self_: Any, tensor: Any) -> bool:
             stack = backend.CURRENT_JIT_CALLS
             recording = stack and isinstance(stack[-1], PhiMLBridge) and stack[-1].recording
-            # Under install(), PhiML's own jit is tracing: it expects no values in either pass.
-            phiml_jit = any(not isinstance(j, PhiMLBridge) for j in functional._TRACING_JIT)
-            if recording and not phiml_jit:
-                return get_tracing_state() is None  # a real eager call
-            return bool(original(self_, tensor))
+            if not recording:
+                return bool(original(self_, tensor))
+            if _CHECKING.get():  # a convergence check of the record pass: values are real
+                return True
+            if _phiml_jit_tracing():  # under install(): as under PhiML's own torch jit
+                return bool(original(self_, tensor))
+            return get_tracing_state() is None  # a real eager call
 
         backend.TorchBackend.is_available = is_available
 
@@ -439,6 +488,17 @@ class _Availability:
         from phiml.backend.torch import _torch_backend as backend
 
         backend.TorchBackend.is_available = self._original
+
+
+def _phiml_jit_tracing() -> bool:
+    """Whether PhiML's own ``jit_compile`` is tracing (phi_torch_jit runs under ``install()``)."""
+    functional = sys.modules.get("phiml.math._functional")
+    return functional is not None and any(
+        not isinstance(j, PhiMLBridge) for j in functional._TRACING_JIT
+    )
+
+
+_CHECKING: ContextVar[bool] = ContextVar("phi_torch_jit_checking", default=False)
 
 
 _AVAILABILITY_PATCH = _Availability()

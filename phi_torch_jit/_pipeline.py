@@ -201,6 +201,12 @@ def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
         )
     if seen.tensor_hooks:
         reasons.append(f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])})")
+    if seen.loops:
+        reasons.append(
+            f"it runs PhiML while_loops whose iteration count depends on values "
+            f"({', '.join(seen.loops[:3])}), which a trace would fix; put the loop in a "
+            "custom-gradient function (math.solve_linear does) to have it compiled"
+        )
     return reasons
 
 

@@ -47,6 +47,7 @@ from ._sources import TORCH_DIR, is_user_file
 __all__ = [
     "Unguardable",
     "UNGUARDABLE",
+    "note_unguardable",
     "Read",
     "Kind",
     "Source",
@@ -79,6 +80,9 @@ class Unguardable:
     """Places where a torch.func transform (vmap, grad...) was applied."""
     data: list[str] = field(default_factory=list)
     """Places where user code reads or writes ``Tensor.data`` (outside autograd's view)."""
+    loops: list[str] = field(default_factory=list)
+    """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
+    iteration count; a trace would repeat a fixed one)."""
 
 
 def _from_user(frame: types.FrameType | None) -> bool:
@@ -107,6 +111,11 @@ def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[...,
         return original(*args, **kwargs)
 
     return wrapper
+
+
+def note_unguardable(kind: str, label: str) -> None:
+    """Note a call that no compiled program repeats, at the nearest user frame (record pass)."""
+    _note(kind, f"{label} at {_where(sys._getframe(1))}")
 
 
 def _note(kind: str, where: str) -> None:

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._jit import jit
+from ._jit import JitFunction
+from .errors import describe_function
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -38,8 +39,56 @@ def _torch_backend_class() -> Any:
 
 
 def _compile_with_phi_torch_jit(self: Any, f: Callable[..., Any]) -> Callable[..., Any]:
-    """Replacement of ``TorchBackend.jit_compile``: compile PhiML's native function with us."""
-    return jit(f)
+    """Replacement of ``TorchBackend.jit_compile``: compile PhiML's native function with us.
+
+    PhiML hands the native function the natives of its arguments, numpy arrays included (a
+    geometry built from Python numbers); like PhiML's own torch jit, they are made torch
+    tensors first.
+    """
+    owner = _phiml_jit_of(f)
+    jitted = JitFunction(_one_pass_at_a_time(f, owner), label=_user_label(owner))
+    backend = self
+
+    def native(*args: Any) -> Any:
+        return jitted(*backend.recursive_as_tensor(args))
+
+    native.__wrapped__ = jitted  # type: ignore[attr-defined]
+    return native
+
+
+def _phiml_jit_of(native: Callable[..., Any]) -> Any:
+    """PhiML's ``JitFunction`` whose native function ``native`` is (None if not found)."""
+    code = getattr(native, "__code__", None)
+    cells = dict(zip(code.co_freevars, native.__closure__ or ())) if code else {}
+    return getattr(cells.get("self"), "cell_contents", None)
+
+
+def _user_label(owner: Any) -> str | None:
+    """``step (sim.py:12) under phiflow.install()`` for PhiML's jit of ``step``."""
+    user = getattr(owner, "f", None)
+    if not callable(user):
+        return None
+    return f"{describe_function(user)} under phi_torch_jit.phiflow.install()"
+
+
+def _one_pass_at_a_time(native: Callable[..., Any], owner: Any) -> Callable[..., Any]:
+    """``native``, forgetting the ``math.when_available`` callbacks of earlier passes first.
+
+    PhiML's jit collects the callbacks met while its native function runs and returns their
+    tensors as extra outputs, expecting one traced pass. phi_torch_jit runs it twice (record,
+    trace) and both passes must return the same outputs, so each starts from an empty list:
+    the callback then runs once per call, after it, as under PhiML's own jit.
+    """
+    if not hasattr(owner, "_extract_tensors") or not hasattr(owner, "_post_call"):
+        return native  # a PhiML version we do not know
+
+    def one_pass(*natives: Any) -> Any:
+        owner._extract_tensors.clear()
+        owner._post_call.clear()
+        return native(*natives)
+
+    one_pass.__name__ = one_pass.__qualname__ = getattr(native, "__name__", "native")
+    return one_pass
 
 
 def install() -> None:

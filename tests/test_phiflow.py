@@ -159,13 +159,13 @@ def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
     import phi_torch_jit.phiflow as integration
 
     compiled: list[Any] = []
-    original = ptj.jit
+    original = ptj.JitFunction
 
     def spy(f: Any, **kwargs: Any) -> Any:
         compiled.append(original(f, **kwargs))
         return compiled[-1]
 
-    monkeypatch.setattr(integration, "jit", spy)
+    monkeypatch.setattr(integration, "JitFunction", spy)
     integration.install()
     integration.install()  # idempotent
     try:
@@ -344,3 +344,153 @@ def test_post_init_with_unknown_code_runs(monkeypatch: pytest.MonkeyPatch) -> No
     calls.clear()
     jitted(v, s)
     assert len(calls) >= 2  # the two output Fields ran the (patched) __post_init__
+
+
+def _rotating_bar(size: int = 24) -> tuple[Any, Any, Any]:
+    """PhiFlow's rotating-bar demo in small: the obstacle is an argument and moves every step."""
+    from phi.torch.flow import Obstacle
+
+    domain = dict(x=size, y=size, bounds=Box(x=100, y=100))
+    obstacle = Obstacle(Box(x=(47, 53), y=(20, 70)), angular_velocity=0.05)
+    velocity = StaggeredGrid(0, ZERO_GRADIENT, **domain)
+
+    def bar_step(v: Any, obstacle: Any) -> tuple[Any, Any]:
+        obstacle = math.copy_with(obstacle, geometry=obstacle.geometry.rotated(-0.05))
+        v = advect.mac_cormack(v, v, 1.0)
+        v, _ = fluid.make_incompressible(v, (obstacle,), Solve("CG-adaptive", 1e-5, 1e-5))
+        return v, obstacle
+
+    return bar_step, velocity, obstacle
+
+
+def test_rotating_obstacle_under_install_equals_eager_without_retracing() -> None:
+    import phi_torch_jit.phiflow as integration
+
+    step, v, obstacle = _rotating_bar()
+    integration.install()
+    try:
+        jitted = math.jit_compile(step)  # PhiML's numpy natives of the Box are accepted
+        state, eager = (v, obstacle), (v, obstacle)
+        for _ in range(6):
+            state = jitted(*state)
+            with phiml_eager():
+                eager = step(*eager)
+            assert _max_diff(state[0], eager[0]) < 1e-4
+        ours = [t.__wrapped__ for traces in jitted.traces.values() for t in traces]
+        assert all(isinstance(t, ptj.JitFunction) for t in ours)
+        assert sum(t.num_traces for t in ours) <= 3  # per structure, not per angle
+        assert "bar_step" in repr(ours[0]) and "install()" in repr(ours[0])
+    finally:
+        integration.uninstall()
+
+
+def test_when_available_and_scatter_under_install() -> None:
+    from phi.torch.flow import channel, instance
+
+    import phi_torch_jit.phiflow as integration
+
+    seen: list[float] = []
+
+    def report(x: Any) -> Any:
+        math.when_available(lambda v: seen.append(float(math.sum(v))), x)
+        return x * 2
+
+    def scatter(grid: Any, indices: Any, values: Any) -> Any:
+        return math.scatter(grid, indices, values)
+
+    integration.install()
+    try:
+        jitted = math.jit_compile(report)
+        x = math.tensor(torch.ones(3), spatial("x"))
+        for _ in range(3):
+            assert math.close(jitted(x), x * 2)
+        assert seen == [3.0, 3.0, 3.0]  # once per call, as eager code does
+        grid = math.zeros(spatial(x=4))
+        indices = math.tensor(torch.tensor([[1], [2]]), instance("points"), channel(vector="x"))
+        values = math.tensor(torch.tensor([1.0, 2.0]), instance("points"))
+        jitted_scatter = math.jit_compile(scatter)
+        for _ in range(2):
+            got = jitted_scatter(grid, indices, values)
+            assert torch.equal(got.native(), scatter(grid, indices, values).native())
+    finally:
+        integration.uninstall()
+
+
+def test_jit_compile_with_auxiliary_arguments_under_install() -> None:
+    import phi_torch_jit.phiflow as integration
+
+    def step(v: Any, s: Any, dt: float) -> tuple[Any, Any]:
+        return smoke_step(v, s, dt)
+
+    integration.install()
+    try:
+        jitted = math.jit_compile(step, auxiliary_args="dt")
+        v, s = initial()
+        for dt in (1.0, 0.5, 1.0):
+            got = jitted(v, s, dt)
+            with phiml_eager():
+                want = step(v, s, dt)
+            assert _max_diff(got[0], want[0]) < 1e-5 and _max_diff(got[1], want[1]) < 1e-5
+        assert len(jitted.traces) == 2  # PhiML keys on the auxiliary value
+    finally:
+        integration.uninstall()
+
+
+def test_phiml_while_loop_runs_eagerly_and_numpy_call_is_captured(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from phiml.backend._dtype import DType
+    from phiml.backend.torch import TORCH
+
+    def halve_until_small(x: torch.Tensor) -> torch.Tensor:
+        def body(go: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            v = v / 2
+            return torch.max(v) > 1.0, v
+
+        _, small = TORCH.while_loop(body, (torch.max(x) > 1.0, x), max_iter=100)
+        return small  # type: ignore[no-any-return]
+
+    def doubled_in_numpy(x: torch.Tensor) -> torch.Tensor:
+        return TORCH.numpy_call(lambda a: a * 2, tuple(x.shape), DType(float, 32), x) + 1
+
+    loop = ptj.jit(halve_until_small)
+    numpy = ptj.jit(doubled_in_numpy)
+    with pytest.warns(ptj.JitWarning, match="while_loop"):
+        loop(torch.full((3,), 10.0))
+    for scale in (10.0, 100.0, 0.5):  # a trace would have unrolled 100 iterations
+        x = torch.full((3,), scale)
+        assert torch.equal(loop(x), halve_until_small(x))
+        assert torch.equal(numpy(x), doubled_in_numpy(x))
+    assert numpy.num_traces == 1
+
+
+def test_phiml_network_trained_under_install() -> None:
+    from phiml import nn as phiml_nn
+
+    import phi_torch_jit.phiflow as integration
+
+    def train(installed: bool) -> list[torch.Tensor]:
+        math.seed(0)
+        torch.manual_seed(0)
+        net = phiml_nn.mlp(2, 2, layers=[8], activation="ReLU")
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = math.random_normal(spatial(points=16), math.channel(vector="a,b"))
+        target = x * 0.5
+
+        def loss(x: Any) -> Any:
+            return math.l2_loss(math.native_call(net, x, channels_last=True) - target)
+
+        if installed:
+            integration.install()
+        try:
+            step = math.jit_compile(loss) if installed else loss
+            for _ in range(5):
+                opt.zero_grad()
+                math.mean(step(x), "points").native().backward()
+                opt.step()
+        finally:
+            integration.uninstall()
+        return [p.detach().clone() for p in net.parameters()]
+
+    for want, got in zip(train(False), train(True)):
+        assert torch.allclose(want, got, atol=1e-6)
