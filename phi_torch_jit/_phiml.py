@@ -60,7 +60,7 @@ def _comparable(constant: Any) -> Any:
 class PhiKey:
     """The static part of a PhiML value: hashable by its shapes, equal by its whole structure."""
 
-    __slots__ = ("_hash", "constants", "metas", "shapes", "slots", "specs", "tree")
+    __slots__ = ("_hash", "constants", "converted", "metas", "shapes", "slots", "specs", "tree")
 
     def __init__(
         self,
@@ -68,8 +68,12 @@ class PhiKey:
         shapes: tuple[Any, ...],
         specs: tuple[Any, ...],
         natives: Sequence[Any],
+        converted: bool = False,
     ) -> None:
         self.tree = tree
+        self.converted = converted
+        """Whether float natives of other backends became torch tensors (:func:`_as_traced`):
+        the record pass must then run on the converted values, as the trace does."""
         self.shapes = shapes
         self.specs = tuple(_frozen(s) for s in specs)
         """PhiML's per-tensor specs, lists made tuples (PhiML hands back dimension names as a
@@ -146,8 +150,26 @@ def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:
 
     tree, values = disassemble_tree(obj, cache=False)
     natives, shapes, specs = disassemble_tensors(values, expand=False)
-    tensors.extend(n for n in natives if isinstance(n, torch.Tensor))
-    return PhiKey(tree, tuple(shapes), tuple(specs), natives)
+    traced = [_as_traced(n) for n in natives]
+    converted = any(t is not n for t, n in zip(traced, natives))
+    tensors.extend(n for n in traced if isinstance(n, torch.Tensor))
+    return PhiKey(tree, tuple(shapes), tuple(specs), traced, converted)
+
+
+def _as_traced(native: Any) -> Any:
+    """Floating-point numpy and Python natives as torch tensors (traced inputs, as PhiML's own
+    jit converts them): a rotating obstacle's rotation or a moved geometry's center must not be
+    a constant of the key, or every new value would retrace. Integer and boolean natives
+    (counts, indices, masks) stay constants, compared by value."""
+    floating = isinstance(native, float) or (
+        hasattr(native, "dtype") and not isinstance(native, torch.Tensor)
+        and getattr(native.dtype, "kind", "") in "fc"
+    )  # fmt: skip
+    if not floating:
+        return native
+    from phiml.backend.torch import TORCH
+
+    return TORCH.as_tensor(native)
 
 
 def assemble(key: PhiKey, tensors: Iterator[torch.Tensor]) -> Any:
@@ -379,6 +401,7 @@ class PhiMLBridge:
         self.called_modules: set[Any] = set()
         """Modules PhiML's networks registered (forwarded to register_module_call)."""
         self._calls: list[Any] = []
+        self._after_record: list[tuple[Any, tuple[Any, ...]]] = []
         self._replayed = 0
         self._calls_seen = 0
 
@@ -401,6 +424,9 @@ class PhiMLBridge:
         after its calls). In the record pass the values are available and PhiML calls
         ``runnable`` at once."""
         if _phiml_jit_tracing():  # under install(): PhiML's own jit extracts and calls it
+            return
+        if self.recording:  # real values: called when the record pass has returned
+            self._after_record.append((runnable, tensors))
             return
         frame = current_frame()
         if frame is None:
@@ -429,10 +455,12 @@ class PhiMLBridge:
     def active(self, recording: bool = False) -> Iterator[None]:
         """Make PhiML see this bridge as the current jit while the block runs (if PhiML is used).
 
-        ``recording``: the record pass, which is a real eager call. PhiML treats every value as
-        unavailable while a jit is on its stack (no convergence checks, ``when_available``
-        deferred); in the record pass the values are real, so PhiML is told they are available
-        and raises ``NotConverged`` on the same calls as eager code.
+        ``recording``: the record pass. PhiML treats every value as unavailable while a jit is
+        on its stack, in both passes, as under its own jit: the record pass then takes the same
+        paths as the trace (e.g. a solve matrix built from traced geometry values is a torch
+        tensor in both). Two things still see the record pass's real values: convergence
+        checks (``NotConverged`` on the same calls as eager code) and ``math.when_available``
+        callbacks, called with the real values when the record pass has returned.
         """
         backend = sys.modules.get("phiml.backend.torch._torch_backend")
         if backend is None:
@@ -440,19 +468,20 @@ class PhiMLBridge:
             return
         self._replayed = 0
         self.recording = recording
+        self._after_record = []
         stack = backend.CURRENT_JIT_CALLS
         stack.append(self)
         tracing = sys.modules["phiml.math._functional"]._TRACING_JIT
-        if not recording:  # when_available asks PhiML's own jit stack
-            tracing.append(self)
+        tracing.append(self)  # when_available asks PhiML's own jit stack
         try:
             with _AVAILABILITY.active(), _CHECKS.active(), _LOOPS.active():
                 yield
         finally:
             stack.remove(self)
-            if not recording:
-                tracing.remove(self)
+            tracing.remove(self)
             self._forward_modules()
+        for runnable, tensors in self._after_record:  # the record pass returned
+            runnable(*tensors)
 
     def _forward_modules(self) -> None:
         for module in self.called_modules:
@@ -460,8 +489,8 @@ class PhiMLBridge:
 
 
 class _Availability:
-    """``TorchBackend.is_available`` that says True during our record passes (see
-    :meth:`PhiMLBridge.active`); installed while any bridge is active."""
+    """``TorchBackend.is_available`` that says True for the convergence checks of our record
+    passes (see :meth:`PhiMLBridge.active`); installed while any bridge is active."""
 
     def __init__(self) -> None:
         self._original: Any = None
@@ -474,13 +503,9 @@ class _Availability:
         def is_available(self_: Any, tensor: Any) -> bool:
             stack = backend.CURRENT_JIT_CALLS
             recording = stack and isinstance(stack[-1], PhiMLBridge) and stack[-1].recording
-            if not recording:
-                return bool(original(self_, tensor))
-            if _CHECKING.get():  # a convergence check of the record pass: values are real
-                return True
-            if _phiml_jit_tracing():  # under install(): as under PhiML's own torch jit
-                return bool(original(self_, tensor))
-            return get_tracing_state() is None  # a real eager call
+            if recording and _CHECKING.get():  # a record pass's convergence check: real values
+                return get_tracing_state() is None
+            return bool(original(self_, tensor))
 
         backend.TorchBackend.is_available = is_available
 

@@ -29,6 +29,7 @@ from ._reads import PythonGuard, Unguardable, collect_reads
 from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
+    converts_natives,
     count_program_outputs,
     describe_spec,
     flatten_outputs,
@@ -65,6 +66,8 @@ def specialize(
 ) -> tuple[Any, Specialization]:
     """The stages for a cache miss; return (the eager result, the specialization)."""
     start = time.perf_counter()
+    if converts_natives(key[0]):  # the record pass must see what the trace sees
+        args, kwargs = unflatten_arguments(key[0], tensors)
     result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]))
     output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start

@@ -278,18 +278,29 @@ def count_program_outputs(spec: Spec) -> int:
     return 0
 
 
-def modules_in(spec: Spec) -> list[nn.Module]:
-    """The nn.Modules passed as arguments, in argument order."""
-    found: list[nn.Module] = []
+def _nodes(spec: Spec, tag: str) -> list[Any]:
+    """The payloads of the ``tag`` nodes of ``spec``, in argument order."""
+    found: list[Any] = []
     stack = [spec]
     while stack:
         node = stack.pop()
-        if node[0] == "M":
+        if node[0] == tag:
             found.append(node[1])
         elif node[0] in ("Q", "N", "D", "C", "A"):
             children = node[-1] if node[0] != "A" else node[1] + node[3]
             stack.extend(reversed(children))
     return found
+
+
+def modules_in(spec: Spec) -> list[nn.Module]:
+    """The nn.Modules passed as arguments, in argument order."""
+    return _nodes(spec, "M")
+
+
+def converts_natives(spec: Spec) -> bool:
+    """Whether a PhiML argument had float natives of another backend made torch tensors: the
+    record pass must then see the converted values, as the trace does."""
+    return any(key.converted for key in _nodes(spec, "P"))
 
 
 def describe_spec(spec: Spec) -> str:
