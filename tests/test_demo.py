@@ -46,6 +46,25 @@ def test_smoke_plume_demo_runs_and_jit_matches_eager(
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_rotating_bar_demo_runs_and_jit_matches_eager(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("phi")
+    import rotating_bar
+
+    result = rotating_bar.main(
+        ["--size", "16", "--steps", "5", "--eager-steps", "4", "--out", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert result["max_diff"] < 1e-4  # eager rotates float64 numpy geometry, jit float32
+    assert result["traces"] <= 3  # new angles do not recompile
+    assert "steps per second: eager" in out
+    assert (tmp_path / "rotating_bar.png").exists() and (tmp_path / "rotating_bar.gif").exists()
+
+
+@pytest.mark.slow
 def test_learned_correction_demo_trains_and_agrees_with_eager(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
