@@ -187,10 +187,14 @@ def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
     assert TorchBackend.jit_compile is not integration._compile_with_phi_torch_jit
 
 
-def test_phiml_network_trained_through_jitted_steps() -> None:
+@pytest.mark.parametrize("path", ["ptj.jit", "install()"])
+def test_phiml_network_trained_through_jitted_steps(path: str) -> None:
     from phiml import nn as phiml_nn
 
+    import phi_torch_jit.phiflow as integration
+
     def train(jitted: bool) -> list[torch.Tensor]:
+        math.seed(0)
         torch.manual_seed(0)
         net = phiml_nn.mlp(2, 2, layers=[8], activation="ReLU")
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -200,11 +204,22 @@ def test_phiml_network_trained_through_jitted_steps() -> None:
         def loss(x: Any) -> Any:
             return math.l2_loss(math.native_call(net, x, channels_last=True) - target)
 
-        step = ptj.jit(loss) if jitted else loss
-        for _ in range(5):
-            opt.zero_grad()
-            math.mean(step(x), "points").native().backward()
-            opt.step()
+        if jitted and path == "install()":
+            integration.install()
+        try:
+            step = (
+                loss
+                if not jitted
+                else ptj.jit(loss)
+                if path == "ptj.jit"
+                else math.jit_compile(loss)
+            )
+            for _ in range(5):
+                opt.zero_grad()
+                math.mean(step(x), "points").native().backward()
+                opt.step()
+        finally:
+            integration.uninstall()
         return [p.detach().clone() for p in net.parameters()]
 
     for want, got in zip(train(False), train(True)):
@@ -462,38 +477,6 @@ def test_phiml_while_loop_runs_eagerly_and_numpy_call_is_captured(
         assert torch.equal(loop(x), halve_until_small(x))
         assert torch.equal(numpy(x), doubled_in_numpy(x))
     assert numpy.num_traces == 1
-
-
-def test_phiml_network_trained_under_install() -> None:
-    from phiml import nn as phiml_nn
-
-    import phi_torch_jit.phiflow as integration
-
-    def train(installed: bool) -> list[torch.Tensor]:
-        math.seed(0)
-        torch.manual_seed(0)
-        net = phiml_nn.mlp(2, 2, layers=[8], activation="ReLU")
-        opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        x = math.random_normal(spatial(points=16), math.channel(vector="a,b"))
-        target = x * 0.5
-
-        def loss(x: Any) -> Any:
-            return math.l2_loss(math.native_call(net, x, channels_last=True) - target)
-
-        if installed:
-            integration.install()
-        try:
-            step = math.jit_compile(loss) if installed else loss
-            for _ in range(5):
-                opt.zero_grad()
-                math.mean(step(x), "points").native().backward()
-                opt.step()
-        finally:
-            integration.uninstall()
-        return [p.detach().clone() for p in net.parameters()]
-
-    for want, got in zip(train(False), train(True)):
-        assert torch.allclose(want, got, atol=1e-6)
 
 
 def test_rotating_obstacle_argument_is_traced_not_keyed() -> None:
