@@ -149,7 +149,10 @@ def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:
     from phiml.math._tree import disassemble_tree
 
     tree, values = disassemble_tree(obj, cache=False)
-    natives, shapes, specs = disassemble_tensors(values, expand=False)
+    # expand: natives in PhiML's canonical layout (as PhiML's own jit keys them), so a state made
+    # by eager code and one made by the program share a key (no retrace for a transposed or a
+    # still-uniform field)
+    natives, shapes, specs = disassemble_tensors(values, expand=True)
     traced = [_as_traced(n) for n in natives]
     converted = any(t is not n for t, n in zip(traced, natives))
     tensors.extend(n for n in traced if isinstance(n, torch.Tensor))
