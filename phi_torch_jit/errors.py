@@ -106,9 +106,25 @@ def describe_function(fn: Any, name: str | None = None) -> str:
         name = type(fn).__qualname__
         target = getattr(type(fn), "forward", None) or type(fn).__call__
     target = inspect.unwrap(target)
+    code = _code_of(target)
+    if code is not None:  # no source reading: inspect parses a whole module to find a class
+        return f"{name} ({code.co_filename}:{code.co_firstlineno})"
     try:
         file = inspect.getsourcefile(target)
         _, line = inspect.getsourcelines(target)
     except (TypeError, OSError):
         return str(name)
     return f"{name} ({file}:{line})"
+
+
+def _code_of(target: Any) -> Any:
+    """The code object that locates ``target``: its own, or for a class the first of its
+    ``forward``, ``__call__``, ``__init__`` defined in Python."""
+    if isinstance(target, type):
+        for attr in ("forward", "__call__", "__init__"):
+            method: Any = target.__dict__.get(attr)
+            method = getattr(method, "__func__", method)
+            if hasattr(method, "__code__"):
+                return method.__code__
+        return None
+    return getattr(target, "__code__", None)
