@@ -32,7 +32,13 @@ from typing import Any
 import torch
 
 from ._backward import LazyBackward
-from ._compat import destroy_library, disable_dispatch_modes, is_fake, is_view
+from ._compat import (
+    destroy_library,
+    disable_dispatch_modes,
+    get_tracing_state,
+    is_fake,
+    is_view,
+)
 from ._context import Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._phases import compiling
@@ -58,8 +64,11 @@ class _FlatForward:
         outputs (none when values were available: the checks then ran)."""
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        with deferred_checks() as checks:
-            outputs = self.function.run_forward(merge_tensors(self.template, tensors))[0]
+        args = merge_tensors(self.template, tensors)
+        if get_tracing_state() is None:  # run as Python (every call): checks see real values
+            return self.function.run_forward(args)[0]
+        with deferred_checks() as checks:  # traced once, by the engine's compile
+            outputs = self.function.run_forward(args)[0]
         if checks.checks:
             self.checks = checks
         return (*outputs, *checks.tensors)

@@ -172,12 +172,18 @@ def _slot(t: Any, args: Sequence[Any], outs: Sequence[torch.Tensor], residuals: 
     return ("res", len(residuals) - 1)
 
 
+_FORWARDS: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+
+
 def _forward_of(cls: Any) -> Any:
     """``cls.forward``, or PhiML's wrapped function for its custom gradients (NOTE [PhiML
-    bridge]): PhiML's own forward returns stale outputs under a trace."""
-    from ._phiml import traceable_forward
+    bridge]): PhiML's own forward returns stale outputs under a trace. Found once per class."""
+    forward = _FORWARDS.get(cls)
+    if forward is None:
+        from ._phiml import traceable_forward
 
-    return traceable_forward(cls) or cls.forward
+        forward = _FORWARDS[cls] = traceable_forward(cls) or cls.forward
+    return forward
 
 
 def _needs_grad(args: Sequence[Any]) -> tuple[bool, ...]:

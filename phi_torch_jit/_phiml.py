@@ -14,6 +14,7 @@ passes as its own jit (see NOTE [PhiML bridge] in docs/design.md).
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import types
@@ -217,8 +218,14 @@ PhiFlow version reads anything else there, its ``__post_init__`` runs as usual."
 
 
 def _checks_only(cls: type) -> bool:
+    return _post_init_checks_only(cls, getattr(cls, "__post_init__", None))
+
+
+@functools.lru_cache(maxsize=64)
+def _post_init_checks_only(cls: type, post_init: Any) -> bool:
+    """Read once per class and ``__post_init__`` (a replaced one is read again)."""
     known = _CHECK_ONLY.get(f"{cls.__module__}.{cls.__qualname__}")
-    code = getattr(getattr(cls, "__post_init__", None), "__code__", None)
+    code = getattr(post_init, "__code__", None)
     return (
         known is not None
         and code is not None

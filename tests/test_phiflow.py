@@ -238,8 +238,11 @@ def test_solver_errors_are_raised_on_the_same_calls_as_eager() -> None:
             step(v, s)
 
 
-def test_when_available_and_scatter_work_under_jit() -> None:
+@pytest.mark.parametrize("path", ["ptj.jit", "install()"])
+def test_when_available_and_scatter_work_under_jit(path: str) -> None:
     from phi.torch.flow import channel, instance
+
+    import phi_torch_jit.phiflow as integration
 
     seen: list[float] = []
 
@@ -247,22 +250,27 @@ def test_when_available_and_scatter_work_under_jit() -> None:
         math.when_available(lambda v: seen.append(float(math.sum(v))), x)
         return x * 2
 
-    x = math.tensor(torch.ones(3), spatial("x"))
-    jitted = ptj.jit(report)
-    for _ in range(3):
-        jitted(x)
-    assert seen == [3.0, 3.0, 3.0]  # once per call, as eager code does
-
     def scatter(grid: Any, indices: Any, values: Any) -> Any:
         return math.scatter(grid, indices, values)  # default outside_handling='check'
 
-    grid = math.zeros(spatial(x=4))
-    indices = math.tensor(torch.tensor([[1], [2]]), instance("points"), channel(vector="x"))
-    values = math.tensor(torch.tensor([1.0, 2.0]), instance("points"))
-    jitted_scatter = ptj.jit(scatter)
-    for _ in range(2):
-        got = jitted_scatter(grid, indices, values)
-        assert torch.equal(got.native(), scatter(grid, indices, values).native())
+    if path == "install()":
+        integration.install()
+    compile_ = ptj.jit if path == "ptj.jit" else math.jit_compile
+    try:
+        jitted = compile_(report)
+        x = math.tensor(torch.ones(3), spatial("x"))
+        for _ in range(3):
+            assert math.close(jitted(x), x * 2)
+        assert seen == [3.0, 3.0, 3.0]  # once per call, as eager code does
+        grid = math.zeros(spatial(x=4))
+        indices = math.tensor(torch.tensor([[1], [2]]), instance("points"), channel(vector="x"))
+        values = math.tensor(torch.tensor([1.0, 2.0]), instance("points"))
+        jitted_scatter = compile_(scatter)
+        for _ in range(2):
+            got = jitted_scatter(grid, indices, values)
+            assert torch.equal(got.native(), scatter(grid, indices, values).native())
+    finally:
+        integration.uninstall()
 
 
 def open_step(v: Any, s: Any) -> tuple[Any, Any]:
@@ -395,38 +403,6 @@ def test_rotating_obstacle_under_install_equals_eager_without_retracing() -> Non
         assert all(isinstance(t, ptj.JitFunction) for t in ours)
         assert sum(t.num_traces for t in ours) <= 3  # per structure, not per angle
         assert "bar_step" in repr(ours[0]) and "install()" in repr(ours[0])
-    finally:
-        integration.uninstall()
-
-
-def test_when_available_and_scatter_under_install() -> None:
-    from phi.torch.flow import channel, instance
-
-    import phi_torch_jit.phiflow as integration
-
-    seen: list[float] = []
-
-    def report(x: Any) -> Any:
-        math.when_available(lambda v: seen.append(float(math.sum(v))), x)
-        return x * 2
-
-    def scatter(grid: Any, indices: Any, values: Any) -> Any:
-        return math.scatter(grid, indices, values)
-
-    integration.install()
-    try:
-        jitted = math.jit_compile(report)
-        x = math.tensor(torch.ones(3), spatial("x"))
-        for _ in range(3):
-            assert math.close(jitted(x), x * 2)
-        assert seen == [3.0, 3.0, 3.0]  # once per call, as eager code does
-        grid = math.zeros(spatial(x=4))
-        indices = math.tensor(torch.tensor([[1], [2]]), instance("points"), channel(vector="x"))
-        values = math.tensor(torch.tensor([1.0, 2.0]), instance("points"))
-        jitted_scatter = math.jit_compile(scatter)
-        for _ in range(2):
-            got = jitted_scatter(grid, indices, values)
-            assert torch.equal(got.native(), scatter(grid, indices, values).native())
     finally:
         integration.uninstall()
 
