@@ -1,5 +1,7 @@
+import os
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -12,10 +14,39 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-ENGINES = ("torchscript", "compile:aot_eager")
+NO_TORCHSCRIPT_ENV = "PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT"
+"""Set to 1 (``make test-no-torchscript``): torch.jit.trace and torch.jit.script raise for the
+whole session, as in a torch without TorchScript, and the shared suite runs with the engines
+that must work without it."""
+
+NO_TORCHSCRIPT = os.environ.get(NO_TORCHSCRIPT_ENV, "") == "1"
+
+ENGINES = ("compile:aot_eager",) if NO_TORCHSCRIPT else ("torchscript", "compile:aot_eager")
 """What ``@pytest.mark.all_engines`` tests run with: the default engine, and the compile engine
 with a backend that exercises the whole graph capture (make_fx, dynamo, AOTAutograd, our fake
-and backward ops) without inductor's code generation. Inductor itself: tests marked slow."""
+and backward ops) without inductor's code generation. Inductor itself: tests marked slow.
+Without TorchScript: engines "compile" and "auto" (whose background compile then uses
+aot_eager too)."""
+
+
+def _torchscript_removed(*args: Any, **kwargs: Any) -> NoReturn:
+    raise RuntimeError("TorchScript is unavailable (PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT=1)")
+
+
+if NO_TORCHSCRIPT:
+    torch.jit.trace = _torchscript_removed  # type: ignore[assignment]
+    torch.jit.script = _torchscript_removed  # type: ignore[assignment]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Without TorchScript, custom-function bodies run as Python (loops kept): tests of their
+    compiled form, and PhiML code that scripts by itself, are skipped."""
+    if not NO_TORCHSCRIPT:
+        return
+    skip = pytest.mark.skip(reason="checks TorchScript-compiled bodies; TorchScript removed")
+    for item in items:
+        if item.get_closest_marker("torchscript_bodies"):
+            item.add_marker(skip)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -25,7 +56,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
-def jit_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The engine jitted functions created in this test use by default (PHI_TORCH_JIT_ENGINE)."""
-    monkeypatch.setenv("PHI_TORCH_JIT_ENGINE", request.param)
+def jit_engine(request: pytest.FixtureRequest) -> str:
+    """The engine jitted functions created in this test use by default (PHI_TORCH_JIT_ENGINE,
+    set by :func:`_engine_of_the_test` for every test of the shared suite)."""
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _engine_of_the_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set PHI_TORCH_JIT_ENGINE for a test parametrized by ENGINES, whether or not it asks for
+    ``jit_engine`` (a fixture only appended to ``fixturenames`` is parametrized but not run)."""
+    callspec = getattr(request.node, "callspec", None)
+    engine = callspec.params.get("jit_engine") if callspec is not None else None
+    if engine is not None:
+        monkeypatch.setenv("PHI_TORCH_JIT_ENGINE", engine)

@@ -11,6 +11,7 @@ from torch import nn
 
 import phi_torch_jit as ptj
 from phi_torch_jit._backward import drop_none, restore_none
+from phi_torch_jit._compat import torchscript_available
 
 pytestmark = pytest.mark.all_engines
 
@@ -85,10 +86,15 @@ def test_none_gradients_are_filtered_and_restored(jit_engine: str) -> None:
         assert y.grad is None
     # Python of the gradient ran only to build the compiled form (engine compile: and once at
     # capture, on zeros, to learn which gradients are None; docs/engines.md)
-    assert counter.gradient == (1 if jit_engine == "torchscript" else 2)
+    # Without TorchScript the backward runs as Python on every backward.
+    compiled = torchscript_available()
+    if compiled:
+        assert counter.gradient == (1 if jit_engine == "torchscript" else 2)
+    else:  # once per backward (and once on zeros at capture)
+        assert counter.gradient >= 3
     (call,) = step.specializations[0].calls
     spec = call.backward.specializations[(True, True)]
-    assert spec.present == (True, False) and spec.mode == "traced"
+    assert spec.present == (True, False) and spec.mode == ("traced" if compiled else "python")
 
 
 def test_backward_python_runs_only_while_compiling() -> None:
@@ -103,7 +109,8 @@ def test_backward_python_runs_only_while_compiling() -> None:
     # the gradient's CG loop is data dependent: it runs as Python (logged), never baked
     (call,) = step.specializations[0].calls
     assert call.backward.specializations[(True, False)].mode == "python"
-    assert counter.gradient == 3
+    # a captured graph's backward op learns its None pattern from one run on zeros (engines.md)
+    assert counter.gradient == 3 + (1 if step.engine.captures_graph else 0)
 
 
 @pytest.mark.all_engines
