@@ -59,12 +59,15 @@ class SpecializationCache:
                 self._entries[key] = entries[:-1]
             else:
                 del self._entries[key]
+        _close(evicted)
         return evicted
 
     def clear(self) -> None:
         """Drop every specialization (and the tensors and ops they hold)."""
         with self.lock:
+            dropped = list(self)
             self._entries.clear()
+        _close(dropped)
 
     def __len__(self) -> int:
         return sum(map(len, list(self._entries.values())))
@@ -73,6 +76,13 @@ class SpecializationCache:
         """Every specialization, least recently used key first, newest first per key."""
         for entries in list(self._entries.values()):
             yield from entries
+
+
+def _close(dropped: list[Specialization]) -> None:
+    """Tell the engine that these left the cache (engine "auto": their compile is skipped)."""
+    for specialization in dropped:
+        if specialization.close_engine is not None:
+            specialization.close_engine()
 
 
 _LIVE: weakref.WeakSet[SpecializationCache] = weakref.WeakSet()

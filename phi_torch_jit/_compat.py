@@ -14,8 +14,10 @@ Nothing here imports a higher floor of the package: this is a leaf next to ``err
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import torch
 from .errors import TorchVersionError
 
 __all__ = [
+    "mode_options",
     "TESTED_TORCH",
     "TracerWarning",
     "TORCHSCRIPT_NOTICE",
@@ -54,6 +57,10 @@ __all__ = [
     "backend_exists",
     "import_inductor",
     "original_function_apply",
+    "compile_captured",
+    "op_overload",
+    "eager_functions",
+    "torchscript_available",
 ]
 
 TESTED_TORCH = ("2.13.0", "2.15.0")
@@ -251,6 +258,40 @@ FUNCTORCH_CONFIG = _api(
     "(documented for users in docs/engines.md); imported explicitly since torch 2.15",
     "tests, docs/engines.md",
 )
+COMPILE_FX = _api(
+    "torch._inductor.compile_fx.compile_fx",
+    "compile an already captured graph off the caller's thread without running it; "
+    "torch.compile traces again with dynamo and compiles only when the program runs",
+    "engines.auto",
+)
+MODE_OPTIONS = _api(
+    "torch._inductor.list_mode_options",
+    "the inductor settings a torch.compile mode ('max-autotune'...) stands for",
+    "engines.auto",
+)
+NON_LAZY_BACKWARD = _api(
+    "torch._functorch.config.force_non_lazy_backward_lowering",
+    "compile the backward with the forward, in the background, not at the first backward "
+    "on the caller's thread",
+    "engines.auto",
+)
+PRESERVE_RNG = _api(
+    "torch._dynamo.utils.preserve_rng_state",
+    "AOTAutograd and inductor save the global RNG state before a compile and restore it after; "
+    "on a background thread that restore rewinds the caller's draws, so it is skipped there "
+    "(also patched where torch._functorch.aot_autograd imported it by name)",
+    "engines.auto",
+)
+OP_OVERLOAD = _api(
+    "torch._ops.OpOverload",
+    "the ops of a captured graph; their ._op is the C handle, ._schema names the op",
+    "engines._light",
+)
+EAGER_FUNCTIONS = _api(
+    "torch._C._VariableFunctions",
+    "the C functions behind torch.<op>: calling them skips OpOverload's Python __call__",
+    "engines._light",
+)
 
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     TRACING_STATE,
@@ -277,6 +318,12 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     FUNCTORCH_STACK,
     ANY_AUTOCAST,
     FUNCTORCH_CONFIG,
+    COMPILE_FX,
+    MODE_OPTIONS,
+    NON_LAZY_BACKWARD,
+    PRESERVE_RNG,
+    OP_OVERLOAD,
+    EAGER_FUNCTIONS,
 )
 """Every private torch API in use (checked by tests/test_compat.py)."""
 
@@ -421,3 +468,104 @@ def original_function_apply(descriptor: Any) -> Callable[..., Any]:
         return descriptor.__get__(None, cls)(*args, **kwargs)
 
     return apply
+
+
+def compile_captured(
+    backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
+) -> Callable[..., Any]:
+    """Compile a captured graph with a torch.compile backend, without dynamo and without
+    running it; the backward is compiled now too (not at the first backward).
+
+    ``backend``: ``"inductor"`` (``patches`` are inductor settings), another registered name,
+    or a callable ``(gm, example_inputs) -> callable``.
+    """
+    import torch._functorch.config as functorch_config  # not imported by torch on 2.15
+
+    NON_LAZY_BACKWARD.find()
+    _rng_kept_off_this_thread()
+    _COMPILING.active = True
+    try:
+        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+            return _compile_now(backend, graph, inputs, patches)
+    finally:
+        _COMPILING.active = False
+
+
+def _compile_now(
+    backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
+) -> Callable[..., Any]:
+    if backend == "inductor":
+        return COMPILE_FX.find()(graph, inputs, config_patches=patches)  # type: ignore[no-any-return]
+    compiler = backend if callable(backend) else LOOKUP_BACKEND.find()(backend)
+    return compiler(graph, inputs)  # type: ignore[no-any-return]
+
+
+_COMPILING = threading.local()
+"""``active``: this thread compiles a captured graph off its caller's thread."""
+_RNG_PATCHED: list[bool] = []
+
+
+def _rng_kept_off_this_thread() -> None:
+    """Make torch's ``preserve_rng_state`` a no-op on threads compiling for us (once per
+    process; other threads keep torch's behaviour). The compile traces with fake tensors and
+    draws nothing; restoring a state saved before it would rewind what the caller drew
+    meanwhile (a repeated random stream; found by tests/test_auto_engine.py)."""
+    if _RNG_PATCHED:
+        return
+    original = PRESERVE_RNG.find()
+
+    @contextlib.contextmanager
+    def preserve_rng_state() -> Any:
+        if getattr(_COMPILING, "active", False):
+            yield
+            return
+        with original():
+            yield
+
+    for name in ("torch._dynamo.utils", "torch._functorch.aot_autograd"):
+        module = importlib.import_module(name)
+        if getattr(module, "preserve_rng_state", None) is original:
+            module.preserve_rng_state = preserve_rng_state  # type: ignore[attr-defined]
+    _RNG_PATCHED.append(True)
+
+
+def mode_options(mode: str) -> dict[str, Any]:
+    """The inductor settings of a torch.compile ``mode``."""
+    return dict(MODE_OPTIONS.find()(mode))
+
+
+def op_overload() -> Any:
+    """The class of the ops in captured graphs (``torch.ops.aten.add.Tensor``...)."""
+    return OP_OVERLOAD.find()  # type: ignore[no-any-return]
+
+
+def eager_functions() -> Any:
+    """The namespace of C functions behind ``torch.<op>``."""
+    return EAGER_FUNCTIONS.find()
+
+
+_TORCHSCRIPT_PROBED: dict[tuple[int, int], bool] = {}
+
+
+def torchscript_available() -> bool:
+    """Whether ``torch.jit.trace`` and ``torch.jit.script`` work here (probed once per pair of
+    those functions: PyTorch plans to remove them, and a test replaces them)."""
+    key = (id(torch.jit.trace), id(torch.jit.script))
+    found = _TORCHSCRIPT_PROBED.get(key)
+    if found is None:
+        found = _probe_torchscript()
+        _TORCHSCRIPT_PROBED[key] = found
+    return found
+
+
+def _probe_torchscript() -> bool:
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
+        try:
+            traced = torch.jit.trace(double, (torch.ones(1),), check_trace=False)
+            return bool(traced(torch.ones(1)).item() == 2.0) and callable(torch.jit.script)
+        except Exception:  # removed, patched, or broken on this Python
+            return False

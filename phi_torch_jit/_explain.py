@@ -52,6 +52,8 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
         f"{t.compile_custom * 1e3:.1f} ms, trace {t.trace * 1e3:.1f} ms",
     ]
     lines += [f"    engine: {note}" for note in spec.engine_notes]
+    if spec.engine_status is not None:
+        lines += [f"    engine: {note}" for note in spec.engine_status()]
     if spec.eager_reason:
         lines.append(f"    runs eagerly: {spec.eager_reason}")
     elif not spec.calls:

@@ -9,6 +9,7 @@ stages 1-5 in order and the result joins the cache.
 from __future__ import annotations
 
 import functools
+import time
 import types
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -118,10 +119,28 @@ class JitFunction(Generic[P, R]):
                 return result
             reason = retrace_reason(list(seen), miss if seen else None)
             value, specialization = specialize(self._target, key, args, kwargs, tensors)
+            if specialization is None:  # engine "auto" is compiling: this call ran eagerly
+                return value
             for dropped in self._cache.insert(specialization):
                 self._report.evicted(dropped)
             self._report.traced(key, reason)
             return value
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait until the background compiles of this function's specializations have finished
+        (engine ``"auto"``; other engines compile before the first call returns).
+
+        Returns True when every specialization runs on its final tier (compiled, or the fast
+        tier after a failed compile), False if ``timeout`` seconds passed first. Calls made
+        meanwhile from other threads are served as usual.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for specialization in self.specializations:
+            wait = specialization.wait_engine
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if wait is not None and not wait(left):
+                return False
+        return True
 
     def clear_cache(self) -> None:
         """Drop every compiled specialization (and the tensors and ops they hold)."""
@@ -200,7 +219,9 @@ def jit(
             use ``jit(...)`` as a decorator factory.
         engine: ``"torchscript"`` (default; fastest first call), ``"compile"`` (``torch.compile``
             of the captured graph: slower first call, fused steady state; see docs/engines.md),
-            ``"eager"`` (no compilation, for debugging), or an
+            ``"auto"`` (the captured graph runs at once on a fast tier while the backend
+            compiles it on a background thread, then switches; :meth:`JitFunction.wait_compiled`
+            waits for that), ``"eager"`` (no compilation, for debugging), or an
             :class:`~phi_torch_jit.engines.Engine`. Left out: the environment variable
             ``PHI_TORCH_JIT_ENGINE`` (``"compile"``, ``"compile:aot_eager"``...) or
             ``"torchscript"``. ``PHI_TORCH_JIT_DISABLE=1`` forces ``"eager"``.
@@ -214,9 +235,9 @@ def jit(
             one: ``"retrace"`` (default; compile the new branch too), ``"eager"`` (run the
             Python), ``"error"`` (raise :class:`~phi_torch_jit.GuardError`), or ``"off"`` (no
             guards: the traced branch is silently reused -- torch's TracerWarning is shown).
-        backend: with ``engine="compile"``: the torch.compile backend, a name (``"inductor"``,
-            the default; any of ``torch._dynamo.list_backends()`` or registered ones) or a
-            callable ``(gm, example_inputs) -> callable``.
+        backend: with ``engine="compile"`` or ``"auto"``: the torch.compile backend, a name
+            (``"inductor"``, the default; any of ``torch._dynamo.list_backends()`` or registered
+            ones) or a callable ``(gm, example_inputs) -> callable``.
         **compile_options: with ``engine="compile"``: ``mode``, ``options``, ``fullgraph``,
             ``dynamic`` for torch.compile.
 

@@ -42,7 +42,7 @@ from ._state import rng_restored
 from ._trace import Traced, trace, wrapper_engine
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine
-from .errors import RunEagerly, TraceError
+from .errors import NotNow, RunEagerly, TraceError
 
 __all__ = ["Target", "specialize"]
 
@@ -63,8 +63,9 @@ class Target:
 
 def specialize(
     target: Target, key: Key, args: Any, kwargs: Any, tensors: list[torch.Tensor]
-) -> tuple[Any, Specialization]:
-    """The stages for a cache miss; return (the eager result, the specialization)."""
+) -> tuple[Any, Specialization | None]:
+    """The stages for a cache miss; return (the eager result, the specialization), or
+    (the eager result, None) when the engine cannot compile without making the caller wait."""
     start = time.perf_counter()
     if converts_natives(key[0]):  # the record pass must see what the trace sees
         args, kwargs = unflatten_arguments(key[0], tensors)
@@ -85,6 +86,8 @@ def specialize(
         inputs = [*tensors, *(guard.captured() if guard is not None else ())]
         try:
             traced, calls, compile_s = _compile(target, recording, wrapper, inputs)
+        except NotNow:
+            return result, None
         except RunEagerly as signal:
             eager_reason = target.report.runs_eagerly(signal.reason)
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
@@ -115,6 +118,8 @@ class _Parts:
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
     """Stage 5: the specialization and its guards."""
     traced, modules = parts.traced, parts.modules
+    if traced.module.keep_alive is not None:  # engine "auto" compiles after this call
+        traced.module.keep_alive(parts.calls)
     return Specialization(
         key=parts.key,
         program=traced.module.run,
@@ -130,6 +135,9 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         buffers=tuple(b for m in modules for b in m.buffers()) if traced.value_guards else (),
         uses_rng=traced.module.uses_rng,
         engine_notes=traced.module.notes,
+        engine_status=traced.module.describe,
+        wait_engine=traced.module.wait,
+        close_engine=traced.module.close,
         python_guard=parts.python_guard,
         buffer_writes=traced.buffer_writes,
         deferred=traced.deferred,

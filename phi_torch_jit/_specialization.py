@@ -96,6 +96,12 @@ class Specialization:
     """Whether the RNG state must be restored when a value guard fails."""
     engine_notes: tuple[str, ...] = ()
     """What the engine reported while compiling (graphs, graph breaks, fallbacks)."""
+    engine_status: Callable[[], tuple[str, ...]] | None = None
+    """What the engine reports now (engine ``"auto"``: the tier serving calls)."""
+    wait_engine: Callable[[float | None], bool] | None = None
+    """Waits for the engine's work after the first call (a background compile)."""
+    close_engine: Callable[[], None] | None = None
+    """Stops the engine's pending work for it; called when it leaves the cache."""
     buffer_writes: tuple[torch.Tensor, ...] = ()
     """Buffers the function replaces by new tensors: the program returns their new values
     last, and they are copied in after the value guards passed (NOTE [side effects once])."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ._compat import any_autocast
+from ._compat import any_autocast, torchscript_available
 from ._phases import tracing
 from ._record import Recording
 from ._replay import ReplayCursor, ReplayStep
@@ -37,7 +37,7 @@ from ._signature import Spec
 from ._value_guards import Conversion, ValueGuard
 from ._wrapper import WrapperModule
 from .engines import CompiledModule, Engine, get_engine
-from .errors import TraceError, ValueNotCaptured
+from .errors import RunEagerly, TraceError, ValueNotCaptured
 
 __all__ = ["Traced", "wrapper_engine", "trace"]
 
@@ -64,6 +64,11 @@ def wrapper_engine(engine: Engine, recording: Recording) -> tuple[Engine, str]:
     """The engine that traces the wrapper -- ``engine``, or TorchScript's for PhiML's custom
     gradients -- and a note for ``explain()`` when it is not ``engine``."""
     if recording.phiml.used and not engine.torchscript_tracing:
+        if not torchscript_available():
+            raise RunEagerly(
+                "it uses PhiML custom gradients, which only TorchScript's tracer can compile, "
+                "and TorchScript is unavailable in this torch"
+            )
         note = f"engine {engine.name!r} used 'torchscript': PhiML custom gradients"
         return get_engine("torchscript"), note
     return engine, ""

@@ -89,6 +89,12 @@ class RunEagerly(Exception):
         self.reason = reason
 
 
+class NotNow(Exception):
+    """Internal signal, never seen by users: the engine cannot compile now without making the
+    caller wait (engine "auto" while its compile thread traces); this call's record pass is its
+    result, nothing is cached, and the next call of the signature tries again."""
+
+
 class ValueNotCaptured(RunEagerly):
     """Internal signal: graph capture met a tensor read as a Python value that no value guard
     intercepted (value guards off, or a conversion inside a torch op: ``torch.ones(n)``)."""

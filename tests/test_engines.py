@@ -24,7 +24,7 @@ from phi_torch_jit.engines import (
 
 def test_unknown_engine_lists_accepted_names() -> None:
     with pytest.raises(
-        ValueError, match=r"unknown engine 'jax'; use one of \('compile', 'eager', "
+        ValueError, match=r"unknown engine 'jax'; use one of \('auto', 'compile', 'eager', "
     ):
         ptj.jit(lambda x: x, engine="jax")
     assert {"eager", "torchscript"} <= set(available_engines())

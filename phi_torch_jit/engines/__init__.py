@@ -13,7 +13,8 @@ An engine turns two kinds of targets into callables:
 Engines are registered by name (:func:`register_engine`) and looked up with
 :func:`get_engine`; those are the only ways to reach the registry. Built in:
 ``"torchscript"`` (default), ``"compile"`` (torch.compile, any backend) and
-``"eager"`` (nothing compiled).
+``"eager"`` (nothing compiled) and ``"auto"`` (the captured graph at once, the backend's
+compile of it from a background thread when ready).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigurationError, UsageError
+from .auto import AutoEngine
 from .base import (
     RANDOM_OPS,
     CompiledFunction,
@@ -105,3 +107,4 @@ def get_engine(engine: str | Engine, options: Mapping[str, Any] | None = None) -
 register_engine(EagerEngine.name, EagerEngine)
 register_engine(TorchScriptEngine.name, TorchScriptEngine)
 register_engine(CompileEngine.name, CompileEngine)
+register_engine(AutoEngine.name, AutoEngine)

@@ -71,6 +71,17 @@ class CompiledModule:
     """Run once by the trace stage after the trace, outside any frame but with module state
     and RNG still rewound, so a backend's compile time is paid by the first call; returns
     more notes for ``explain()``."""
+    describe: Callable[[], tuple[str, ...]] | None = None
+    """Notes that change after compiling (engine ``"auto"``: the tier serving calls now)."""
+    wait: Callable[[float | None], bool] | None = None
+    """Waits for work the engine does after the first call (a background compile); False if
+    the timeout passed first."""
+    keep_alive: Callable[[tuple[Any, ...]], None] | None = None
+    """Given the objects the program's ops need (the custom calls owning its ``phi_torch_jit``
+    ops); an engine that compiles after the first call keeps them alive until it is done."""
+    close: Callable[[], None] | None = None
+    """Called when the specialization is dropped (``clear_caches()``, ``max_traces``): work
+    still queued for it is skipped."""
 
 
 class Engine(abc.ABC):

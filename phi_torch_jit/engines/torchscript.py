@@ -22,17 +22,22 @@ import sys
 import threading
 import types
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._compat import TracerWarning, graph_executor_optimize, set_graph_executor_optimize
+from .._compat import (
+    TracerWarning,
+    graph_executor_optimize,
+    set_graph_executor_optimize,
+    torchscript_available,
+)
 from .._sources import TORCH_DIR
 from .._warnings import describe_warning, is_torchscript_notice, reemit
-from ..errors import TraceError
+from ..errors import RunEagerly, TraceError
 from .base import (
     RANDOM_OPS,
     CompiledFunction,
@@ -42,7 +47,12 @@ from .base import (
     captured_tensor_message,
 )
 
-__all__ = ["TorchScriptEngine"]
+__all__ = ["TorchScriptEngine", "trace_graph", "UNAVAILABLE"]
+
+UNAVAILABLE = (
+    "TorchScript is unavailable in this torch (torch.jit.trace does not work); use engine "
+    "'compile' or 'auto', which do not need it"
+)
 
 # warnings.catch_warnings swaps a process-wide list; serialize our uses of it.
 _WARNINGS_LOCK = threading.RLock()
@@ -225,6 +235,8 @@ class TorchScriptEngine(Engine):
         return fn if optimize else _Unoptimized(fn)
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
+        if not torchscript_available():
+            return CompiledFunction(target.fn, "python", "TorchScript is unavailable in this torch")
         with _caught_warnings() as caught:
             try:
                 traced = torch.jit.trace(
@@ -270,6 +282,8 @@ class TorchScriptEngine(Engine):
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
     ) -> CompiledModule:
+        if not torchscript_available():
+            raise RunEagerly(UNAVAILABLE)
         with _caught_warnings() as caught:
             try:
                 traced = torch.jit.trace(
@@ -285,3 +299,22 @@ class TorchScriptEngine(Engine):
         tensors = [*example_inputs, *module.parameters(), *module.buffers()]
         run = self._executable(traced.forward, traced.inlined_graph, tensors)
         return CompiledModule(run, tuple(tracer), _uses_rng(traced.inlined_graph))
+
+
+def trace_graph(
+    graph: nn.Module, example_inputs: tuple[torch.Tensor, ...], optimize: bool | None = None
+) -> Callable[..., Any] | None:
+    """A TorchScript trace of a captured FX graph, run by TorchScript's interpreter: one C++
+    call per step instead of one Python call per op. The graph has no Python control flow, so
+    the trace is faithful. None where TorchScript is unavailable or the trace fails."""
+    if not torchscript_available():
+        return None
+    with _caught_warnings() as caught:
+        try:
+            traced = torch.jit.trace(graph, example_inputs, check_trace=False, _store_inputs=False)
+        except Exception as error:  # an op the tracer cannot record: use another tier
+            logger.debug("phi_torch_jit: TorchScript could not trace a captured graph: %s", error)
+            return None
+    reemit(_sort_warnings(caught)[1])
+    engine = TorchScriptEngine(optimize)
+    return engine._executable(traced.forward, traced.inlined_graph, example_inputs)  # type: ignore[no-any-return]

@@ -1,0 +1,124 @@
+"""One daemon thread that compiles captured programs while their callers go on.
+
+Jobs run one at a time, oldest first: a backend compiling two graphs at once would only
+compete with itself and with the caller for the two cores and the GIL. The queue holds weak
+references, so a program that ``clear_caches()``, ``max_traces`` eviction or garbage
+collection dropped is skipped, and a compile that was running when its program was dropped
+finishes into nothing. The thread ends when the queue has been empty for a second, and a new
+job starts it again. At interpreter exit no new job starts; see NOTE [background compile at
+exit] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Protocol
+
+__all__ = ["Upgradable", "submit", "wait_idle", "worker_alive"]
+
+
+class Upgradable(Protocol):
+    """What the worker compiles: anything with an ``upgrade()`` that never raises."""
+
+    def upgrade(self) -> None: ...
+
+
+_IDLE_EXIT_S = 1.0
+
+_YIELD_EVERY_CALLS = 1000
+_YIELD_S = 0.0002
+_calls_since_yield = 0
+
+
+def _yield_now_and_then(frame: Any, event: str, arg: Any) -> None:
+    """Profile hook of the compile thread: a short sleep every 1000 Python calls hands the GIL
+    to the caller's thread. Without it, every op of the caller that released the GIL waited up
+    to a switch interval (5 ms) to get it back: steps ran 10-180x slower while inductor
+    compiled, 2-5x with it (the compile takes 3-4x longer instead; docs/engines.md)."""
+    global _calls_since_yield
+    if event != "call":
+        return
+    _calls_since_yield += 1
+    if _calls_since_yield >= _YIELD_EVERY_CALLS:
+        _calls_since_yield = 0
+        time.sleep(_YIELD_S)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[weakref.ref[Upgradable]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self.closing = False
+
+    def submit(self, program: Upgradable) -> bool:
+        with self._lock:
+            if self.closing:
+                return False
+            self._pending += 1
+            self._queue.put(weakref.ref(program))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="phi_torch_jit compile", daemon=True
+                )
+                self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        sys.setprofile(_yield_now_and_then)  # this thread only
+        while True:
+            try:
+                ref = self._queue.get(timeout=_IDLE_EXIT_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():  # a submit under the lock restarts a thread
+                        self._thread = None
+                        return
+                continue
+            program = ref()
+            try:
+                if program is not None and not self.closing:
+                    program.upgrade()
+            finally:
+                del program
+                with self._lock:
+                    self._pending -= 1
+                    self._settled.notify_all()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        with self._lock:
+            return self._settled.wait_for(lambda: self._pending == 0, timeout)
+
+    def alive(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closing = True
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER.close)
+
+
+def submit(program: Upgradable) -> bool:
+    """Queue ``program.upgrade()`` on the compile thread; False at interpreter exit."""
+    return _WORKER.submit(program)
+
+
+def wait_idle(timeout: float | None = None) -> bool:
+    """Wait until every queued compile has finished; False if ``timeout`` s passed first."""
+    return _WORKER.wait_idle(timeout)
+
+
+def worker_alive() -> bool:
+    """Whether the compile thread runs now (it ends after a second without jobs)."""
+    return _WORKER.alive()

@@ -1,0 +1,273 @@
+"""Engine ``"auto"``: the captured program runs at once, and switches to inductor when ready.
+
+The first call of a signature does what engine ``"compile"`` does up to the capture (record
+pass, custom functions' forwards compiled, the wrapper captured once with ``make_fx``), then
+serves the captured graph through a *fast tier* that costs no backend compile:
+
+* ``torchscript-graph``: a TorchScript trace of the captured graph (no user Python in it, so
+  the trace is faithful), where TorchScript works and the graph only calls ops;
+* ``straight-line``: the graph as generated Python calling each op's C function (eager
+  speed), where TorchScript is unavailable or the graph switches grad mode.
+
+Meanwhile the same graph is compiled by the backend (inductor by default) on a background
+thread (``engines/_background.py``), by calling the backend on the graph directly: no dynamo, no
+run of the program, the backward compiled with the forward. When it is ready, one attribute
+assignment switches the specialization to it, so a call runs entirely on one tier or the
+other. A failed compile is logged once and the fast tier stays. ``explain()`` shows the tier,
+the compile time and when the switch happened; :meth:`JitFunction.wait_compiled` waits for it.
+
+Both tiers run the same graph: results agree to float rounding (inductor fuses and reorders
+arithmetic; about 1e-6 relative in float32, docs/engines.md). Random ops draw from the
+generator as eager code does on both (``fallback_random``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._compat import any_autocast, compile_captured, mode_options
+from ..errors import NotNow
+from ._background import submit as submit_compile
+from ._light import straight_line, tensor_ops_only
+from .base import CompiledModule
+from .compile import _CAPTURE_LOCK, CompileEngine, _capture, _uses_rng
+from .torchscript import trace_graph
+
+__all__ = ["AutoEngine", "TieredProgram"]
+
+logger = logging.getLogger("phi_torch_jit")
+
+
+class AutoEngine(CompileEngine):
+    """Engine ``"compile"``'s captured graph, served by a fast tier until the backend's
+    compile, running on a background thread, is ready.
+
+    Args:
+        backend: as for :class:`~phi_torch_jit.engines.compile.CompileEngine` (default
+            ``"inductor"``); called directly on the captured graph.
+        functions: the engine that compiles the bodies of custom functions (default
+            TorchScript where it works, else they run as Python).
+        **options: ``mode`` and ``options`` (inductor settings). ``fullgraph``, ``dynamic``
+            and ``disable`` concern dynamo, which this engine does not use; ``disable=True``
+            keeps every specialization on the fast tier.
+    """
+
+    name = "auto"
+
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        state = (*module.parameters(), *module.buffers())
+        if not _CAPTURE_LOCK.acquire(blocking=False):  # the compile thread traces now
+            _note_busy(label)
+            raise NotNow()
+        try:
+            graph = _capture(module, example_inputs, state, label)
+        finally:
+            _CAPTURE_LOCK.release()
+        program = TieredProgram(graph, state, example_inputs, self, label)
+        return CompiledModule(
+            program,
+            (),
+            _uses_rng(graph),
+            (),
+            program.start,
+            program.describe,
+            program.wait,
+            program.keep_alive,
+            program.close,
+        )
+
+    def backend_settings(self) -> dict[str, Any]:
+        """The inductor settings this engine compiles with (mode and options merged)."""
+        mode = self.options.get("mode")
+        settings = mode_options(mode) if isinstance(mode, str) else {}
+        return {**settings, **(self.options.get("options") or {})}
+
+    def __repr__(self) -> str:
+        backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
+        return f"<AutoEngine backend={backend}>"
+
+
+class TieredProgram:
+    """One captured graph, run by the fast tier until the compiled one replaces it.
+
+    ``run`` is the callable that serves calls; the background compile replaces it in one
+    assignment, so each call runs wholly on one tier.
+    """
+
+    def __init__(
+        self,
+        graph: torch.fx.GraphModule,
+        state: tuple[torch.Tensor, ...],
+        example: tuple[torch.Tensor, ...],
+        engine: AutoEngine,
+        owner: str,
+    ) -> None:
+        self.graph = graph
+        self.state = state
+        self.owner = owner
+        self.backend = engine.backend
+        self.settings: Mapping[str, Any] = engine.backend_settings()
+        self.disabled = bool(engine.options.get("disable"))
+        self.run: Callable[..., Any] = graph.forward
+        self.tier = "captured graph"
+        self.fast_tier = ""
+        self.compile_s: float | None = None
+        self.switched_after_calls: int | None = None
+        self.calls = 0
+        self.failure: str | None = None
+        self.closed = False
+        self._pinned: tuple[Any, ...] = ()
+        self._example = example
+        self._grad_enabled = torch.is_grad_enabled()
+        self._settled = threading.Event()
+        self._unsubmitted = False
+        """Whether the compile waits for a call of the program: it is queued at the function's
+        second call, so the first (with its backward) runs without a compile competing."""
+        self._submit_lock = threading.Lock()
+        self._queued_at: float | None = None
+        self._placeholders: list[torch.Tensor] = []
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.calls += 1
+        if self._unsubmitted:  # the function is called again: worth compiling
+            self._submit()
+        return self.run(*tensors, *self.state)  # type: ignore[no-any-return]
+
+    def _submit(self) -> None:
+        with self._submit_lock:
+            if not self._unsubmitted:
+                return
+            self._unsubmitted = False
+            self._queued_at = time.perf_counter()
+        if not submit_compile(self):  # interpreter exit
+            self.failure = "the interpreter is exiting"
+            self._settled.set()
+
+    def start(self) -> tuple[str, ...]:
+        """Build the fast tier (state and RNG are rewound by the trace stage) and queue the
+        backend's compile."""
+        example, self._example = self._example, ()
+        inputs = (*example, *self.state)
+        fast = trace_graph(self.graph, inputs) if tensor_ops_only(self.graph) else None
+        self.fast_tier = "torchscript-graph" if fast is not None else "straight-line"
+        self.run = fast if fast is not None else straight_line(self.graph)
+        self.tier = self.fast_tier
+        reason = self._stays_fast()
+        if reason:
+            self.failure = reason
+            self._settled.set()
+            return (f"fast tier {self.fast_tier} only: {reason}",)
+        self._placeholders = [_placeholder(t) for t in inputs]
+        self._unsubmitted = True
+        return ()
+
+    def _stays_fast(self) -> str:
+        if self.disabled:
+            return "disable=True"
+        if any_autocast():
+            return "autocast is on (the background thread would compile without it)"
+        return ""
+
+    def keep_alive(self, owners: tuple[Any, ...]) -> None:
+        """Hold the owners of the graph's custom ops until the compile is done: a dropped
+        specialization would otherwise remove ops the backend is tracing (a segfault)."""
+        self._pinned = owners
+
+    def close(self) -> None:
+        """The specialization was dropped: a compile not yet started will not start."""
+        self.closed = True
+
+    def upgrade(self) -> None:
+        """Compile with the backend and switch to it (on the background thread)."""
+        if self.closed:
+            self.failure = "the specialization was dropped before its compile started"
+            self._placeholders, self._pinned = [], ()
+            self._settled.set()
+            return
+        try:
+            start = time.perf_counter()
+            compiled = self._compile()
+            self.compile_s = time.perf_counter() - start
+            self.switched_after_calls = self.calls
+            self.run = compiled
+            self.tier = _backend_name(self.backend)
+        except Exception as error:  # any backend failure: the fast tier is right, only slower
+            self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            logger.warning(
+                "phi_torch_jit: %s for %s failed; it stays on the %s tier: %s",
+                _backend_name(self.backend), self.owner, self.fast_tier, self.failure,
+            )  # fmt: skip
+        finally:
+            self._placeholders, self._pinned = [], ()
+            self._settled.set()
+
+    def _compile(self) -> Callable[..., Any]:
+        device = next((t.device for t in self._placeholders if t.device.type != "cpu"), None)
+        # FX traces in two threads at once crash torch 2.13 (a segfault in AOTAutograd): the
+        # caller's captures skip while this holds the lock (NOTE [one tracing thread]).
+        with _CAPTURE_LOCK, torch.set_grad_enabled(self._grad_enabled):
+            if device is not None and device.type == "cuda":
+                with torch.cuda.device(device):
+                    return compile_captured(self.backend, self.graph, self._placeholders,
+                                            dict(self.settings))  # fmt: skip
+            return compile_captured(self.backend, self.graph, self._placeholders,
+                                    dict(self.settings))  # fmt: skip
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the compile finished (or failed); False if ``timeout`` s passed first.
+        Queues the compile if no call did yet."""
+        if self._unsubmitted:
+            self._submit()
+        return self._settled.wait(timeout)
+
+    def describe(self) -> tuple[str, ...]:
+        """The tier and the compile's progress, for ``explain()``."""
+        if self.failure is not None:
+            return (f"tier: {self.tier} (backend compile not used: {self.failure})",)
+        if self._queued_at is None:
+            return (f"tier: {self.tier}; the backend compiles from the second call on",)
+        if self.compile_s is None:
+            waited = time.perf_counter() - self._queued_at
+            return (
+                f"tier: {self.tier}; {_backend_name(self.backend)} compiling in the "
+                f"background ({waited:.1f} s so far, {self.calls} call(s) served meanwhile)",
+            )
+        return (
+            f"tier: {self.tier} (compiled in {self.compile_s:.1f} s on a background thread; "
+            f"switched after {self.switched_after_calls} call(s) on the {self.fast_tier} tier)",
+        )
+
+
+def _placeholder(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor like ``tensor`` (shape, strides, dtype, device, requires_grad) without its
+    data: the backend only reads metadata, and the caller's tensors stay untouched."""
+    like = torch.empty_strided(
+        tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device
+    )
+    return like.requires_grad_(tensor.requires_grad)
+
+
+_BUSY_NOTED: set[str] = set()
+
+
+def _note_busy(owner: str) -> None:
+    """Logged once per function: its new signature runs eagerly while a compile runs."""
+    if owner not in _BUSY_NOTED:
+        _BUSY_NOTED.add(owner)
+        logger.info(
+            "phi_torch_jit: %s: a new signature runs eagerly until the background compile "
+            "of another one has finished (one thread traces at a time)", owner,
+        )  # fmt: skip
+
+
+def _backend_name(backend: Any) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))

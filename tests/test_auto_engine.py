@@ -1,0 +1,352 @@
+"""Engine "auto": fast tier at once, the backend's compile on a background thread, the switch.
+
+The shared suite runs "auto" too (``make test-no-torchscript``: engines compile and auto with
+TorchScript removed). This module covers the tiers, the switch and what can happen while a
+compile runs. Backends here are aot_eager or small callables, so compiles take well under a
+second; inductor itself is one slow test.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from helpers import Counter, make_solve
+from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import phi_torch_jit as ptj
+from phi_torch_jit import _compat
+from phi_torch_jit.engines import _background
+from phi_torch_jit.engines._light import straight_line, tensor_ops_only
+from phi_torch_jit.engines.auto import AutoEngine, TieredProgram
+
+
+@pytest.fixture(autouse=True)
+def _compiles_settle() -> Iterator[None]:
+    yield
+    assert _background.wait_idle(120), "a background compile did not finish"
+
+
+def step_with_solve(solve: Any) -> Any:
+    def step(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(solve(u * 2, k)) + u
+
+    return step
+
+
+def program_of(jitted: Any) -> TieredProgram:
+    (specialization,) = jitted.specializations
+    program = specialization.program
+    assert isinstance(program, TieredProgram)
+    return program
+
+
+def test_first_call_records_then_fast_tier_then_switch_with_equal_results() -> None:
+    counter = Counter()
+    solve_step = step_with_solve(make_solve())
+
+    def step(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1
+        return solve_step(u, k)  # type: ignore[no-any-return]
+
+    jitted = ptj.jit(step, engine="auto", backend="aot_eager")
+    k = torch.tensor(0.5)
+    inputs = [torch.randn(16) for _ in range(4)]
+    assert torch.allclose(jitted(inputs[0], k), step(inputs[0], k))
+    program = program_of(jitted)
+    assert program.tier in ("torchscript-graph", "straight-line")
+    assert "the backend compiles from the second call on" in jitted.explain()
+    counter.forward = 0
+    assert torch.allclose(jitted(inputs[1], k), step(inputs[1], k), atol=1e-6)  # queues it
+    assert jitted.wait_compiled(60)
+    assert program.tier == "aot_eager" and program.switched_after_calls == 1
+    assert "tier: aot_eager (compiled in" in jitted.explain()
+    for u in inputs[2:]:
+        assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
+    assert jitted.num_traces == 1
+    assert counter.forward == 3  # the eager calls since the reset: the jitted ones ran no Python
+
+
+def test_training_gradients_match_eager_before_and_after_the_switch() -> None:
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8))
+    solve = make_solve()
+
+    def loss(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return (solve(net(u), k) ** 2).mean()
+
+    jitted = ptj.jit(loss, engine="auto", backend="aot_eager")
+    u, k = torch.randn(8), torch.tensor(0.3, requires_grad=True)
+
+    def grads(f: Any) -> list[torch.Tensor]:
+        net.zero_grad()
+        k.grad = None
+        f(u, k).backward()
+        return [p.grad.clone() for p in net.parameters()] + [k.grad.clone()]  # type: ignore[union-attr]
+
+    for _ in range(2):  # record, then the fast tier
+        for got, want in zip(grads(jitted), grads(loss)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert jitted.wait_compiled(60) and program_of(jitted).tier == "aot_eager"
+    for got, want in zip(grads(jitted), grads(loss)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_failing_backend_is_logged_once_and_the_fast_tier_stays(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        raise RuntimeError("no code generation today")
+
+    jitted = ptj.jit(lambda x: torch.sin(x) * 2, engine="auto", backend=broken)
+    x = torch.randn(5)
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        for _ in range(3):
+            assert torch.allclose(jitted(x), torch.sin(x) * 2)
+        assert jitted.wait_compiled(60)
+        assert torch.allclose(jitted(x), torch.sin(x) * 2)
+    failures = [r for r in caplog.records if "no code generation today" in r.getMessage()]
+    assert len(failures) == 1 and "stays on the" in failures[0].getMessage()
+    assert "backend compile not used: RuntimeError: no code generation today" in jitted.explain()
+
+
+class _Gate:
+    """A backend that waits until the test opens it, so a compile is 'running' meanwhile."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        self.compiles = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.compiles += 1
+        self.entered.set()
+        assert self.opened.wait(60)
+        return gm.forward
+
+
+def test_calls_from_threads_while_compiling_are_served_and_compile_once() -> None:
+    gate = _Gate()
+    jitted = ptj.jit(lambda x: x.cos() + 1, engine="auto", backend=gate)
+    x = torch.randn(6)
+    jitted(x)
+    jitted(x)
+    assert gate.entered.wait(60)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(20):
+                assert torch.allclose(jitted(x), x.cos() + 1)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not jitted.wait_compiled(0)  # still compiling, calls were served
+    gate.opened.set()
+    assert jitted.wait_compiled(60)
+    assert gate.compiles == 1 and program_of(jitted).switched_after_calls == 81
+
+
+def test_a_new_signature_while_a_compile_traces_runs_eagerly_without_waiting() -> None:
+    gate = _Gate()
+    jitted = ptj.jit(lambda x: x * 3, engine="auto", backend=gate)
+    x = torch.randn(3)
+    jitted(x)
+    jitted(x)
+    assert gate.entered.wait(60)
+    other = ptj.jit(lambda x: x + 1, engine="auto", backend=gate)
+    start = time.monotonic()
+    for _ in range(3):  # eager calls (the record pass), nothing cached, no waiting
+        assert torch.allclose(other(x), x + 1)
+    assert other.num_traces == 0 and time.monotonic() - start < 30
+    gate.opened.set()
+    assert jitted.wait_compiled(60)
+    other(x)
+    assert other.num_traces == 1
+
+
+def test_clear_caches_skips_queued_compiles_and_the_thread_ends() -> None:
+    gate = _Gate()
+    first = ptj.jit(lambda x: x * 3, engine="auto", backend=gate)
+    second = ptj.jit(lambda x: x - 2, engine="auto", backend=gate)
+    x = torch.randn(3)
+    first(x)
+    second(x)  # both captured before any compile starts
+    first(x)
+    assert gate.entered.wait(60)  # first's compile runs
+    second(x)  # queued behind it
+    ptj.clear_caches()
+    gate.opened.set()
+    assert _background.wait_idle(60)
+    assert gate.compiles == 1  # second's was dropped with its specialization
+    assert torch.allclose(first(x), x * 3) and first.num_traces == 2
+    deadline = time.monotonic() + 10
+    while _background.worker_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _background.worker_alive()
+
+
+def test_an_evicted_specialization_is_never_compiled() -> None:
+    gate = _Gate()
+    gate.opened.set()
+    jitted = ptj.jit(lambda x: x - 1, engine="auto", backend=gate, max_traces=1)
+    jitted(torch.randn(2))
+    evicted = program_of(jitted)
+    with pytest.warns(ptj.JitWarning):
+        jitted(torch.randn(3))  # evicts the first before its compile was queued
+    assert evicted.closed and evicted.wait(10)
+    assert evicted.failure is not None and "dropped" in evicted.failure
+    jitted(torch.randn(3))
+    assert jitted.wait_compiled(60) and gate.compiles == 1
+
+
+def test_exit_while_a_compile_runs_neither_hangs_nor_crashes() -> None:
+    script = textwrap.dedent(
+        """
+        import time, torch, phi_torch_jit as ptj
+        def slow(gm, example_inputs):
+            time.sleep(30)
+            return gm.forward
+        f = ptj.jit(lambda x: x + 1, engine="auto", backend=slow)
+        f(torch.ones(2)); f(torch.ones(2))
+        time.sleep(0.2)
+        print("done", flush=True)
+        """
+    )
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done" and time.monotonic() - start < 25
+
+
+def test_disable_and_autocast_keep_the_fast_tier() -> None:
+    disabled = ptj.jit(lambda x: x.exp(), engine="auto", backend="aot_eager", disable=True)
+    x = torch.randn(4)
+    disabled(x)
+    assert disabled.wait_compiled(0) and "fast tier" in disabled.explain()
+    casting = ptj.jit(lambda x: x @ x.T, engine="auto", backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m = torch.randn(4, 4)
+        assert torch.allclose(casting(m).float(), (m @ m.T).float(), rtol=1e-2, atol=1e-2)
+        casting(m)
+    assert casting.wait_compiled(0) and "autocast is on" in casting.explain()
+
+
+def _graph(fn: Any, *args: torch.Tensor) -> torch.fx.GraphModule:
+    return make_fx(fn, tracing_mode="real", pre_dispatch=True)(*args)
+
+
+def _mixed(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = torch.roll(x, 1, -1) * w + x[:, 1:3].sum(0).max()  # slice: no eager C function
+    values, indices = torch.max(y, dim=1)  # getitem of a tuple
+    with torch.no_grad():
+        z = (y * 2).clamp_(min=0)
+    return values, indices, z + y, torch.nn.functional.softplus(y).mean()
+
+
+def test_straight_line_computes_what_the_graph_computes() -> None:
+    x, w = torch.randn(4, 5), torch.randn(5, requires_grad=True)
+    graph = _graph(_mixed, x, w)
+    assert not tensor_ops_only(graph)  # the no_grad block: TorchScript would drop it
+    ours = straight_line(graph)
+    for got, want in zip(ours(x, w), graph(x, w)):
+        assert torch.equal(got, want) and got.requires_grad == want.requires_grad
+    (ours(x, w)[3]).backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_straight_line_calls_eager_c_functions_not_op_overloads() -> None:
+    graph = _graph(lambda x: torch.roll(x, 1) + 1, torch.randn(3))
+    assert tensor_ops_only(graph)
+    runner = straight_line(graph)
+    bound = list(runner.__globals__.values())
+    assert any(f is torch.roll for f in bound) and any(f is torch.add for f in bound)
+
+
+def _patch_out_torchscript(monkeypatch: pytest.MonkeyPatch) -> None:
+    def removed(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("TorchScript removed by this test")
+
+    monkeypatch.setattr(torch.jit, "trace", removed)
+    monkeypatch.setattr(torch.jit, "script", removed)
+    assert not _compat.torchscript_available()
+
+
+def test_without_torchscript_auto_runs_straight_line_and_torchscript_runs_eagerly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _patch_out_torchscript(monkeypatch)
+    counter = Counter()
+    step = step_with_solve(make_solve(counter))
+    k, u = torch.tensor(0.5), torch.randn(16)
+    auto = ptj.jit(step, engine="auto", backend="aot_eager")
+    for _ in range(3):
+        assert torch.allclose(auto(u, k), step(u, k), atol=1e-6)
+    assert program_of(auto).fast_tier == "straight-line"
+    assert "forward: python (TorchScript is unavailable in this torch)" in auto.explain()
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        script = ptj.jit(step, engine="torchscript")
+        assert torch.allclose(script(u, k), step(u, k))
+    assert "TorchScript is unavailable" in script.explain()
+    assert auto.wait_compiled(60) and program_of(auto).tier == "aot_eager"
+
+
+def test_engine_options_reach_the_backend_settings() -> None:
+    engine = AutoEngine("inductor", mode="max-autotune-no-cudagraphs", options={"debug": False})
+    settings = engine.backend_settings()
+    assert settings["debug"] is False and settings["max_autotune"] is True
+    assert ptj.jit(torch.sin, engine="auto").engine.name == "auto"
+
+
+@pytest.mark.slow
+def test_inductor_tier_matches_eager_within_float_rounding() -> None:
+    def step(u: torch.Tensor) -> torch.Tensor:
+        for _ in range(5):
+            u = u + 0.1 * (torch.roll(u, 1) - 2 * u + torch.roll(u, -1))
+        return torch.tanh(u)
+
+    jitted = ptj.jit(step, engine="auto")
+    u = torch.randn(64)
+    jitted(u)
+    jitted(u)
+    assert jitted.wait_compiled(300)
+    assert program_of(jitted).tier == "inductor", jitted.explain()
+    torch.testing.assert_close(jitted(u), step(u), rtol=1e-5, atol=1e-6)
+
+
+def test_a_compile_does_not_rewind_the_callers_random_stream() -> None:
+    from torch._dynamo import utils as dynamo_utils
+
+    gate = _Gate()
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        with dynamo_utils.preserve_rng_state():  # as AOTAutograd and inductor do
+            return gate(gm, example_inputs)
+
+    jitted = ptj.jit(lambda x: x.sin(), engine="auto", backend=backend)
+    x = torch.randn(3)
+    jitted(x)
+    torch.manual_seed(7)
+    jitted(x)
+    assert gate.entered.wait(60)
+    during = torch.rand(4)  # drawn while the compile holds a saved RNG state
+    gate.opened.set()
+    assert jitted.wait_compiled(60)
+    after = torch.rand(4)
+    torch.manual_seed(7)
+    assert torch.equal(torch.cat([during, after]), torch.rand(8))  # one stream, not repeated
