@@ -16,7 +16,7 @@ TORCH_VERSIONS ?= 2.13.0 2.15.0
 # The environment that tests a torch version: .venv for the demo's torch, else its own.
 venv_of = $(if $(filter $(DEMO_TORCH),$(1)),$(VENV),$(VENV)-torch$(1))
 
-.PHONY: demo test lint docs bench bench-peers bench-phiflow fuzz clean
+.PHONY: demo test test-no-torchscript lint docs bench bench-peers bench-phiflow bench-warm-start fuzz clean
 .SECONDEXPANSION:
 
 $(VENV)/.ready: pyproject.toml Makefile
@@ -44,7 +44,13 @@ lint: $(VENV)/.ready
 docs: $(VENV)/.ready
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-test: lint docs $(addprefix pytest-torch,$(TORCH_VERSIONS))
+test: lint docs $(addprefix pytest-torch,$(TORCH_VERSIONS)) test-no-torchscript
+
+# The shared suite with torch.jit.trace/script removed (engine "compile"; engine "auto" has its
+# own no-TorchScript test in tests/test_auto_engine.py): PyTorch plans to drop TorchScript.
+test-no-torchscript: $(VENV)/.ready
+	@echo "== shared suite without TorchScript (torch $(DEMO_TORCH)) =="
+	PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT=1 $(PY) -m pytest -m all_engines -q
 
 pytest-torch%: $$(call venv_of,$$*)/.ready
 	@echo "== test suite on torch $* =="
@@ -59,6 +65,10 @@ bench: $(VENV)/.ready
 BENCH_TORCH ?= $(DEMO_TORCH)
 bench-peers: $$(call venv_of,$$(BENCH_TORCH))/.ready
 	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_peers.py
+
+# Engines "compile" and "auto" in a second process with inductor's cache warm (docs/engines.md).
+bench-warm-start: $$(call venv_of,$$(BENCH_TORCH))/.ready
+	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_warm_start.py
 
 # PhiFlow steps: eager, PhiML's own jit, install(), ptj.jit (docs/phiflow.md).
 bench-phiflow: $$(call venv_of,$$(BENCH_TORCH))/.ready

@@ -146,6 +146,7 @@ def _notices(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 @pytest.mark.all_engines
+@pytest.mark.torchscript_bodies
 def test_torchscript_notices_do_not_reach_users_of_jitted_functions() -> None:
     step = ptj.jit(_scripting_step)
     x = torch.randn(3)

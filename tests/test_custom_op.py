@@ -21,6 +21,7 @@ def _op_count(fn: Any, name: str) -> int:
     return sum(e.count for e in prof.key_averages() if e.key == name)
 
 
+@pytest.mark.torchscript_bodies
 def test_compiled_forward_runs_its_ops_once_and_no_python() -> None:
     counter = Counter()
 
@@ -41,6 +42,7 @@ def test_compiled_forward_runs_its_ops_once_and_no_python() -> None:
     assert _op_count(lambda: prefix(x), "aten::cumsum") == 1  # sanity: the profiler sees it
 
 
+@pytest.mark.torchscript_bodies
 def test_data_dependent_loop_is_scripted_not_baked() -> None:
     solve = make_solve(scriptable=True)
     step = ptj.jit(lambda b, k: solve(b, k))
@@ -70,6 +72,7 @@ def test_unscriptable_loop_runs_as_python_logged_once(caplog: pytest.LogCaptureF
     assert "forward: python" in step.explain()
 
 
+@pytest.mark.torchscript_bodies
 def test_identical_calls_share_one_compiled_op() -> None:
     counter = Counter()
     solve = make_solve(counter)
@@ -97,6 +100,7 @@ def test_forward_returning_its_input_is_safe() -> None:
     assert torch.equal(out, x * 2) and torch.equal(x.grad, torch.full((3,), 2.0))
 
 
+@pytest.mark.torchscript_bodies
 def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op() -> None:
     counter = Counter()
     solve = make_solve(counter, adjoint_via_solve=True)

@@ -203,6 +203,7 @@ def test_module_passed_as_argument() -> None:
 # -- 5. custom functions (see also test_custom_op / test_backward) -----------------------
 
 
+@pytest.mark.torchscript_bodies
 def test_custom_forward_python_does_not_run_after_first_call() -> None:
     counter = Counter()
 
@@ -386,6 +387,7 @@ def test_two_threads_jitting_at_once() -> None:
 # -- 11. introspection -------------------------------------------------------------------
 
 
+@pytest.mark.torchscript_bodies
 def test_explain_lists_signature_modules_custom_functions_and_times(jit_engine: str) -> None:
     solve = make_solve()
     net = Source(4)

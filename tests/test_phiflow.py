@@ -32,6 +32,7 @@ import phi_torch_jit as ptj
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.torchscript_bodies,  # PhiML's solves script (torch.jit.script) even eagerly
     pytest.mark.all_engines,
     pytest.mark.filterwarnings("ignore::UserWarning"),  # PhiML: sparse CSR beta, from_numpy
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # PhiFlow calling PhiML
