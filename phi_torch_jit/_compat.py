@@ -282,6 +282,17 @@ PRESERVE_RNG = _api(
     "(also patched where torch._functorch.aot_autograd imported it by name)",
     "engines.auto",
 )
+FAKE_MODE = _api(
+    "torch._subclasses.fake_tensor.FakeTensorMode",
+    "the fake tensors a backend compiles from; made here with a shape environment so that "
+    "inductor's on-disk caches are used (dynamo makes one the same way)",
+    "engines.auto",
+)
+SHAPE_ENV = _api(
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv",
+    "the shape environment of that fake mode; inductor's cache keys are computed from it",
+    "engines.auto",
+)
 OP_OVERLOAD = _api(
     "torch._ops.OpOverload",
     "the ops of a captured graph; their ._op is the C handle, ._schema names the op",
@@ -322,6 +333,8 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     MODE_OPTIONS,
     NON_LAZY_BACKWARD,
     PRESERVE_RNG,
+    FAKE_MODE,
+    SHAPE_ENV,
     OP_OVERLOAD,
     EAGER_FUNCTIONS,
 )
@@ -495,7 +508,11 @@ def _compile_now(
     backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
 ) -> Callable[..., Any]:
     if backend == "inductor":
-        return COMPILE_FX.find()(graph, inputs, config_patches=patches)  # type: ignore[no-any-return]
+        # Inductor's on-disk caches (FX graph, AOTAutograd) need a fake mode with a shape
+        # environment, as dynamo would give; without one they are bypassed ("No shape env").
+        fake_mode = FAKE_MODE.find()(shape_env=SHAPE_ENV.find()())
+        fakes = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+        return COMPILE_FX.find()(graph, fakes, config_patches=patches)  # type: ignore[no-any-return]
     compiler = backend if callable(backend) else LOOKUP_BACKEND.find()(backend)
     return compiler(graph, inputs)  # type: ignore[no-any-return]
 
