@@ -23,6 +23,7 @@ generator as eager code does on both (``fallback_random``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -91,16 +92,13 @@ class AutoEngine(CompileEngine):
         settings = mode_options(mode) if isinstance(mode, str) else {}
         return {**settings, **(self.options.get("options") or {})}
 
-    def __repr__(self) -> str:
-        backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
-        return f"<AutoEngine backend={backend}>"
-
 
 class TieredProgram:
     """One captured graph, run by the fast tier until the compiled one replaces it.
 
-    ``run`` is the callable that serves calls; the background compile replaces it in one
-    assignment, so each call runs wholly on one tier.
+    ``serve`` is the callable that serves calls: the fast tier behind a counter until the
+    background compile replaces it, in one assignment, by the compiled program (which then
+    runs with nothing in front of it). Each call runs wholly on one tier.
     """
 
     def __init__(
@@ -117,7 +115,8 @@ class TieredProgram:
         self.backend = engine.backend
         self.settings: Mapping[str, Any] = engine.backend_settings()
         self.disabled = bool(engine.options.get("disable"))
-        self.run: Callable[..., Any] = graph.forward
+        self.serve: Callable[..., Any] = graph.forward
+        self._fast: Callable[..., Any] = graph.forward
         self.tier = "captured graph"
         self.fast_tier = ""
         self.compile_s: float | None = None
@@ -137,10 +136,14 @@ class TieredProgram:
         self._placeholders: list[torch.Tensor] = []
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
+
+    def _serve_fast(self, *inputs: torch.Tensor) -> Any:
+        """The fast tier, counting calls and queuing the compile at the first one."""
         self.calls += 1
         if self._unsubmitted:  # the function is called again: worth compiling
             self._submit()
-        return self.run(*tensors, *self.state)  # type: ignore[no-any-return]
+        return self._fast(*inputs)
 
     def _submit(self) -> None:
         with self._submit_lock:
@@ -159,7 +162,8 @@ class TieredProgram:
         inputs = (*example, *self.state)
         fast = trace_graph(self.graph, inputs) if tensor_ops_only(self.graph) else None
         self.fast_tier = "torchscript-graph" if fast is not None else "straight-line"
-        self.run = fast if fast is not None else straight_line(self.graph)
+        self._fast = fast if fast is not None else straight_line(self.graph)
+        self.serve = self._serve_fast
         self.tier = self.fast_tier
         reason = self._stays_fast()
         if reason:
@@ -198,7 +202,8 @@ class TieredProgram:
             compiled = self._compile()
             self.compile_s = time.perf_counter() - start
             self.switched_after_calls = self.calls
-            self.run = compiled
+            self.serve = compiled
+            self._fast = self.graph.forward  # the fast tier's program is no longer needed
             self.tier = _backend_name(self.backend)
         except Exception as error:  # any backend failure: the fast tier is right, only slower
             self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
@@ -211,14 +216,11 @@ class TieredProgram:
             self._settled.set()
 
     def _compile(self) -> Callable[..., Any]:
-        device = next((t.device for t in self._placeholders if t.device.type != "cpu"), None)
+        cuda = next((t.device for t in self._placeholders if t.device.type == "cuda"), None)
+        on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
         # FX traces in two threads at once crash torch 2.13 (a segfault in AOTAutograd): the
         # caller's captures skip while this holds the lock (NOTE [one tracing thread]).
-        with _CAPTURE_LOCK, torch.set_grad_enabled(self._grad_enabled):
-            if device is not None and device.type == "cuda":
-                with torch.cuda.device(device):
-                    return compile_captured(self.backend, self.graph, self._placeholders,
-                                            dict(self.settings))  # fmt: skip
+        with _CAPTURE_LOCK, torch.set_grad_enabled(self._grad_enabled), on_device:
             return compile_captured(self.backend, self.graph, self._placeholders,
                                     dict(self.settings))  # fmt: skip
 

@@ -137,7 +137,7 @@ class CompileEngine(Engine):
 
     def __repr__(self) -> str:
         backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
-        return f"<CompileEngine backend={backend}>"
+        return f"<{type(self).__name__} backend={backend}>"
 
 
 _CAPTURE_LOCK = threading.Lock()
