@@ -46,8 +46,8 @@ docs: $(VENV)/.ready
 
 test: lint docs $(addprefix pytest-torch,$(TORCH_VERSIONS)) test-no-torchscript
 
-# The shared suite with torch.jit.trace/script removed (engine "compile"; engine "auto" has its
-# own no-TorchScript test in tests/test_auto_engine.py): PyTorch plans to drop TorchScript.
+# The shared suite with torch.jit.trace/script removed (engines "compile" and "auto"):
+# PyTorch plans to drop TorchScript.
 test-no-torchscript: $(VENV)/.ready
 	@echo "== shared suite without TorchScript (torch $(DEMO_TORCH)) =="
 	PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT=1 $(PY) -m pytest -m all_engines -q

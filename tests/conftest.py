@@ -1,3 +1,4 @@
+import functools
 import os
 import sys
 from pathlib import Path
@@ -5,6 +6,9 @@ from typing import Any, NoReturn
 
 import pytest
 import torch
+
+from phi_torch_jit.engines import register_engine
+from phi_torch_jit.engines.auto import AutoEngine
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -21,12 +25,19 @@ that must work without it."""
 
 NO_TORCHSCRIPT = os.environ.get(NO_TORCHSCRIPT_ENV, "") == "1"
 
-ENGINES = ("compile:aot_eager",) if NO_TORCHSCRIPT else ("torchscript", "compile:aot_eager")
-"""What ``@pytest.mark.all_engines`` tests run with: the default engine, and the compile engine
+AUTO_ON_CALLER = "auto-on-caller"
+"""Engine "auto" with ``compile_on="caller"``: the switch to the compiled tier comes inside
+the second call of each specialization, so trace and call counts are deterministic."""
+
+register_engine(AUTO_ON_CALLER, functools.partial(AutoEngine, compile_on="caller"))
+
+_COMPILING_ENGINES = ("compile:aot_eager", f"{AUTO_ON_CALLER}:aot_eager")
+ENGINES = _COMPILING_ENGINES if NO_TORCHSCRIPT else ("torchscript", *_COMPILING_ENGINES)
+"""What ``@pytest.mark.all_engines`` tests run with: the default engine; the compile engine
 with a backend that exercises the whole graph capture (make_fx, dynamo, AOTAutograd, our fake
-and backward ops) without inductor's code generation. Inductor itself: tests marked slow.
-Without TorchScript: engines "compile" and "auto" (whose background compile then uses
-aot_eager too)."""
+and backward ops) without inductor's code generation; and engine "auto" with the same backend,
+compiling on the caller's thread (its background thread has tests of its own, in
+test_auto_engine.py). Inductor itself: tests marked slow. Without TorchScript: the last two."""
 
 
 def _torchscript_removed(*args: Any, **kwargs: Any) -> NoReturn:

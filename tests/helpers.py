@@ -12,6 +12,17 @@ import torch
 from phi_torch_jit._warnings import TORCHSCRIPT_NOTICE
 
 
+def engine_name(jit_engine: str) -> str:
+    """The engine's name (``explain()`` shows it) for a spec of the shared suite's ENGINES."""
+    name = jit_engine.partition(":")[0]
+    return "auto" if name.startswith("auto") else name
+
+
+def captures_graph(jit_engine: str) -> bool:
+    """Whether the engine of a spec captures an FX graph (engines compile and auto)."""
+    return engine_name(jit_engine) in ("compile", "auto")
+
+
 class Counter:
     """Counts calls of the Python functions under test."""
 

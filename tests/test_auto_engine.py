@@ -1,14 +1,16 @@
 """Engine "auto": fast tier at once, the backend's compile on a background thread, the switch.
 
-The shared suite runs "auto" too (``make test-no-torchscript``: engines compile and auto with
-TorchScript removed). This module covers the tiers, the switch and what can happen while a
-compile runs. Backends here are aot_eager or small callables, so compiles take well under a
-second; inductor itself is one slow test.
+The shared suite runs "auto" too, compiling on the caller's thread (``compile_on="caller"``)
+so that trace counts are deterministic, with TorchScript and without it (``make
+test-no-torchscript``). This module covers the tiers, the background switch and what can
+happen while a compile runs. Backends here are aot_eager or small callables, so compiles
+take well under a second; inductor itself is one slow test.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import textwrap
@@ -350,3 +352,99 @@ def test_a_compile_does_not_rewind_the_callers_random_stream() -> None:
     after = torch.rand(4)
     torch.manual_seed(7)
     assert torch.equal(torch.cat([during, after]), torch.rand(8))  # one stream, not repeated
+
+
+def test_a_parameter_frozen_or_unfrozen_after_the_compile_gets_eager_gradients() -> None:
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 1))
+    jitted = ptj.jit(lambda x: net(x).sum(), engine="auto", backend="aot_eager")
+    x = torch.randn(3, 6)
+
+    def grads(f: Any) -> list[torch.Tensor | None]:
+        net.zero_grad(set_to_none=True)
+        f(x).backward()
+        return [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+
+    def check() -> None:
+        for got, want in zip(grads(jitted), grads(lambda x: net(x).sum())):
+            assert (got is None) == (want is None)
+            if got is not None and want is not None:
+                torch.testing.assert_close(got, want)
+
+    check()
+    check()
+    assert jitted.wait_compiled(60) and program_of(jitted).tier == "aot_eager"
+    net[0].weight.requires_grad_(False)  # frozen: the compiled backward would still compute it
+    check()
+    net[0].weight.requires_grad_(True)
+    check()  # the compiled tier again
+    assert program_of(jitted).fast_calls_after_switch == 1
+    assert "a parameter's requires_grad differed from the compile's" in jitted.explain()
+
+    frozen_first = ptj.jit(lambda x: net(x).sum(), engine="auto", backend="aot_eager")
+    net[2].bias.requires_grad_(False)
+    check_with = [grads(frozen_first), grads(frozen_first)]
+    assert frozen_first.wait_compiled(60)
+    net[2].bias.requires_grad_(True)  # unfrozen: the compiled backward has no gradient for it
+    got, want = grads(frozen_first), grads(lambda x: net(x).sum())
+    assert got[-1] is not None and want[-1] is not None
+    torch.testing.assert_close(got[-1], want[-1])
+    assert check_with[1][-1] is None
+
+
+def test_compile_on_the_callers_thread_switches_inside_the_second_call() -> None:
+    calls = Counter()
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        calls.forward += 1
+        assert threading.current_thread() is threading.main_thread()
+        return gm.forward
+
+    jitted = ptj.jit(lambda x: x.sin() * 2, engine="auto", backend=backend, compile_on="caller")
+    x = torch.randn(5)
+    jitted(x)
+    assert calls.forward == 0 and program_of(jitted).tier == "torchscript-graph"
+    assert torch.allclose(jitted(x), x.sin() * 2)
+    assert calls.forward == 1 and program_of(jitted).tier == _background_name(backend)
+    assert program_of(jitted).switched_after_calls == 0
+    assert "on the caller's thread" in jitted.explain()
+    with pytest.raises(ptj.ConfigurationError, match="compile_on must be one of"):
+        ptj.jit(torch.sin, engine="auto", compile_on="later")
+
+
+def _background_name(backend: Any) -> str:
+    return str(backend.__name__)
+
+
+def test_ctrl_c_while_waiting_for_a_compile_leaves_it_running_and_the_function_working() -> None:
+    gate = _Gate()
+    jitted = ptj.jit(lambda x: x.cos() * 3, engine="auto", backend=gate)
+    x = torch.randn(4)
+    jitted(x)
+    jitted(x)
+    assert gate.entered.wait(60)
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT))  # Ctrl-C
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        jitted.wait_compiled(30)  # the user gives up waiting
+    assert time.monotonic() - start < 10
+    assert torch.allclose(jitted(x), x.cos() * 3)  # served by the fast tier meanwhile
+    gate.opened.set()
+    assert jitted.wait_compiled(60) and gate.compiles == 1
+    assert torch.allclose(jitted(x), x.cos() * 3)
+
+
+def test_ctrl_c_inside_a_compile_on_the_callers_thread_keeps_the_fast_tier() -> None:
+    def interrupted(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    jitted = ptj.jit(lambda x: x + 2, engine="auto", backend=interrupted, compile_on="caller")
+    x = torch.randn(3)
+    jitted(x)
+    with pytest.raises(KeyboardInterrupt):
+        jitted(x)
+    assert torch.equal(jitted(x), x + 2) and jitted.wait_compiled(0)
+    assert "the compile was interrupted (KeyboardInterrupt)" in jitted.explain()

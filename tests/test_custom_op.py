@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, cg_loop, gradcheck, make_solve
+from helpers import Counter, captures_graph, cg_loop, gradcheck, make_solve
 from torch.profiler import ProfilerActivity, profile
 
 import phi_torch_jit as ptj
@@ -101,19 +101,21 @@ def test_forward_returning_its_input_is_safe() -> None:
 
 
 @pytest.mark.torchscript_bodies
-def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op() -> None:
+def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op(jit_engine: str) -> None:
     counter = Counter()
     solve = make_solve(counter, adjoint_via_solve=True)
     step = ptj.jit(lambda b, k: solve(b, k) * 2)
     b = torch.randn(12, dtype=torch.float64, requires_grad=True)
     k = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
     want = torch.autograd.grad((solve(b, k) * 2).sum(), [b, k])
-    step(b, k)
     gradients_before = counter.gradient
+    step(b, k)
     for _ in range(3):
         got = torch.autograd.grad(step(b, k).sum(), [b, k])
         assert all(torch.allclose(g, w) for g, w in zip(got, want))
-    assert counter.gradient == gradients_before + 1  # Python ran once, to build the backward
+    # Python ran once, to build the backward; engines that capture a graph run it once more,
+    # on zeros, when compiling the backward op (docs/engines.md)
+    assert counter.gradient == gradients_before + (2 if captures_graph(jit_engine) else 1)
     (call,) = step.specializations[0].calls
     assert call.backward.specializations[(True, True)].mode == "traced"
     (adjoint,) = call.nested.calls.values()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, cg_loop, gradcheck, make_solve
+from helpers import Counter, cg_loop, engine_name, gradcheck, make_solve
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -396,7 +396,7 @@ def test_explain_lists_signature_modules_custom_functions_and_times(jit_engine: 
     step(u, torch.tensor(0.2))
     step(u, torch.tensor(0.2)).sum().backward()
     text = step.explain()
-    assert f"engine {jit_engine.partition(':')[0]!r}, 1 trace(s)" in text
+    assert f"engine {engine_name(jit_engine)!r}, 1 trace(s)" in text
     assert "(Tensor[4] float32 cpu requires_grad, Tensor[] float32 cpu), grad enabled" in text
     assert "modules: m0_Source" in text
     assert "custom function solve (" in text and "forward: scripted" in text

@@ -34,14 +34,17 @@ import torch
 from torch import nn
 
 from .._compat import any_autocast, compile_captured, mode_options
-from ..errors import NotNow
+from ..errors import ConfigurationError, NotNow
 from ._background import submit as submit_compile
 from ._light import straight_line, tensor_ops_only
-from .base import CompiledModule
-from .compile import _CAPTURE_LOCK, CompileEngine, _capture, _uses_rng
+from .base import CompiledModule, Engine
+from .compile import _CAPTURE_LOCK, Backend, CompileEngine, _capture, _uses_rng
 from .torchscript import trace_graph
 
-__all__ = ["AutoEngine", "TieredProgram"]
+__all__ = ["AutoEngine", "TieredProgram", "COMPILE_ON"]
+
+COMPILE_ON = ("background", "caller")
+"""Where engine "auto" runs the backend's compile (``AutoEngine(compile_on=...)``)."""
 
 logger = logging.getLogger("phi_torch_jit")
 
@@ -55,12 +58,31 @@ class AutoEngine(CompileEngine):
             ``"inductor"``); called directly on the captured graph.
         functions: the engine that compiles the bodies of custom functions (default
             TorchScript where it works, else they run as Python).
+        compile_on: ``"background"`` (default): the compile runs on the background thread
+            and the caller never waits for it. ``"caller"``: it runs on the caller's thread,
+            inside the second call of each specialization, so the switch comes at a known
+            call (deterministic; for tests and for debugging a backend).
         **options: ``mode`` and ``options`` (inductor settings). ``fullgraph``, ``dynamic``
             and ``disable`` concern dynamo, which this engine does not use; ``disable=True``
             keeps every specialization on the fast tier.
     """
 
     name = "auto"
+
+    def __init__(
+        self,
+        backend: Backend = "inductor",
+        *,
+        functions: Engine | None = None,
+        compile_on: str = "background",
+        **options: Any,
+    ) -> None:
+        if compile_on not in COMPILE_ON:
+            raise ConfigurationError(
+                f"phi_torch_jit: compile_on must be one of {COMPILE_ON}, got {compile_on!r}."
+            )
+        super().__init__(backend, functions=functions, **options)
+        self.compile_on = compile_on
 
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
@@ -115,6 +137,7 @@ class TieredProgram:
         self.backend = engine.backend
         self.settings: Mapping[str, Any] = engine.backend_settings()
         self.disabled = bool(engine.options.get("disable"))
+        self.on_caller = engine.compile_on == "caller"
         self.serve: Callable[..., Any] = graph.forward
         self._fast: Callable[..., Any] = graph.forward
         self.tier = "captured graph"
@@ -134,18 +157,39 @@ class TieredProgram:
         self._submit_lock = threading.Lock()
         self._queued_at: float | None = None
         self._placeholders: list[torch.Tensor] = []
+        self._state_grads: tuple[bool, ...] = ()
+        self._compiled: Callable[..., Any] = graph.forward
+        self.fast_calls_after_switch = 0
+        """Calls the fast tier served after the switch, because a parameter's
+        ``requires_grad`` differed from the compile's."""
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
 
     def _serve_fast(self, *inputs: torch.Tensor) -> Any:
         """The fast tier, counting calls and queuing the compile at the first one."""
-        self.calls += 1
         if self._unsubmitted:  # the function is called again: worth compiling
             self._submit()
+            if self.tier != self.fast_tier:  # compiled in this call (compile_on="caller")
+                return self.serve(*inputs)
+        self.calls += 1
         return self._fast(*inputs)
 
-    def _submit(self) -> None:
+    def _serve_compiled(self, *inputs: torch.Tensor) -> Any:
+        """The compiled tier, unless a parameter's ``requires_grad`` changed since the compile
+        (``requires_grad_(False)`` to freeze a layer): the compiled backward would silently
+        give it no gradient, or compute one nobody wants; the fast tier runs autograd as
+        eager code does."""
+        for tensor, wanted in zip(self.state, self._state_grads):
+            if tensor.requires_grad is not wanted:
+                self.fast_calls_after_switch += 1
+                return self._fast(*inputs)
+        return self._compiled(*inputs)
+
+    def _submit(self, blocking: bool = False) -> None:
+        if self.on_caller:
+            self._compile_here(blocking)
+            return
         with self._submit_lock:
             if not self._unsubmitted:
                 return
@@ -171,6 +215,7 @@ class TieredProgram:
             self._settled.set()
             return (f"fast tier {self.fast_tier} only: {reason}",)
         self._placeholders = [_placeholder(t) for t in inputs]
+        self._state_grads = tuple(t.requires_grad for t in self.state)
         self._unsubmitted = True
         return ()
 
@@ -190,8 +235,9 @@ class TieredProgram:
         """The specialization was dropped: a compile not yet started will not start."""
         self.closed = True
 
-    def upgrade(self) -> None:
-        """Compile with the backend and switch to it (on the background thread)."""
+    def upgrade(self, locked: bool = False) -> None:
+        """Compile with the backend and switch to it (on the background thread, or on the
+        caller's, holding the capture lock already, with ``compile_on="caller"``)."""
         if self.closed:
             self.failure = "the specialization was dropped before its compile started"
             self._placeholders, self._pinned = [], ()
@@ -199,11 +245,13 @@ class TieredProgram:
             return
         try:
             start = time.perf_counter()
-            compiled = self._compile()
+            compiled = self._compile(locked)
             self.compile_s = time.perf_counter() - start
             self.switched_after_calls = self.calls
-            self.serve = compiled
-            self._fast = self.graph.forward  # the fast tier's program is no longer needed
+            self._compiled = compiled
+            # The compiled autograd graph fixed which parameters get gradients; without state
+            # there is nothing to check, and nothing runs in front of the compiled program.
+            self.serve = self._serve_compiled if self.state else compiled
             self.tier = _backend_name(self.backend)
         except Exception as error:  # any backend failure: the fast tier is right, only slower
             self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
@@ -211,16 +259,35 @@ class TieredProgram:
                 "phi_torch_jit: %s for %s failed; it stays on the %s tier: %s",
                 _backend_name(self.backend), self.owner, self.fast_tier, self.failure,
             )  # fmt: skip
+        except BaseException as error:  # Ctrl-C in a compile on the caller's thread
+            self.failure = f"the compile was interrupted ({type(error).__name__})"
+            raise
         finally:
             self._placeholders, self._pinned = [], ()
             self._settled.set()
 
-    def _compile(self) -> Callable[..., Any]:
+    def _compile_here(self, blocking: bool) -> None:
+        """``compile_on="caller"``: compile inside this call. Unless ``blocking``, a call
+        that finds another thread tracing leaves the compile to the next call."""
+        if not _CAPTURE_LOCK.acquire(blocking=blocking):
+            return
+        try:
+            with self._submit_lock:
+                if not self._unsubmitted:
+                    return
+                self._unsubmitted = False
+                self._queued_at = time.perf_counter()
+            self.upgrade(locked=True)
+        finally:
+            _CAPTURE_LOCK.release()
+
+    def _compile(self, locked: bool) -> Callable[..., Any]:
         cuda = next((t.device for t in self._placeholders if t.device.type == "cuda"), None)
         on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
         # FX traces in two threads at once crash torch 2.13 (a segfault in AOTAutograd): the
         # caller's captures skip while this holds the lock (NOTE [one tracing thread]).
-        with _CAPTURE_LOCK, torch.set_grad_enabled(self._grad_enabled), on_device:
+        lock = contextlib.nullcontext() if locked else _CAPTURE_LOCK
+        with lock, torch.set_grad_enabled(self._grad_enabled), on_device:
             return compile_captured(self.backend, self.graph, self._placeholders,
                                     dict(self.settings))  # fmt: skip
 
@@ -228,7 +295,7 @@ class TieredProgram:
         """Wait until the compile finished (or failed); False if ``timeout`` s passed first.
         Queues the compile if no call did yet."""
         if self._unsubmitted:
-            self._submit()
+            self._submit(blocking=True)
         return self._settled.wait(timeout)
 
     def describe(self) -> tuple[str, ...]:
@@ -243,10 +310,17 @@ class TieredProgram:
                 f"tier: {self.tier}; {_backend_name(self.backend)} compiling in the "
                 f"background ({waited:.1f} s so far, {self.calls} call(s) served meanwhile)",
             )
-        return (
-            f"tier: {self.tier} (compiled in {self.compile_s:.1f} s on a background thread; "
+        where = "the caller's thread" if self.on_caller else "a background thread"
+        lines: tuple[str, ...] = (
+            f"tier: {self.tier} (compiled in {self.compile_s:.1f} s on {where}; "
             f"switched after {self.switched_after_calls} call(s) on the {self.fast_tier} tier)",
         )
+        if self.fast_calls_after_switch:
+            lines += (
+                f"{self.fast_calls_after_switch} later call(s) ran on the {self.fast_tier} "
+                "tier: a parameter's requires_grad differed from the compile's",
+            )
+        return lines
 
 
 def _placeholder(tensor: torch.Tensor) -> torch.Tensor:
