@@ -9,12 +9,13 @@ Workloads (2-D, periodic, float32, written here in plain PyTorch, except (d)):
 (d) the PhiFlow smoke plume step of ``demos/smoke_plume.py`` (PhiML CG pressure solve).
 
 Peers: eager, raw torch.jit.trace, raw torch.compile (inductor), PhiML's torch jit (with PhiML's
-own custom gradient for the CG), ours with engine "torchscript" and with engine "compile"
-(inductor). For each: first-call time, median step time and its ratio to eager, the max
-relative difference to eager on the same state, a new state and a state at rest (a traced CG
-bakes its iteration count: wrong on new states, NaN at rest), and the graph breaks torch.compile
-reported. Writes JSON, markdown (with the issue's targets checked) and a PNG plot to
-benchmarks/results/. Not a test: ``make bench-peers``.
+own custom gradient for the CG), ours with engines "torchscript", "compile" and "auto"
+(inductor). Each peer runs in an empty inductor cache directory of its own, so first calls are
+cold starts for everyone. For each: first-call time, median step time (the peers' calls
+interleaved) and its ratio to eager, the max relative difference to eager on the same state, a
+new state and a state at rest (a traced CG bakes its iteration count: wrong on new states, NaN
+at rest), and the graph breaks torch.compile reported. Writes JSON, markdown (with the issue's
+targets checked) and a PNG plot to benchmarks/results/. Not a test: ``make bench-peers``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import phi_torch_jit as ptj
 
@@ -249,9 +252,11 @@ def bench(
 
     reference = {key: call(fn, args) for key, args in inputs.items()}
     chosen = [p for p in _PEERS.split(",") if p]
-    rows = [_measure(name, n, peer, f, inputs, reference, call, reps)
-            for peer, f in peers(fn, phiml_fn, inputs["same"]).items()
-            if peer == "eager" or not chosen or any(c in peer for c in chosen)]  # fmt: skip
+    chosen_peers = {peer: f for peer, f in peers(fn, phiml_fn, inputs["same"]).items()
+                    if peer == "eager" or not chosen or any(c in peer for c in chosen)}  # fmt: skip
+    rows = [_measure(name, n, peer, f, inputs, reference, call)
+            for peer, f in chosen_peers.items()]  # fmt: skip
+    _time_interleaved(rows, chosen_peers, lambda f: call(f, inputs["same"]), reps)
     eager = next(r["step_s"] for r in rows if r["peer"] == "eager")
     for r in rows:
         if "step_s" in r:
@@ -267,6 +272,15 @@ def native_inputs(n: int, grad: bool) -> dict[str, tuple[torch.Tensor, ...]]:
     return {"same": same, "new": new, "rest": rest}
 
 
+def _pay_process_start_up() -> None:
+    """Compile a small function once, in a throwaway cache directory, before measuring: the
+    one-time costs of a process (inductor's imports, probing the C++ compiler and the CPU's
+    vector instructions) then burden no peer's first call, whichever runs first."""
+    with tempfile.TemporaryDirectory() as cache, temporary_cache_dir(cache):
+        torch.compile(lambda x: torch.sin(x) * 2 + x.sum())(torch.randn(8))
+        torch._dynamo.reset()
+
+
 def _measure(
     name: str,
     n: int,
@@ -275,12 +289,26 @@ def _measure(
     inputs: dict[str, tuple[Any, ...]],
     reference: dict[str, Any],
     call: Callable[..., Any],
-    reps: int,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": name, "N": n, "peer": peer}
     if isinstance(f, str):
         return {**row, "note": f}
     print(f"  {name} N={n}: {peer}", flush=True)
+    with tempfile.TemporaryDirectory() as cache, temporary_cache_dir(cache):  # cold: see _measured
+        return _measured(row, f, inputs, reference, call, peer)
+
+
+def _measured(
+    row: dict[str, Any],
+    f: Any,
+    inputs: dict[str, tuple[Any, ...]],
+    reference: dict[str, Any],
+    call: Callable[..., Any],
+    peer: str,
+) -> dict[str, Any]:
+    """One peer's figures, measured in an empty inductor cache directory of its own, with
+    inductor's in-memory caches cleared: every compiling peer's first call is a cold start
+    (bench_warm_start.py measures warm ones)."""
     breaks = _graph_breaks()
     start = time.perf_counter()
     try:
@@ -299,10 +327,24 @@ def _measure(
         row[f"diff_{key}"] = max_rel_diff(call(f, args), reference[key], scale)
     if "ready_s" in row:  # inputs without requires_grad made another specialization: let its
         f.wait_compiled()  # background compile end, or it competes with the timed steps
+    return {**row, "first_call_s": first}
+
+
+def _time_interleaved(
+    rows: list[dict[str, Any]], fns: dict[str, Any], step: Callable[[Any], Any], reps: int
+) -> None:
+    """Median step time of every peer that ran, with the peers' calls interleaved (one call of
+    each per round), so that a drift in the machine's load burdens all peers alike."""
+    running = [(r, fns[r["peer"]]) for r in rows if "first_call_s" in r]
     for _ in range(3):
-        call(f, inputs["same"])
-    times = [timed(lambda: call(f, inputs["same"])) for _ in range(reps)]
-    return {**row, "first_call_s": first, "step_s": statistics.median(times)}
+        for _, f in running:
+            step(f)
+    times: dict[str, list[float]] = {r["peer"]: [] for r, _ in running}
+    for _ in range(reps):
+        for r, f in running:
+            times[r["peer"]].append(timed(lambda: step(f)))  # noqa: B023 (called at once)
+    for r, _ in running:
+        r["step_s"] = statistics.median(times[r["peer"]])
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -427,6 +469,11 @@ def main() -> None:
     args = parser.parse_args()
     global _PEERS
     _PEERS = args.peers
+    _pay_process_start_up()
+    # Raw torch.compile compiles each size with static shapes, as in a process that runs one
+    # size. By default dynamo recompiles the same function's second size with dynamic shapes
+    # and reuses that code for the third: a first call of 0.03 s at N=512, steps 1.4x slower.
+    torch._dynamo.config.automatic_dynamic_shapes = False
     warnings.filterwarnings("ignore")  # PhiML notices, torch.jit deprecations of the peers
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1, padding_mode="circular"), nn.Tanh(),

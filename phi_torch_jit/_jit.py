@@ -239,7 +239,10 @@ def jit(
             (``"inductor"``, the default; any of ``torch._dynamo.list_backends()`` or registered
             ones) or a callable ``(gm, example_inputs) -> callable``.
         **compile_options: with ``engine="compile"``: ``mode``, ``options``, ``fullgraph``,
-            ``dynamic`` for torch.compile.
+            ``dynamic`` for torch.compile. With ``engine="auto"``: ``mode``, ``options``,
+            ``disable`` and ``compile_on`` (``"background"``, the default, or ``"caller"``:
+            the backend compiles inside the second call of each specialization,
+            deterministically).
 
     Returns:
         A :class:`JitFunction` with ``fn``'s signature.
