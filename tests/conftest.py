@@ -63,7 +63,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("all_engines"):
         metafunc.fixturenames.append("jit_engine")
-        metafunc.parametrize("jit_engine", ENGINES, indirect=True)
+        metafunc.parametrize("jit_engine", _engines_for(metafunc.module.__name__), indirect=True)
+
+
+def _engines_for(module: str) -> tuple[str, ...]:
+    """ENGINES, except that the PhiFlow tests (the slowest, 5-10 s each) skip engine "auto":
+    PhiML's custom gradients are traced with TorchScript under every engine, and the rest of
+    their graphs is the one engine "compile" captures and compiles with the same backend."""
+    if module.endswith("test_phiflow"):
+        return tuple(e for e in ENGINES if not e.startswith(AUTO_ON_CALLER))
+    return ENGINES
 
 
 @pytest.fixture
