@@ -190,11 +190,8 @@ class TieredProgram:
         if self.on_caller:
             self._compile_here(blocking)
             return
-        with self._submit_lock:
-            if not self._unsubmitted:
-                return
-            self._unsubmitted = False
-            self._queued_at = time.perf_counter()
+        if not self._claim():
+            return
         if not submit_compile(self):  # interpreter exit
             self.failure = "the interpreter is exiting"
             self._settled.set()
@@ -272,14 +269,20 @@ class TieredProgram:
         if not _CAPTURE_LOCK.acquire(blocking=blocking):
             return
         try:
-            with self._submit_lock:
-                if not self._unsubmitted:
-                    return
-                self._unsubmitted = False
-                self._queued_at = time.perf_counter()
-            self.upgrade(locked=True)
+            if self._claim():
+                self.upgrade(locked=True)
         finally:
             _CAPTURE_LOCK.release()
+
+    def _claim(self) -> bool:
+        """Whether this thread is the one that queues (or runs) the compile: exactly one
+        caller of those that found it unsubmitted."""
+        with self._submit_lock:
+            if not self._unsubmitted:
+                return False
+            self._unsubmitted = False
+            self._queued_at = time.perf_counter()
+            return True
 
     def _compile(self, locked: bool) -> Callable[..., Any]:
         cuda = next((t.device for t in self._placeholders if t.device.type == "cuda"), None)
