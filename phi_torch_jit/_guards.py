@@ -35,7 +35,7 @@ __all__ = ["ModuleGuard", "has_backward_hooks"]
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _GLOBAL_HOOK_DICTS = global_module_hooks()  # forward pre, forward, backward pre, backward
 _training = operator.attrgetter("training")
-_DTYPE_DEVICE = operator.attrgetter("dtype", "device")
+_TENSOR_META = operator.attrgetter("dtype", "device", "shape")
 
 
 def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
@@ -76,7 +76,7 @@ class ModuleGuard:
             for d in (m.__dict__["_parameters"], m.__dict__["_buffers"])
             if d  # a tensor added to an empty dict later is not used by the traced program
         )
-        self._tensor_metas = self._dtypes_devices()
+        self._tensor_metas = self._tensor_meta()
         self._snapshot_children()
         self._snapshot_attributes()
         self._trainings = self._training_flags()
@@ -124,15 +124,16 @@ class ModuleGuard:
         return tuple(map(id, chain.from_iterable(map(dict.values, self._tensor_dicts))))
 
     def moved(self) -> bool:
-        """Whether parameters or buffers changed dtype or device since the trace.
+        """Whether parameters or buffers changed dtype, device or shape since the trace.
 
-        ``module.double()`` / ``.to(device)`` keep the tensor objects and change these. A
-        program then fails at its first op on them; checked only then, not before every call
-        (it would cost about half the guard). See NOTE [module guards]."""
-        return self._dtypes_devices() != self._tensor_metas
+        ``module.double()`` / ``.to(device)`` / ``param.data = new`` keep the tensor objects
+        and change these. A program then fails at its first op on them (inductor's programs
+        check their inputs' sizes); checked only then, not before every call (it would cost
+        about half the guard). See NOTE [module guards]."""
+        return self._tensor_meta() != self._tensor_metas
 
-    def _dtypes_devices(self) -> tuple[tuple[Any, Any], ...]:
-        return tuple(map(_DTYPE_DEVICE, chain.from_iterable(map(dict.values, self._tensor_dicts))))
+    def _tensor_meta(self) -> tuple[tuple[Any, Any, Any], ...]:
+        return tuple(map(_TENSOR_META, chain.from_iterable(map(dict.values, self._tensor_dicts))))
 
     def _child_identities(self) -> tuple[int, ...]:
         return tuple(map(id, chain.from_iterable(map(dict.values, self._child_dicts))))
@@ -170,8 +171,11 @@ class ModuleGuard:
         for name, was, now_training in zip(self.names, self._trainings, self._training_flags()):
             if was != now_training:
                 return f"module {name} training {was} -> {now_training}"
-        if self._dtypes_devices() != self._tensor_metas:
-            return "parameters or buffers changed dtype or device (module.double(), .to()?)"
+        if self._tensor_meta() != self._tensor_metas:
+            return (
+                "parameters or buffers changed dtype, device or shape "
+                "(module.double(), .to(), param.data = ...?)"
+            )
         for d, attr, owner in self._attributes:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
             if value != old or type(value) is not type(old):

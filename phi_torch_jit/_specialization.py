@@ -188,8 +188,8 @@ def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tenso
             continue
         try:
             result = specialization.run(tensors)
-        except RuntimeError:
-            if guard is not None and guard.moved():  # module.double(), .to(): retrace
+        except (RuntimeError, AssertionError):  # inductor checks input sizes with assert
+            if guard is not None and guard.moved():  # module.double(), .to(), .data =: retrace
                 continue
             raise
         if not isinstance(result, GuardFailure):

@@ -392,6 +392,36 @@ def test_a_parameter_frozen_or_unfrozen_after_the_compile_gets_eager_gradients()
     assert frozen_grads[1][-1] is None
 
 
+def test_a_parameter_resized_through_data_after_the_compile_retraces(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def checking_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        sizes = [t.shape for t in example_inputs]
+
+        def run(*args: torch.Tensor) -> Any:  # as inductor's programs check their inputs
+            for arg, size in zip(args, sizes):
+                assert arg.shape == size, f"expected size {size}, got {arg.shape}"
+            return gm(*args)
+
+        return run
+
+    net = nn.Linear(6, 6)
+    jitted = ptj.jit(
+        lambda x: (net(x) * 2).reshape(x.shape[0], -1),
+        engine="auto", backend=checking_backend, compile_on="caller",
+    )  # fmt: skip
+    x = torch.randn(3, 6)
+    jitted(x)
+    jitted(x)
+    assert program_of(jitted).tier == "checking_backend"
+    net.weight.data, net.bias.data = torch.randn(4, 6), torch.randn(4)  # same Parameter objects
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        got = jitted(x)
+    assert got.shape == (3, 4) and torch.allclose(got, net(x) * 2)
+    assert jitted.num_traces == 2
+    assert "changed dtype, device or shape" in caplog.text
+
+
 def test_compile_on_the_callers_thread_switches_inside_the_second_call() -> None:
     calls = Counter()
 
