@@ -28,6 +28,7 @@ import torch
 from .errors import TorchVersionError
 
 __all__ = [
+    "backward_compiled_with_forward",
     "mode_options",
     "TESTED_TORCH",
     "TracerWarning",
@@ -271,9 +272,9 @@ MODE_OPTIONS = _api(
 )
 NON_LAZY_BACKWARD = _api(
     "torch._functorch.config.force_non_lazy_backward_lowering",
-    "compile the backward with the forward, in the background, not at the first backward "
-    "on the caller's thread",
-    "engines.auto",
+    "compile the backward with the forward (in the background, or in the first call), not at "
+    "the first backward of a later call",
+    "engines.auto, engines.compile",
 )
 PRESERVE_RNG = _api(
     "torch._dynamo.utils.preserve_rng_state",
@@ -492,16 +493,22 @@ def compile_captured(
     ``backend``: ``"inductor"`` (``patches`` are inductor settings), another registered name,
     or a callable ``(gm, example_inputs) -> callable``.
     """
-    import torch._functorch.config as functorch_config  # not imported by torch on 2.15
-
-    NON_LAZY_BACKWARD.find()
     _rng_kept_off_this_thread()
     _COMPILING.active = True
     try:
-        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+        with backward_compiled_with_forward():
             return _compile_now(backend, graph, inputs, patches)
     finally:
         _COMPILING.active = False
+
+
+def backward_compiled_with_forward() -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd compiles the backward graph together with the forward (by default it waits
+    for the first backward: a second call of a jitted function would pay it)."""
+    import torch._functorch.config as functorch_config  # not imported by torch on 2.15
+
+    NON_LAZY_BACKWARD.find()
+    return functorch_config.patch(force_non_lazy_backward_lowering=True)  # type: ignore[no-any-return]
 
 
 def _compile_now(

@@ -15,8 +15,9 @@ custom function. This engine avoids both:
    backward (NOTE [opaque backward] in docs/design.md), so the loops inside
    them cause no graph break and the backend fuses everything around them.
 3. The compiled program is run once on the trace inputs, so the backend's
-   compile time is paid by the first call of the jitted function, not the
-   second (module state and RNG are rewound afterwards, like after any trace).
+   compile time, its backward's included, is paid by the first call of the
+   jitted function, not the second (module state and RNG are rewound
+   afterwards, like after any trace).
 
 The bodies of custom functions (forward, and backward at the first backward)
 are compiled by the ``functions`` engine, TorchScript by default: traced where
@@ -37,7 +38,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._compat import backend_exists, dynamo_counters, fx_tracing, import_inductor
+from .._compat import (
+    backend_exists,
+    backward_compiled_with_forward,
+    dynamo_counters,
+    fx_tracing,
+    import_inductor,
+)
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import ConfigurationError, RunEagerly, TraceError, UsageError, ValueNotCaptured
 from .base import (
@@ -175,7 +182,8 @@ class _Program:
             before = _graph_counts()
             example, self._example = self._example, ()
             try:
-                self.compiled(*example, *self.state)
+                with backward_compiled_with_forward():  # else the second call would pay it
+                    self.compiled(*example, *self.state)
             except Exception as error:  # any backend failure: the graph itself is fine
                 self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
                 logger.warning(
