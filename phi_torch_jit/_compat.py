@@ -261,14 +261,15 @@ FUNCTORCH_CONFIG = _api(
 )
 COMPILE_FX = _api(
     "torch._inductor.compile_fx.compile_fx",
-    "compile an already captured graph off the caller's thread without running it; "
-    "torch.compile traces again with dynamo and compiles only when the program runs",
-    "engines.auto",
+    "compile an already captured graph without running it (off the caller's thread for "
+    "engine auto); torch.compile traces again with dynamo, compiles only when the program "
+    "runs and puts a guard wrapper in front of every call",
+    "engines.compile, engines.auto",
 )
 MODE_OPTIONS = _api(
     "torch._inductor.list_mode_options",
     "the inductor settings a torch.compile mode ('max-autotune'...) stands for",
-    "engines.auto",
+    "engines.compile, engines.auto",
 )
 NON_LAZY_BACKWARD = _api(
     "torch._functorch.config.force_non_lazy_backward_lowering",
@@ -283,11 +284,17 @@ PRESERVE_RNG = _api(
     "(also patched where torch._functorch.aot_autograd imported it by name)",
     "engines.auto",
 )
+DECOMPOSITIONS = _api(
+    "torch._inductor.decomposition.select_decomp_table",
+    "inductor's decompositions for the current settings, to keep grid_sampler_2d as ATen's "
+    "kernel on the CPU (decomposed, it compiled 1.6x slower and ran slower on this CPU)",
+    "engines.compile, engines.auto",
+)
 FAKE_MODE = _api(
     "torch._subclasses.fake_tensor.FakeTensorMode",
     "the fake tensors a backend compiles from; made here with a shape environment so that "
     "inductor's on-disk caches are used (dynamo makes one the same way)",
-    "engines.auto",
+    "engines.compile, engines.auto",
 )
 SHAPE_ENV = _api(
     "torch.fx.experimental.symbolic_shapes.ShapeEnv",
@@ -332,6 +339,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     FUNCTORCH_CONFIG,
     COMPILE_FX,
     MODE_OPTIONS,
+    DECOMPOSITIONS,
     NON_LAZY_BACKWARD,
     PRESERVE_RNG,
     FAKE_MODE,
@@ -519,9 +527,26 @@ def _compile_now(
         # environment, as dynamo would give; without one they are bypassed ("No shape env").
         fake_mode = FAKE_MODE.find()(shape_env=SHAPE_ENV.find()())
         fakes = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
-        return COMPILE_FX.find()(graph, fakes, config_patches=patches)  # type: ignore[no-any-return]
+        table = _decompositions(patches) if all(t.device.type == "cpu" for t in inputs) else None
+        return COMPILE_FX.find()(graph, fakes, config_patches=patches, decompositions=table)  # type: ignore[no-any-return]
     compiler = backend if callable(backend) else LOOKUP_BACKEND.find()(backend)
     return compiler(graph, inputs)  # type: ignore[no-any-return]
+
+
+_KEPT_ON_CPU = ("grid_sampler_2d",)
+"""aten ops that inductor decomposes but that run better as ATen's CPU kernels: decomposed,
+``grid_sampler_2d`` (semi-Lagrangian advection) made bench_peers' training step compile in 90 s
+instead of 55 s and run 1.2x slower (benchmarks.md, run 4)."""
+
+
+def _decompositions(patches: dict[str, Any]) -> dict[Any, Any]:
+    """Inductor's decomposition table for these settings, without :data:`_KEPT_ON_CPU`."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(patches):
+        table = dict(DECOMPOSITIONS.find()())
+    kept = {getattr(torch.ops.aten, name) for name in _KEPT_ON_CPU}
+    return {op: fn for op, fn in table.items() if getattr(op, "overloadpacket", op) not in kept}
 
 
 _COMPILING = threading.local()

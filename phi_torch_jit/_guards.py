@@ -35,7 +35,7 @@ __all__ = ["ModuleGuard", "has_backward_hooks"]
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _GLOBAL_HOOK_DICTS = global_module_hooks()  # forward pre, forward, backward pre, backward
 _training = operator.attrgetter("training")
-_TENSOR_META = operator.attrgetter("dtype", "device", "shape")
+_TENSOR_META = operator.attrgetter("dtype", "device", "shape", "requires_grad")
 
 
 def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
@@ -124,15 +124,17 @@ class ModuleGuard:
         return tuple(map(id, chain.from_iterable(map(dict.values, self._tensor_dicts))))
 
     def moved(self) -> bool:
-        """Whether parameters or buffers changed dtype, device or shape since the trace.
+        """Whether parameters or buffers changed dtype, device, shape or requires_grad since
+        the trace.
 
-        ``module.double()`` / ``.to(device)`` / ``param.data = new`` keep the tensor objects
-        and change these. A program then fails at its first op on them (inductor's programs
-        check their inputs' sizes); checked only then, not before every call (it would cost
+        ``module.double()`` / ``.to(device)`` / ``param.data = new`` / ``requires_grad_()``
+        keep the tensor objects and change these. A program then fails at its first op on them
+        (inductor's programs check their inputs' sizes; engine ``compile``'s programs their
+        parameters' ``requires_grad``); checked only then, not before every call (it would cost
         about half the guard). See NOTE [module guards]."""
         return self._tensor_meta() != self._tensor_metas
 
-    def _tensor_meta(self) -> tuple[tuple[Any, Any, Any], ...]:
+    def _tensor_meta(self) -> tuple[tuple[Any, Any, Any, bool], ...]:
         return tuple(map(_TENSOR_META, chain.from_iterable(map(dict.values, self._tensor_dicts))))
 
     def _child_identities(self) -> tuple[int, ...]:
@@ -173,8 +175,8 @@ class ModuleGuard:
                 return f"module {name} training {was} -> {now_training}"
         if self._tensor_meta() != self._tensor_metas:
             return (
-                "parameters or buffers changed dtype, device or shape "
-                "(module.double(), .to(), param.data = ...?)"
+                "parameters or buffers changed dtype, device, shape or requires_grad "
+                "(module.double(), .to(), param.data = ..., requires_grad_()?)"
             )
         for d, attr, owner in self._attributes:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")

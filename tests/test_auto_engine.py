@@ -419,7 +419,40 @@ def test_a_parameter_resized_through_data_after_the_compile_retraces(
         got = jitted(x)
     assert got.shape == (3, 4) and torch.allclose(got, net(x) * 2)
     assert jitted.num_traces == 2
-    assert "changed dtype, device or shape" in caplog.text
+    assert "changed dtype, device, shape or requires_grad" in caplog.text
+
+
+def test_a_program_that_compiles_but_fails_to_run_leaves_the_fast_tier_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(3)
+    lstms = [nn.LSTM(4, 8, batch_first=True), nn.LSTM(4, 8, batch_first=True)]
+    lstms[1].load_state_dict(lstms[0].state_dict())
+
+    def loss_of(lstm: nn.LSTM) -> Any:
+        return lambda x: lstm(x)[0][:, -1].square().mean()
+
+    # AOTAutograd compiles this LSTM graph, then fails when it runs (torch 2.13 and 2.15); a
+    # backend that raises when called stands in for such a program on any torch.
+    def fails_to_run(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        def run(*args: Any) -> Any:
+            raise AssertionError("the program failed")
+
+        return run
+
+    for backend in ("aot_eager", fails_to_run):
+        jitted = ptj.jit(loss_of(lstms[0]), engine="auto", backend=backend, compile_on="caller")
+        with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+            for _ in range(3):
+                x = torch.randn(2, 5, 4)
+                got = torch.autograd.grad(jitted(x), list(lstms[0].parameters()))
+                want = torch.autograd.grad(loss_of(lstms[1])(x), list(lstms[1].parameters()))
+                for g, w in zip(got, want):
+                    torch.testing.assert_close(g, w)
+        if backend is fails_to_run:
+            assert program_of(jitted).tier == program_of(jitted).fast_tier
+            assert "its program failed: AssertionError" in jitted.explain()
+    assert sum("its program failed" in r.message for r in caplog.records) <= 2
 
 
 def test_compile_on_the_callers_thread_switches_inside_the_second_call() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, make_solve
+from helpers import Counter, engine_name, make_solve
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -42,7 +42,7 @@ def _eager_grads(model: Diffusion, b: torch.Tensor) -> tuple[Any, Any]:
     return b.grad, model.k.grad
 
 
-def test_each_pattern_gets_its_own_backward() -> None:
+def test_each_pattern_gets_its_own_backward(jit_engine: str) -> None:
     counter = Counter()
     model = Diffusion(make_solve(counter))
     step = ptj.jit(model)
@@ -58,8 +58,11 @@ def test_each_pattern_gets_its_own_backward() -> None:
     model.k.requires_grad_(True)  # then k too: must not reuse the first backward
     b.grad = None
     (step(b) ** 2).sum().backward()
-    assert step.num_traces == 1
     assert torch.allclose(b.grad, want_b) and torch.allclose(model.k.grad, want_k)
+    if engine_name(jit_engine) == "compile":  # its program fixed which parameters get
+        assert step.num_traces == 2  # gradients: a requires_grad change retraces
+        return
+    assert step.num_traces == 1
     (call,) = step.specializations[0].calls
     assert set(call.backward.specializations) == {(True, False), (True, True)}
 

@@ -79,6 +79,8 @@ def test_backend_names_callables_and_options_are_checked_at_jit_time() -> None:
     engine = ptj.jit(torch.sin, engine="compile", backend="aot_eager", fullgraph=True).engine
     assert isinstance(engine, CompileEngine) and engine.backend == "aot_eager"
     assert engine.options["fullgraph"] is True and engine.options["dynamic"] is False
+    with pytest.raises(ptj.ConfigurationError, match="dynamic=True is not supported"):
+        ptj.jit(torch.sin, engine="compile", dynamic=True)
 
 
 def test_environment_picks_the_default_engine_and_backend(monkeypatch: Any) -> None:
@@ -144,6 +146,33 @@ def test_registered_and_aot_autograd_backends_compile_forward_and_backward_in_th
         torch.testing.assert_close(g, w)
 
 
+def test_a_parameter_frozen_or_unfrozen_after_the_compile_retraces_with_eager_gradients() -> None:
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 1))
+    jitted = ptj.jit(lambda x: net(x).sum(), engine="compile", backend="aot_eager")
+    x = torch.randn(3, 6)
+
+    def grads(f: Any) -> list[torch.Tensor | None]:
+        net.zero_grad(set_to_none=True)
+        f(x).backward()
+        return [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+
+    def check() -> None:
+        for got, want in zip(grads(jitted), grads(lambda x: net(x).sum())):
+            assert (got is None) == (want is None)
+            if got is not None and want is not None:
+                torch.testing.assert_close(got, want)
+
+    check()
+    net[0].weight.requires_grad_(False)  # frozen: the compiled backward would still compute it
+    check()
+    assert jitted.num_traces == 2
+    net[0].weight.requires_grad_(True)  # back: the first specialization serves again
+    check()
+    check()
+    assert jitted.num_traces == 2
+
+
 @pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")  # dynamo
 @pytest.mark.filterwarnings("ignore:The .grad attribute:UserWarning")  # dynamo, raw compile
 def test_autograd_function_with_a_loop_causes_no_graph_break_unlike_raw_torch_compile() -> None:
@@ -162,7 +191,7 @@ def test_autograd_function_with_a_loop_causes_no_graph_break_unlike_raw_torch_co
     for _ in range(2):
         torch.testing.assert_close(jitted(net, u, k), unrolled_loss(net, u, k))
     assert _graph_breaks() == before
-    assert "1 graph(s), 0 graph break(s)" in jitted.explain()
+    assert "called on the captured graph: compiled in" in jitted.explain()
 
 
 def test_python_forward_with_other_ctx_values_than_compiled_raises_instead_of_wrong_grads() -> None:
@@ -204,7 +233,7 @@ def test_inductor_training_matches_eager_with_dropout_batchnorm_and_optimizer_st
     for a, b in zip(nets[0].state_dict().values(), nets[1].state_dict().values()):
         torch.testing.assert_close(a, b)  # parameters and BatchNorm running stats
     assert jitted.num_traces == 1
-    assert "1 graph(s), 0 graph break(s)" in jitted.explain()
+    assert "called on the captured graph: compiled in" in jitted.explain()
 
 
 def test_lstm_training_matches_eager_even_where_the_backend_fails(
@@ -233,7 +262,7 @@ def test_lstm_training_matches_eager_even_where_the_backend_fails(
             for a, b in zip(lstms[0].parameters(), lstms[1].parameters()):
                 assert torch.allclose(a, b, atol=1e-6)
     notes = " ".join(jitted.specializations[0].engine_notes)
-    assert "graph(s)" in notes or "runs uncompiled" in notes
+    assert "compiled in" in notes or "runs uncompiled" in notes
     assert sum("runs uncompiled" in r.message for r in caplog.records) <= 1
 
 

@@ -27,18 +27,18 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._compat import any_autocast, compile_captured, mode_options
-from ..errors import ConfigurationError, NotNow
+from .._compat import any_autocast
+from ..errors import ConfigurationError, JitError, NotNow
 from ._background import submit as submit_compile
 from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
-from .compile import _CAPTURE_LOCK, Backend, CompileEngine, _capture, _uses_rng
+from .compile import _CAPTURE_LOCK, Backend, Compilable, CompileEngine, _capture, _uses_rng
 from .torchscript import trace_graph
 
 __all__ = ["AutoEngine", "TieredProgram", "COMPILE_ON"]
@@ -108,12 +108,6 @@ class AutoEngine(CompileEngine):
             program.close,
         )
 
-    def backend_settings(self) -> dict[str, Any]:
-        """The inductor settings this engine compiles with (mode and options merged)."""
-        mode = self.options.get("mode")
-        settings = mode_options(mode) if isinstance(mode, str) else {}
-        return {**settings, **(self.options.get("options") or {})}
-
 
 class TieredProgram:
     """One captured graph, run by the fast tier until the compiled one replaces it.
@@ -134,9 +128,7 @@ class TieredProgram:
         self.graph = graph
         self.state = state
         self.owner = owner
-        self.backend = engine.backend
-        self.settings: Mapping[str, Any] = engine.backend_settings()
-        self.disabled = bool(engine.options.get("disable"))
+        self.target = Compilable(graph, (*example, *state), engine)
         self.on_caller = engine.compile_on == "caller"
         self.serve: Callable[..., Any] = graph.forward
         self._fast: Callable[..., Any] = graph.forward
@@ -149,14 +141,12 @@ class TieredProgram:
         self.closed = False
         self._pinned: tuple[Any, ...] = ()
         self._example = example
-        self._grad_enabled = torch.is_grad_enabled()
         self._settled = threading.Event()
         self._unsubmitted = False
         """Whether the compile waits for a call of the program: it is queued at the function's
         second call, so the first (with its backward) runs without a compile competing."""
         self._submit_lock = threading.Lock()
         self._queued_at: float | None = None
-        self._placeholders: list[torch.Tensor] = []
         self._state_grads: tuple[bool, ...] = ()
         self._compiled: Callable[..., Any] = graph.forward
         self.fast_calls_after_switch = 0
@@ -174,6 +164,34 @@ class TieredProgram:
                 return self.serve(*inputs)
         self.calls += 1
         return self._fast(*inputs)
+
+    def _serve_first_compiled(self, *inputs: torch.Tensor) -> Any:
+        """The first call on the compiled tier: a program can compile and still fail when it
+        runs (AOTAutograd on an LSTM). Then the fast tier serves this call and, unless it
+        raises too (the error is the user's, raised as the compiled tier raised it), every
+        later one. Our own errors (a custom function's contract broken) are raised at once."""
+        try:
+            result = self._serve_compiled(*inputs)
+        except JitError:
+            raise
+        except Exception as error:
+            try:
+                result = self._fast(*inputs)
+            except Exception:
+                raise error from None
+            self.failure = f"its program failed: {type(error).__name__}: "
+            self.failure += str(error).splitlines()[0][:200] if str(error) else ""
+            self.tier = self.fast_tier
+            self.serve = self._fast
+            logger.warning(
+                "phi_torch_jit: %s for %s: %s; it stays on the %s tier",
+                self.target.backend_name, self.owner, self.failure, self.fast_tier,
+            )  # fmt: skip
+            return result
+        # The compiled autograd graph fixed which parameters get gradients; without state
+        # there is nothing to check, and nothing runs in front of the compiled program.
+        self.serve = self._serve_compiled if self.state else self._compiled
+        return result
 
     def _serve_compiled(self, *inputs: torch.Tensor) -> Any:
         """The compiled tier, unless a parameter's ``requires_grad`` changed since the compile
@@ -211,13 +229,12 @@ class TieredProgram:
             self.failure = reason
             self._settled.set()
             return (f"fast tier {self.fast_tier} only: {reason}",)
-        self._placeholders = [_placeholder(t) for t in inputs]
         self._state_grads = tuple(t.requires_grad for t in self.state)
         self._unsubmitted = True
         return ()
 
     def _stays_fast(self) -> str:
-        if self.disabled:
+        if self.target.disabled:
             return "disable=True"
         if any_autocast():
             return "autocast is on (the background thread would compile without it)"
@@ -237,7 +254,7 @@ class TieredProgram:
         caller's, holding the capture lock already, with ``compile_on="caller"``)."""
         if self.closed:
             self.failure = "the specialization was dropped before its compile started"
-            self._placeholders, self._pinned = [], ()
+            self._pinned = ()
             self._settled.set()
             return
         try:
@@ -246,21 +263,19 @@ class TieredProgram:
             self.compile_s = time.perf_counter() - start
             self.switched_after_calls = self.calls
             self._compiled = compiled
-            # The compiled autograd graph fixed which parameters get gradients; without state
-            # there is nothing to check, and nothing runs in front of the compiled program.
-            self.serve = self._serve_compiled if self.state else compiled
-            self.tier = _backend_name(self.backend)
+            self.serve = self._serve_first_compiled
+            self.tier = self.target.backend_name
         except Exception as error:  # any backend failure: the fast tier is right, only slower
             self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
             logger.warning(
                 "phi_torch_jit: %s for %s failed; it stays on the %s tier: %s",
-                _backend_name(self.backend), self.owner, self.fast_tier, self.failure,
+                self.target.backend_name, self.owner, self.fast_tier, self.failure,
             )  # fmt: skip
         except BaseException as error:  # Ctrl-C in a compile on the caller's thread
             self.failure = f"the compile was interrupted ({type(error).__name__})"
             raise
         finally:
-            self._placeholders, self._pinned = [], ()
+            self._pinned = ()
             self._settled.set()
 
     def _compile_here(self, blocking: bool) -> None:
@@ -285,14 +300,10 @@ class TieredProgram:
             return True
 
     def _compile(self, locked: bool) -> Callable[..., Any]:
-        cuda = next((t.device for t in self._placeholders if t.device.type == "cuda"), None)
-        on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
         # FX traces in two threads at once crash torch 2.13 (a segfault in AOTAutograd): the
         # caller's captures skip while this holds the lock (NOTE [one tracing thread]).
-        lock = contextlib.nullcontext() if locked else _CAPTURE_LOCK
-        with lock, torch.set_grad_enabled(self._grad_enabled), on_device:
-            return compile_captured(self.backend, self.graph, self._placeholders,
-                                    dict(self.settings))  # fmt: skip
+        with contextlib.nullcontext() if locked else _CAPTURE_LOCK:
+            return self.target.compile()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the compile finished (or failed); False if ``timeout`` s passed first.
@@ -310,7 +321,7 @@ class TieredProgram:
         if self.compile_s is None:
             waited = time.perf_counter() - self._queued_at
             return (
-                f"tier: {self.tier}; {_backend_name(self.backend)} compiling in the "
+                f"tier: {self.tier}; {self.target.backend_name} compiling in the "
                 f"background ({waited:.1f} s so far, {self.calls} call(s) served meanwhile)",
             )
         where = "the caller's thread" if self.on_caller else "a background thread"
@@ -326,15 +337,6 @@ class TieredProgram:
         return lines
 
 
-def _placeholder(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor like ``tensor`` (shape, strides, dtype, device, requires_grad) without its
-    data: the backend only reads metadata, and the caller's tensors stay untouched."""
-    like = torch.empty_strided(
-        tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device
-    )
-    return like.requires_grad_(tensor.requires_grad)
-
-
 _BUSY_NOTED: set[str] = set()
 
 
@@ -346,7 +348,3 @@ def _note_busy(owner: str) -> None:
             "phi_torch_jit: %s: a new signature runs eagerly until the background compile "
             "of another one has finished (one thread traces at a time)", owner,
         )  # fmt: skip
-
-
-def _backend_name(backend: Any) -> str:
-    return backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))

@@ -1,4 +1,4 @@
-"""Engine ``"compile"``: the wrapper captured as an FX graph, then ``torch.compile``.
+"""Engine ``"compile"``: the wrapper captured as an FX graph, compiled by a torch.compile backend.
 
 torch.compile's front end (dynamo) would have to trace through our record and
 replay Python, and it breaks the graph at every data-dependent loop of a
@@ -9,15 +9,16 @@ custom function. This engine avoids both:
    replay cursor is active as for any trace, so each custom call appears as one
    node of its ``phi_torch_jit::`` op; the Python of the user function, the
    modules and their hooks is gone from the graph.
-2. That graph is handed to ``torch.compile(graph, backend=...)``. Our ops are
-   opaque to it: their fake implementation produces outputs shaped like the
-   recorded ones, and their autograd formula calls a second opaque op for the
-   backward (NOTE [opaque backward] in docs/design.md), so the loops inside
-   them cause no graph break and the backend fuses everything around them.
-3. The compiled program is run once on the trace inputs, so the backend's
-   compile time, its backward's included, is paid by the first call of the
-   jitted function, not the second (module state and RNG are rewound
-   afterwards, like after any trace).
+2. The backend is called on that graph directly (``compile_fx`` for inductor),
+   forward and backward at once, in the first call of the jitted function (after
+   the trace, module state and RNG rewound). No dynamo: nothing re-traces the
+   graph, and no guard wrapper runs in front of each call (our cache key and
+   module guard are the guards; a parameter whose ``requires_grad`` changed
+   retraces). Our ops are opaque to the backend: their fake implementation
+   produces outputs shaped like the recorded ones, and their autograd formula
+   calls a second opaque op for the backward (NOTE [opaque backward] in
+   docs/design.md), so the loops inside them cost no graph break and the
+   backend fuses everything around them.
 
 The bodies of custom functions (forward, and backward at the first backward)
 are compiled by the ``functions`` engine, TorchScript by default: traced where
@@ -29,8 +30,10 @@ wrapper on every call, so ``optimizer.step()`` and ``load_state_dict`` are seen.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,13 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._compat import (
-    backend_exists,
-    backward_compiled_with_forward,
-    dynamo_counters,
-    fx_tracing,
-    import_inductor,
-)
+from .._compat import backend_exists, compile_captured, import_inductor, mode_options
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import ConfigurationError, RunEagerly, TraceError, UsageError, ValueNotCaptured
 from .base import (
@@ -57,7 +54,7 @@ from .base import (
 )
 from .torchscript import TorchScriptEngine
 
-__all__ = ["CompileEngine", "Backend", "check_backend"]
+__all__ = ["CompileEngine", "Backend", "Compilable", "check_backend"]
 
 logger = logging.getLogger("phi_torch_jit")
 
@@ -87,19 +84,21 @@ def check_backend(backend: Backend) -> None:
 
 
 class CompileEngine(Engine):
-    """Captures the wrapper with ``make_fx`` and compiles it with ``torch.compile``.
+    """Captures the wrapper with ``make_fx`` and compiles the graph with a torch.compile backend.
 
     Args:
         backend: any torch.compile backend: a name from ``torch._dynamo.list_backends()``
             (default ``"inductor"``), a name registered by ``torch._dynamo.register_backend``
             or the ``torch_dynamo_backends`` entry point, or a callable
             ``(gm, example_inputs) -> callable`` (also ``aot_autograd(fw_compiler=...)``).
+            It is called on the captured graph directly, without dynamo.
         functions: the engine that compiles the bodies of custom functions (default
             :class:`~phi_torch_jit.engines.torchscript.TorchScriptEngine`).
-        **options: passed to ``torch.compile`` (``mode``, ``options``, ``fullgraph``,
-            ``dynamic``...). ``dynamic`` defaults to False: every specialization has fixed
-            shapes. With ``backend="inductor"``, ``options["fallback_random"]`` defaults to
-            True so that random numbers are eager's.
+        **options: ``mode`` and ``options`` (inductor settings, merged as torch.compile
+            does), ``disable=True`` (run the captured graph uncompiled), ``fullgraph`` (no
+            effect: a captured graph is always one graph) and ``dynamic`` (only False: every
+            specialization has the fixed shapes of its cache key). With inductor,
+            ``options["fallback_random"]`` defaults to True so that random numbers are eager's.
     """
 
     name = "compile"
@@ -119,12 +118,23 @@ class CompileEngine(Engine):
                 f"phi_torch_jit: unknown torch.compile option(s) {sorted(unknown)}; accepted: "
                 "mode, options, fullgraph, dynamic, disable."
             )
+        if options.get("dynamic"):
+            raise ConfigurationError(
+                f"phi_torch_jit: engine {self.name!r} compiles each specialization for the "
+                "shapes of its cache key; dynamic=True is not supported (a new shape retraces)."
+            )
         self.backend = backend
         self.functions = functions if functions is not None else TorchScriptEngine()
         options.setdefault("dynamic", False)
-        if backend == "inductor" and options.get("mode") is None:
+        if backend == "inductor":
             options["options"] = {"fallback_random": True, **(options.get("options") or {})}
         self.options: Mapping[str, Any] = options
+
+    def backend_settings(self) -> dict[str, Any]:
+        """The inductor settings this engine compiles with (mode and options merged)."""
+        mode = self.options.get("mode")
+        settings = mode_options(mode) if isinstance(mode, str) else {}
+        return {**settings, **(self.options.get("options") or {})}
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         return self.functions.compile_function(target)
@@ -135,11 +145,8 @@ class CompileEngine(Engine):
         state = (*module.parameters(), *module.buffers())
         with _CAPTURE_LOCK:  # FX tracing (ours and the backend's) keeps process-wide state
             graph = _capture(module, example_inputs, state, label)
-            # The graph's forward, not the module: global module hooks must not fire for it.
-            compiled = torch.compile(graph.forward, backend=self.backend, **self.options)
-        backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
-        what = f"torch.compile (backend {backend})"
-        program = _Program(graph, compiled, state, example_inputs, what, label)
+        target = Compilable(graph, (*example_inputs, *state), self)
+        program = _Program(graph, state, example_inputs, target, label)
         return CompiledModule(program, (), _uses_rng(graph), (), program.warm_up)
 
     def __repr__(self) -> str:
@@ -150,58 +157,115 @@ class CompileEngine(Engine):
 _CAPTURE_LOCK = threading.Lock()
 
 
-class _Program:
-    """The captured graph, run compiled by torch.compile -- or uncompiled if compiling failed.
+class Compilable:
+    """What a backend needs to compile a captured graph: the graph and its inputs' metadata
+    (no tensor data is kept), the grad mode it was captured in, the backend and settings."""
 
-    The backend compiles at the first run, which :meth:`warm_up` makes (so the jitted
-    function's first call pays it). If the backend fails there, the failure is logged once and
-    the captured graph runs uncompiled: same values, no backend speed (``explain()`` says so).
+    def __init__(
+        self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...], engine: CompileEngine
+    ) -> None:
+        self.graph = graph
+        self.backend = engine.backend
+        self.settings = engine.backend_settings()
+        self.disabled = bool(engine.options.get("disable"))
+        self.grad_enabled = torch.is_grad_enabled()
+        self.metas = [(t.size(), t.stride(), t.dtype, t.device, t.requires_grad) for t in inputs]
+
+    def compile(self) -> Callable[..., Any]:
+        """The backend's program for the graph, forward and backward; the caller holds the
+        capture lock (NOTE [one tracing thread])."""
+        # Tensors like the inputs, without their data: the backend only reads metadata.
+        inputs = [
+            torch.empty_strided(size, stride, dtype=dtype, device=device).requires_grad_(grad)
+            for size, stride, dtype, device, grad in self.metas
+        ]
+        cuda = next((t.device for t in inputs if t.device.type == "cuda"), None)
+        on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
+        with torch.set_grad_enabled(self.grad_enabled), on_device:
+            return compile_captured(self.backend, self.graph, inputs, dict(self.settings))
+
+    @property
+    def backend_name(self) -> str:
+        backend = self.backend
+        return backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
+
+
+class _Program:
+    """The captured graph compiled by the backend -- or run uncompiled if compiling failed.
+
+    The backend compiles in :meth:`warm_up` (so the jitted function's first call pays it, the
+    backward's compile included), and the program runs once there. If either fails, the
+    failure is logged once and the captured graph runs uncompiled: same values, no backend
+    speed (``explain()`` says so).
     """
 
     def __init__(
         self,
         graph: torch.fx.GraphModule,
-        compiled: Callable[..., Any],
         state: tuple[torch.Tensor, ...],
         example: tuple[torch.Tensor, ...],
-        label: str,
+        target: Compilable,
         owner: str,
     ) -> None:
         self.graph = graph
-        self.compiled = compiled
         self.state = state
         self._example = example
         """The trace inputs, for the warm-up run only (released after it)."""
-        self.label = label
+        self.target = target
         self.owner = owner
+        self.serve: Callable[..., Any] = graph.forward
+        self._compiled: Callable[..., Any] = graph.forward
+        self._state_grads: tuple[bool, ...] = ()
         self.failure: str | None = None
         """Why the backend could not compile the graph (None: it did)."""
 
     def warm_up(self) -> tuple[str, ...]:
-        with _CAPTURE_LOCK:
-            before = _graph_counts()
-            example, self._example = self._example, ()
-            try:
-                with backward_compiled_with_forward():  # else the second call would pay it
-                    self.compiled(*example, *self.state)
-            except Exception as error:  # any backend failure: the graph itself is fine
-                self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-                logger.warning(
-                    "phi_torch_jit: %s of %s failed, the captured graph runs uncompiled: %s",
-                    self.label, self.owner, self.failure,
-                )  # fmt: skip
-                return (
-                    f"{self.label} failed ({self.failure}); the captured graph runs uncompiled",
-                )
-            graphs, breaks = (b - a for a, b in zip(before, _graph_counts()))
-        return (f"{self.label}: {graphs} graph(s), {breaks} graph break(s)",)
+        what = f"{self.target.backend_name}, called on the captured graph"
+        if self.target.disabled:
+            self.failure = "disable=True"
+            return (f"{what}: not compiled (disable=True); the captured graph runs uncompiled",)
+        start = time.perf_counter()
+        example, self._example = self._example, ()
+        try:
+            with _CAPTURE_LOCK:
+                self._compiled = self.target.compile()
+            compile_s = time.perf_counter() - start
+            # One run on the trace inputs (the trace stage rewinds state and RNG after it):
+            # a program can compile and still fail when it runs (AOTAutograd on an LSTM).
+            self._compiled(*example, *self.state)
+        except Exception as error:  # any backend failure: the graph itself is fine
+            self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            logger.warning(
+                "phi_torch_jit: %s of %s failed, the captured graph runs uncompiled: %s",
+                what, self.owner, self.failure,
+            )  # fmt: skip
+            return (f"{what}: failed ({self.failure}); the captured graph runs uncompiled",)
+        self._state_grads = tuple(t.requires_grad for t in self.state)
+        # The compiled autograd graph fixed which parameters get gradients; without state
+        # there is nothing to check, and nothing runs in front of the compiled program.
+        self.serve = self._serve_checked if self.state else self._compiled
+        return (f"{what}: compiled in {compile_s:.1f} s (one graph)",)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # An FX trace is running (any thread before torch 2.15): dynamo would refuse to run
-        # compiled code ("FX to symbolically trace a dynamo-optimized function").
-        if self.failure is not None or fx_tracing():
-            return self.graph.forward(*tensors, *self.state)  # type: ignore[no-any-return]
-        return self.compiled(*tensors, *self.state)  # type: ignore[no-any-return]
+        return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
+
+    def _serve_checked(self, *inputs: torch.Tensor) -> Any:
+        """The compiled program, unless a parameter's ``requires_grad`` changed since the
+        compile (a layer frozen or unfrozen): its backward would silently give that parameter
+        no gradient, or compute one nobody wants. The module guard then sees the change and
+        the function retraces (NOTE [module guards])."""
+        for tensor, wanted in zip(self.state, self._state_grads):
+            if tensor.requires_grad is not wanted:
+                raise RequiresGradChanged(
+                    f"phi_torch_jit: {self.owner}: a parameter's requires_grad changed since "
+                    "the compile"
+                )
+        return self._compiled(*inputs)
+
+
+class RequiresGradChanged(RuntimeError):
+    """A compiled program was called with parameters whose ``requires_grad`` differ from its
+    compile's; the specialization retraces (the module guard's :meth:`moved` sees it)."""
 
 
 def _capture(
@@ -268,12 +332,6 @@ def _import_inductor_quietly() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
         import_inductor()
-
-
-def _graph_counts() -> tuple[int, int]:
-    """(graphs compiled, graph breaks) so far in this process, from dynamo's counters."""
-    counters = dynamo_counters()
-    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
 def _reject_captured(graph: torch.fx.GraphModule, label: str) -> None:
