@@ -541,12 +541,27 @@ instead of 55 s and run 1.2x slower (benchmarks.md, run 4)."""
 
 def _decompositions(patches: dict[str, Any]) -> dict[Any, Any]:
     """Inductor's decomposition table for these settings, without :data:`_KEPT_ON_CPU`."""
-    import torch._inductor.config as inductor_config
+    return _Decompositions(tuple(sorted(patches.items())))
 
-    with inductor_config.patch(patches):
-        table = dict(DECOMPOSITIONS.find()())
-    kept = {getattr(torch.ops.aten, name) for name in _KEPT_ON_CPU}
-    return {op: fn for op, fn in table.items() if getattr(op, "overloadpacket", op) not in kept}
+
+class _Decompositions(dict[Any, Any]):
+    """The table, pickled as the call that makes it: inductor's cache keys pickle the table
+    they are given, and some of its entries (C++ functions) cannot be pickled, which made
+    every compile bypass the on-disk caches (no warm start)."""
+
+    def __init__(self, settings: tuple[tuple[str, Any], ...]) -> None:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(dict(settings)):
+            table = DECOMPOSITIONS.find()()
+        kept = {getattr(torch.ops.aten, name) for name in _KEPT_ON_CPU}
+        super().__init__(
+            (op, fn) for op, fn in table.items() if getattr(op, "overloadpacket", op) not in kept
+        )
+        self.settings = settings
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Decompositions, (self.settings,))
 
 
 _COMPILING = threading.local()

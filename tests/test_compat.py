@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 import re
 import tokenize
 import warnings
@@ -171,3 +172,19 @@ def test_notices_are_hidden_only_while_a_pass_runs() -> None:
         warnings.simplefilter("always")
         torch.jit.script(_identity)
     assert _notices(caught), "torch.jit.script no longer warns: update docs/engines.md"
+
+
+def test_inductor_decompositions_on_the_cpu_keep_only_grid_sampler_as_aten() -> None:
+    from torch._inductor import config as inductor_config
+    from torch._inductor.decomposition import select_decomp_table
+
+    ours = _compat._decompositions({"fallback_random": True})
+    with inductor_config.patch(fallback_random=True):
+        theirs = select_decomp_table()
+    dropped = {str(op) for op in theirs if op not in ours}
+    assert dropped and all(name.startswith("aten.grid_sampler_2d.") for name in dropped)
+    assert set(ours) <= set(theirs)
+    # Inductor's cache keys pickle the table: some entries are C++ functions, which cannot be
+    # pickled (every compile bypassed the on-disk caches); ours pickles as the call making it.
+    again = pickle.loads(pickle.dumps(ours))
+    assert again == ours and pickle.dumps(again) == pickle.dumps(ours)
