@@ -116,3 +116,27 @@ def phiml_eager() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
         yield
+
+
+def parameter_grads(f: Any, module: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor | None]:
+    """The gradients ``f(x).backward()`` leaves on ``module``'s parameters (None: none)."""
+    module.zero_grad(set_to_none=True)
+    f(x).backward()
+    return [None if p.grad is None else p.grad.clone() for p in module.parameters()]
+
+
+def assert_grads_like_eager(jitted: Any, eager: Any, module: torch.nn.Module, x: Any) -> None:
+    """The jitted function leaves the gradients (and the None ones) that eager code leaves."""
+    got, want = parameter_grads(jitted, module, x), parameter_grads(eager, module, x)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None and w is not None:
+            torch.testing.assert_close(g, w)
+
+
+def lstm_pair(seed: int) -> list[torch.nn.LSTM]:
+    """Two LSTMs with the same weights: one for the jitted function, one for eager code."""
+    torch.manual_seed(seed)
+    lstms = [torch.nn.LSTM(4, 8, batch_first=True), torch.nn.LSTM(4, 8, batch_first=True)]
+    lstms[1].load_state_dict(lstms[0].state_dict())
+    return lstms

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, make_solve
+from helpers import Counter, assert_grads_like_eager, lstm_pair, make_solve, parameter_grads
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -361,15 +361,10 @@ def test_a_parameter_frozen_or_unfrozen_after_the_compile_gets_eager_gradients()
     x = torch.randn(3, 6)
 
     def grads(f: Any) -> list[torch.Tensor | None]:
-        net.zero_grad(set_to_none=True)
-        f(x).backward()
-        return [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+        return parameter_grads(f, net, x)
 
     def check() -> None:
-        for got, want in zip(grads(jitted), grads(lambda x: net(x).sum())):
-            assert (got is None) == (want is None)
-            if got is not None and want is not None:
-                torch.testing.assert_close(got, want)
+        assert_grads_like_eager(jitted, lambda x: net(x).sum(), net, x)
 
     check()
     check()
@@ -425,9 +420,7 @@ def test_a_parameter_resized_through_data_after_the_compile_retraces(
 def test_a_program_that_compiles_but_fails_to_run_leaves_the_fast_tier_serving(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    torch.manual_seed(3)
-    lstms = [nn.LSTM(4, 8, batch_first=True), nn.LSTM(4, 8, batch_first=True)]
-    lstms[1].load_state_dict(lstms[0].state_dict())
+    lstms = lstm_pair(seed=3)
 
     def loss_of(lstm: nn.LSTM) -> Any:
         return lambda x: lstm(x)[0][:, -1].square().mean()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from functorch.compile import make_boxed_func
-from helpers import Counter, cg_loop, make_solve
+from helpers import Counter, assert_grads_like_eager, cg_loop, lstm_pair, make_solve
 from test_function import SavesDependingOnValue
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
@@ -152,16 +152,8 @@ def test_a_parameter_frozen_or_unfrozen_after_the_compile_retraces_with_eager_gr
     jitted = ptj.jit(lambda x: net(x).sum(), engine="compile", backend="aot_eager")
     x = torch.randn(3, 6)
 
-    def grads(f: Any) -> list[torch.Tensor | None]:
-        net.zero_grad(set_to_none=True)
-        f(x).backward()
-        return [None if p.grad is None else p.grad.clone() for p in net.parameters()]
-
     def check() -> None:
-        for got, want in zip(grads(jitted), grads(lambda x: net(x).sum())):
-            assert (got is None) == (want is None)
-            if got is not None and want is not None:
-                torch.testing.assert_close(got, want)
+        assert_grads_like_eager(jitted, lambda x: net(x).sum(), net, x)
 
     check()
     net[0].weight.requires_grad_(False)  # frozen: the compiled backward would still compute it
@@ -239,9 +231,7 @@ def test_inductor_training_matches_eager_with_dropout_batchnorm_and_optimizer_st
 def test_lstm_training_matches_eager_even_where_the_backend_fails(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    torch.manual_seed(2)
-    lstms = [nn.LSTM(4, 8, batch_first=True), nn.LSTM(4, 8, batch_first=True)]
-    lstms[1].load_state_dict(lstms[0].state_dict())
+    lstms = lstm_pair(seed=2)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in lstms]
 
     def loss_of(lstm: nn.LSTM) -> Any:
