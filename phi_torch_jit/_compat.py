@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -45,7 +44,6 @@ __all__ = [
     "set_graph_executor_optimize",
     "set_version_counters",
     "is_fake",
-    "fx_tracing",
     "grad_mode_setter",
     "disable_dispatch_modes",
     "backward_hook_function",
@@ -54,7 +52,6 @@ __all__ = [
     "is_view",
     "version",
     "destroy_library",
-    "dynamo_counters",
     "backend_exists",
     "import_inductor",
     "original_function_apply",
@@ -166,12 +163,6 @@ IS_FAKE = _api(
     "backward]); torch.compiler has no public test for fake or functional tensors",
     "_custom_op",
 )
-FX_TRACING = _api(
-    "torch.fx._symbolic_trace._get_is_fx_tracing torch.fx._symbolic_trace._is_fx_tracing_flag",
-    "whether an FX trace runs (dynamo refuses to run compiled code then); the public "
-    "torch.fx._symbolic_trace.is_fx_tracing warns on every call",
-    "engines.compile",
-)
 DISABLE_MODES = _api(
     "torch.utils._python_dispatch._disable_current_modes",
     "read a real value out of a tensor while make_fx's dispatch modes are active",
@@ -196,11 +187,6 @@ LIBRARY_DESTROY = _api(
     "torch.library.Library._destroy",
     "drop our ops from torch's C++ registry when their compiled program is collected",
     "_custom_op",
-)
-DYNAMO_COUNTERS = _api(
-    "torch._dynamo.utils.counters",
-    "graphs and graph breaks for explain(); torch._dynamo.explain would compile again",
-    "engines.compile",
 )
 LOOKUP_BACKEND = _api(
     "torch._dynamo.backends.registry.lookup_backend",
@@ -320,13 +306,11 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     SET_GRAPH_EXECUTOR_OPTIMIZE,
     VERSION_COUNTER,
     IS_FAKE,
-    FX_TRACING,
     DISABLE_MODES,
     BACKWARD_HOOK_FUNCTION,
     GLOBAL_HOOKS,
     TENSOR_BASE,
     LIBRARY_DESTROY,
-    DYNAMO_COUNTERS,
     LOOKUP_BACKEND,
     INVALID_BACKEND,
     INDUCTOR,
@@ -428,16 +412,6 @@ def grad_mode_setter() -> tuple[Any, str]:
     return importlib.import_module("torch._C"), "_set_grad_enabled"
 
 
-def fx_tracing() -> bool:
-    """Whether an FX trace is running (per thread since torch 2.15, per process before)."""
-    found = FX_TRACING.find()
-    if callable(found):  # torch 2.15: a getter
-        return bool(found())
-    # torch 2.13: a module-level bool that changes, so it is read anew each time
-    module, _, flag = FX_TRACING.names[-1].rpartition(".")
-    return bool(sys.modules[module].__dict__[flag])
-
-
 def backward_hook_function() -> type:
     """The autograd.Function class torch uses to fire module backward hooks."""
     return BACKWARD_HOOK_FUNCTION.find()  # type: ignore[no-any-return]
@@ -471,11 +445,6 @@ def version(tensor: torch.Tensor) -> int:
 def destroy_library(library: Any) -> Callable[[], None]:
     """A callable that removes ``library``'s operators from torch's registry."""
     return LIBRARY_DESTROY.find().__get__(library)  # type: ignore[no-any-return]
-
-
-def dynamo_counters() -> Any:
-    """dynamo's process-wide statistics (``counters["stats"]["unique_graphs"]``...)."""
-    return DYNAMO_COUNTERS.find()
 
 
 def original_function_apply(descriptor: Any) -> Callable[..., Any]:
