@@ -288,9 +288,9 @@ def _capture(
         if _VALUE_OUT_OF_GRAPH not in str(error):
             raise
         raise ValueNotCaptured(
-            "a tensor is read as a Python value that engine 'compile' cannot capture (a tensor "
-            "used as a size, e.g. torch.ones(n) or x.repeat(n)); pass it as an int, or use "
-            "engine 'torchscript'"
+            "a tensor is read as a Python value that a captured graph (engines 'compile', "
+            "'auto') cannot hold (a tensor used as a size, e.g. torch.ones(n) or "
+            "x.repeat(n)); pass it as an int, or use engine 'torchscript'"
         ) from None
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
@@ -317,9 +317,9 @@ def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:
         )
         if masked or any(op in name for op in _DATA_DEPENDENT):
             raise RunEagerly(
-                f"engine 'compile' would bake the output shape of {name} (it depends on tensor "
-                "values); use engine 'torchscript', or ops with static shapes (torch.where "
-                "with three arguments, nonzero_static)"
+                "a captured graph (engines 'compile', 'auto') would bake the output shape of "
+                f"{name} (it depends on tensor values); use engine 'torchscript', or ops with "
+                "static shapes (torch.where with three arguments, nonzero_static)"
             )
 
 
