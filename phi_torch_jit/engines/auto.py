@@ -38,7 +38,16 @@ from ..errors import ConfigurationError, JitError, NotNow
 from ._background import submit as submit_compile
 from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
-from .compile import _CAPTURE_LOCK, Backend, Compilable, CompileEngine, _capture, _uses_rng
+from .compile import (
+    _CAPTURE_LOCK,
+    Backend,
+    Compilable,
+    CompileEngine,
+    _capture,
+    _uses_rng,
+    describe_error,
+    grads_of,
+)
 from .torchscript import trace_graph
 
 __all__ = ["AutoEngine", "TieredProgram", "COMPILE_ON"]
@@ -179,8 +188,7 @@ class TieredProgram:
                 result = self._fast(*inputs)
             except Exception:
                 raise error from None
-            self.failure = f"its program failed: {type(error).__name__}: "
-            self.failure += str(error).splitlines()[0][:200] if str(error) else ""
+            self.failure = f"its program failed: {describe_error(error)}"
             self.tier = self.fast_tier
             self.serve = self._fast
             logger.warning(
@@ -198,10 +206,9 @@ class TieredProgram:
         (``requires_grad_(False)`` to freeze a layer): the compiled backward would silently
         give it no gradient, or compute one nobody wants; the fast tier runs autograd as
         eager code does."""
-        for tensor, wanted in zip(self.state, self._state_grads):
-            if tensor.requires_grad is not wanted:
-                self.fast_calls_after_switch += 1
-                return self._fast(*inputs)
+        if grads_of(self.state) != self._state_grads:
+            self.fast_calls_after_switch += 1
+            return self._fast(*inputs)
         return self._compiled(*inputs)
 
     def _submit(self, blocking: bool = False) -> None:
@@ -229,7 +236,7 @@ class TieredProgram:
             self.failure = reason
             self._settled.set()
             return (f"fast tier {self.fast_tier} only: {reason}",)
-        self._state_grads = tuple(t.requires_grad for t in self.state)
+        self._state_grads = grads_of(self.state)
         self._unsubmitted = True
         return ()
 
@@ -266,7 +273,7 @@ class TieredProgram:
             self.serve = self._serve_first_compiled
             self.tier = self.target.backend_name
         except Exception as error:  # any backend failure: the fast tier is right, only slower
-            self.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            self.failure = describe_error(error)
             logger.warning(
                 "phi_torch_jit: %s for %s failed; it stays on the %s tier: %s",
                 self.target.backend_name, self.owner, self.fast_tier, self.failure,
