@@ -4,32 +4,36 @@
 # .venv                 torch $(DEMO_TORCH) with every extra: demos, lint, docs, benchmarks
 # .venv-torch<version>  one per other tested torch: tests and demos
 #
-# `make test` runs ruff, mypy and the docs build once (in .venv) and the test suite once per
-# torch in TORCH_VERSIONS. One version only: `make test TORCH_VERSIONS=2.13.0`.
-# torch 2.15 from the registry is the CUDA build (about 5 GB installed); it runs on the CPU.
+# The tested torch releases are the files requirements/torch-<version>.txt, each pinning one;
+# pip reads them (tools/install_torch.sh), and an install that fails stops with the reason.
+# `make test` first creates every environment, then runs ruff, mypy and the docs build once
+# (in .venv) and the test suite once per torch in TORCH_VERSIONS.
+# One version only: `make test TORCH_VERSIONS=2.13.0`.
+# torch 2.11 and 2.15 from the registry are CUDA builds (about 5 GB each installed); they run
+# on the CPU.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_TORCH := 2.13.0
-TORCH_VERSIONS ?= 2.13.0 2.15.0
+TORCH_VERSIONS ?= $(sort $(patsubst requirements/torch-%.txt,%,$(wildcard requirements/torch-*.txt)))
 
 # The environment that tests a torch version: .venv for the demo's torch, else its own.
 venv_of = $(if $(filter $(DEMO_TORCH),$(1)),$(VENV),$(VENV)-torch$(1))
 
-.PHONY: demo test test-no-torchscript lint docs bench bench-peers bench-phiflow bench-warm-start fuzz clean
+.PHONY: demo test envs test-no-torchscript lint docs bench bench-peers bench-phiflow bench-warm-start fuzz clean
 .SECONDEXPANSION:
 
-$(VENV)/.ready: pyproject.toml Makefile
+$(VENV)/.ready: pyproject.toml Makefile requirements/torch-$(DEMO_TORCH).txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==$(DEMO_TORCH)
+	tools/install_torch.sh $(PY) $(DEMO_TORCH)
 	$(PY) -m pip install -q -e '.[test,demo,dev,docs]'
 	touch $@
 
 $(VENV)-torch%/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)-torch$*
 	$(VENV)-torch$*/bin/python -m pip install -q --upgrade pip
-	$(VENV)-torch$*/bin/python -m pip install -q torch==$*
+	tools/install_torch.sh $(VENV)-torch$*/bin/python $*
 	$(VENV)-torch$*/bin/python -m pip install -q -e '.[test,demo]'
 	touch $@
 
@@ -44,7 +48,12 @@ lint: $(VENV)/.ready
 docs: $(VENV)/.ready
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-test: lint docs $(addprefix pytest-torch,$(TORCH_VERSIONS)) test-no-torchscript
+# Every environment first, the newest torch first: a torch that cannot be installed stops
+# `make test` in minutes, before any suite runs.
+reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
+envs: $(VENV)/.ready $(foreach v,$(call reverse,$(TORCH_VERSIONS)),$(call venv_of,$(v))/.ready)
+
+test: envs lint docs $(addprefix pytest-torch,$(TORCH_VERSIONS)) test-no-torchscript
 
 # The shared suite with torch.jit.trace/script removed (engines "compile" and "auto"):
 # PyTorch plans to drop TorchScript.

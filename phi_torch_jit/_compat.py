@@ -61,8 +61,9 @@ __all__ = [
     "torchscript_available",
 ]
 
-TESTED_TORCH = ("2.13.0", "2.15.0")
-"""torch releases the whole test suite runs on (see the Makefile's ``TORCH_VERSIONS``)."""
+TESTED_TORCH = ("2.11.0", "2.13.0", "2.15.0")
+"""torch releases the whole test suite runs on: one ``requirements/torch-<version>.txt`` each
+(the Makefile's ``TORCH_VERSIONS``)."""
 
 
 TORCHSCRIPT_NOTICE = r"`torch\.jit\.\w+` is (deprecated|not supported)"
@@ -95,7 +96,7 @@ class PrivateAPI:
         raise TorchVersionError(
             f"phi_torch_jit: torch {torch.__version__} has none of {', '.join(self.names)}, "
             f"which phi_torch_jit needs ({self.used_by}: {self.why}). phi_torch_jit is tested "
-            f"with torch {' and '.join(TESTED_TORCH)}: install one of those "
+            f"with torch {', '.join(TESTED_TORCH)}: install one of those "
             f"(pip install torch=={TESTED_TORCH[-1]}), or report this torch version."
         )
 

@@ -114,17 +114,22 @@ def test_original_apply_binds_classmethods_of_both_kinds() -> None:
     assert torch.equal(_compat.original_function_apply(python)(Double, x), 2 * x + 1)
 
 
-def test_tested_versions_match_the_makefile_and_the_declared_range() -> None:
+def test_tested_versions_match_the_pinned_files_and_the_declared_range() -> None:
     tomllib = pytest.importorskip("tomllib")
+    pinned = {}
+    for path in (ROOT / "requirements").glob("torch-*.txt"):
+        lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+        assert lines == [f"torch=={path.stem.removeprefix('torch-')}"], path
+        pinned[path.stem.removeprefix("torch-")] = path
+    as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
+    assert tuple(sorted(pinned, key=as_tuple)) == _compat.TESTED_TORCH
     makefile = (ROOT / "Makefile").read_text()
-    tested = re.search(r"^TORCH_VERSIONS \?= (.+)$", makefile, re.M)
-    assert tested is not None and tuple(tested.group(1).split()) == _compat.TESTED_TORCH
+    assert "requirements/torch-%.txt" in makefile and "tools/install_torch.sh" in makefile
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     (spec,) = [d for d in project["dependencies"] if d.startswith("torch")]
     low = re.search(r">=([\d.]+)", spec)
     high = re.search(r"<([\d.]+)", spec)
     assert low and high
-    as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
     assert (
         as_tuple(low.group(1)) == as_tuple(_compat.TESTED_TORCH[0])[: len(low.group(1).split("."))]
     )
