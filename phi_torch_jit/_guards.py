@@ -134,8 +134,12 @@ class ModuleGuard:
         about half the guard). See NOTE [module guards]."""
         return self._tensor_meta() != self._tensor_metas
 
-    def _tensor_meta(self) -> tuple[tuple[Any, Any, Any, bool], ...]:
-        return tuple(map(_TENSOR_META, chain.from_iterable(map(dict.values, self._tensor_dicts))))
+    def _tensor_meta(self) -> tuple[tuple[Any, Any, Any, bool] | None, ...]:
+        # A slot may hold None (``Linear(bias=False)``, ``register_buffer(name, None)``).
+        return tuple(
+            None if t is None else _TENSOR_META(t)
+            for t in chain.from_iterable(map(dict.values, self._tensor_dicts))
+        )
 
     def _child_identities(self) -> tuple[int, ...]:
         return tuple(map(id, chain.from_iterable(map(dict.values, self._child_dicts))))
