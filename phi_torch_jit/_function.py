@@ -187,19 +187,33 @@ def _forward_of(cls: Any) -> Any:
 
 
 def _needs_grad(args: Sequence[Any]) -> tuple[bool, ...]:
-    """ctx.needs_input_grad as seen inside jit: every differentiable tensor may need one."""
+    """A backward's needs_input_grad when autograd gives none: every differentiable tensor."""
     return tuple(
         isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) for a in args
     )
+
+
+class NeedsInputGrad(tuple):  # type: ignore[type-arg]
+    """``ctx.needs_input_grad`` of one ``apply``, as eager autograd computes it (an input that
+    requires grad, in grad mode), passed to the captured forward as a last static argument:
+    a forward that branches on it (or refuses a pattern) is compiled per pattern."""
+
+    @classmethod
+    def of(cls, args: Sequence[Any]) -> NeedsInputGrad:
+        grad = torch.is_grad_enabled()
+        return cls(grad and isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def _has_setup_context(cls: type) -> bool:
     return cls.setup_context is not torch.autograd.Function.setup_context  # type: ignore[attr-defined]
 
 
-def run_forward(cls: Any, args: tuple[Any, ...]) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
-    """Run ``cls.forward`` with a :class:`FunctionContext`; return (outputs + residuals, layout)."""
-    ctx = FunctionContext(_needs_grad(args))
+def run_forward(
+    cls: Any, args: tuple[Any, ...], needs: tuple[bool, ...]
+) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
+    """Run ``cls.forward`` with a :class:`FunctionContext` whose ``needs_input_grad`` is
+    ``needs``; return (outputs + residuals, layout)."""
+    ctx = FunctionContext(tuple(needs))
     with torch.no_grad():
         if _has_setup_context(cls):
             out = cls.forward(*args)
@@ -333,10 +347,13 @@ class FunctionAdapter:
         self.custom = _AdapterFunction(self)
 
     def forward(self, *args: Any) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
-        """Run the Function's forward: (outputs + residuals, the ctx layout as call context)."""
+        """Run the Function's forward: (outputs + residuals, the ctx layout as call context).
+
+        ``args`` end with the call's :class:`NeedsInputGrad`."""
+        *inputs, needs = args
         # PhiML scripts inside its forwards: NOTE [TorchScript notices].
         with torchscript_notices_hidden():
-            outputs, layout = run_forward(self.cls, args)
+            outputs, layout = run_forward(self.cls, tuple(inputs), needs)
         self.layouts[_layout_key(args)] = layout
         return outputs, layout
 
@@ -349,11 +366,14 @@ class FunctionAdapter:
         context: ContextLayout | None = None,
     ) -> tuple[Any, ...]:
         layout = context if context is not None else self.layouts[_layout_key(inputs)]
+        own, needs = inputs[:-1], tuple(needs_input_grad)[: len(inputs) - 1]  # last: the pattern
         with torchscript_notices_hidden():
-            return run_backward(self.cls, layout, inputs, outputs, grad_outputs, needs_input_grad)
+            grads = run_backward(self.cls, layout, own, outputs, grad_outputs, needs)
+        return (*grads, *(None,) * (len(inputs) - len(grads)))
 
     def __call__(self, *args: Any) -> Any:
-        outputs, layout = self.custom.call(args)  # the phase switch of every custom function
+        # the phase switch of every custom function
+        outputs, layout = self.custom.call((*args, NeedsInputGrad.of(args)))
         own = outputs[: layout.n_outputs]
         if layout.non_differentiable:
             own = tuple(

@@ -120,3 +120,37 @@ def test_a_none_slot_filled_later_retraces() -> None:
     model.bias = nn.Parameter(torch.ones(2))
     _assert_equal(f(x), model(x))
     assert f.num_traces == 2
+
+
+# 3. ctx.needs_input_grad inside an autograd.Function's forward -----------------------------
+
+
+class _Kernel(torch.autograd.Function):
+    """Like a Gaussian-process kernel: forward refuses work nobody asked for."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if ctx.needs_input_grad[1]:
+            raise RuntimeError("b must not require grad")
+        ctx.save_for_backward(b)
+        return a * b if ctx.needs_input_grad[0] else a * b + 1
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (b,) = ctx.saved_tensors
+        return grad * b, None
+
+
+def test_needs_input_grad_in_forward_is_eagers() -> None:
+    f = ptj.jit(lambda a, b: _Kernel.apply(a, b))
+    b = torch.randn(3)
+    for requires in (True, False, True):
+        a = torch.randn(3, requires_grad=requires)
+        _assert_equal(f(a, b), _Kernel.apply(a, b))
+        if requires:
+            (got,) = torch.autograd.grad(f(a, b).sum(), a)
+            _assert_equal(got, b)
+    with torch.no_grad():
+        _assert_equal(f(a, b), a * b + 1)
+    with pytest.raises(RuntimeError, match="b must not require grad"):
+        f(a, b.requires_grad_())
