@@ -146,12 +146,7 @@ class Reporter:
             return
         self._cannot_compile_warned = True
         warnings.warn(
-            JitWarning(
-                f"phi_torch_jit: {self.owner} runs eagerly: {'; '.join(reasons)}. Pass random "
-                "values and times as tensor arguments or use torch's RNG (torch.rand, which "
-                "compiled programs draw from); for grad-mode changes use engine='compile'; "
-                "register tensor hooks outside the jitted function."
-            ),
+            JitWarning(f"phi_torch_jit: {self.owner} runs eagerly: {'; '.join(reasons)}."),
             stacklevel=6,
         )
 

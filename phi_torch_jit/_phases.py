@@ -23,8 +23,8 @@ from torch.utils.hooks import RemovableHandle
 from ._context import Frame, Phase, entered, note_module_call
 from ._function import function_capture
 from ._patches import RefCounted
-from ._reads import UNGUARDABLE
 from ._side_effects import print_capture
+from ._unguardable import UNGUARDABLE, GeneratorDraws
 from ._value_guards import conversion_capture
 from ._warnings import torchscript_notices_hidden
 
@@ -103,9 +103,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch("PhiML's jit stack: PhiML custom gradients see this pass as its jit",
           frozenset({Phase.RECORD, Phase.TRACE}),
           lambda f: f.phiml.active(f.phase is Phase.RECORD) if f.phiml is not None else None),
-    Patch("random, clocks, torch RNG state, grad mode, tensor hooks: calls from user code "
+    Patch("random, clocks, torch RNG state, grad mode, autograd, tensor hooks: calls "
           "that no compiled program repeats are noted", _RECORD,
           lambda f: UNGUARDABLE.active()),
+    Patch("torch calls given a generator= object are noted (this thread's mode stack)", _RECORD,
+          lambda f: GeneratorDraws()),
 )  # fmt: skip
 """Every process-wide patch, in the order a phase enters them (and leaves them reversed)."""
 

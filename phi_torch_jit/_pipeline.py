@@ -25,7 +25,7 @@ from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
 from ._guards import ModuleGuard, has_backward_hooks
 from ._options import Options
-from ._reads import PythonGuard, Unguardable, collect_reads
+from ._reads import Kind, PythonGuard, collect_reads
 from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
@@ -40,9 +40,10 @@ from ._signature import (
 from ._specialization import Key, Specialization, Timings
 from ._state import rng_restored
 from ._trace import Traced, trace, wrapper_engine
+from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine
-from .errors import NotNow, RunEagerly, TraceError
+from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
 
 __all__ = ["Target", "specialize"]
 
@@ -76,7 +77,7 @@ def specialize(
     reads = collect_reads(target.fn, list(recording.modules.values()))
     guard = PythonGuard(reads) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
-    modules = recording.root_modules()
+    modules = recording.root_modules(_modules_read(target.fn, guard))
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
     eager_reason = _eager_reason(target, recording)
     traced: Traced | None = None
@@ -90,6 +91,12 @@ def specialize(
             return result, None
         except RunEagerly as signal:
             eager_reason = target.report.runs_eagerly(signal.reason)
+        except (TraceError, ReplayError) as error:  # our diagnosis, with a fix
+            message = str(error).removeprefix("phi_torch_jit: ").removeprefix(target.owner)
+            eager_reason = _cannot_trace(target, message.strip().rstrip("."))
+        except Exception as error:
+            eager_reason = _cannot_trace(target, f"engine {target.options.engine.name!r} could not "
+                                         f"trace it: {describe_error(error)}")  # fmt: skip
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:
@@ -99,6 +106,16 @@ def specialize(
     n_outputs = count_program_outputs(program_spec)
     parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard)
     return result, _assemble(target, program_spec, parts)
+
+
+def _modules_read(fn: Callable[..., Any], guard: PythonGuard | None) -> list[nn.Module]:
+    """Modules the function reaches without calling them (``model.forward_kld(x)`` runs
+    methods, not forward, so the record pass's module hook sees none): those held by the
+    globals and closure variables it reads, and a bound method's ``self``. Their parameters
+    then join the program's inputs instead of failing the trace."""
+    found = [r.expected for r in guard.reads if r.kind is Kind.IDENTITY] if guard else []
+    found.append(getattr(fn, "__self__", None))
+    return [m for m in found if isinstance(m, nn.Module)]
 
 
 @dataclass(frozen=True)
@@ -173,6 +190,15 @@ def _compile(
     return traced, calls, compile_s
 
 
+def _cannot_trace(target: Target, reason: str) -> str:
+    """A trace failed after the record pass ran the function: it runs eagerly, warned once.
+
+    NOTE [eager, never a crash]: the record pass is an eager run that succeeded, so whatever
+    the tracer or a backend rejects is our limitation, not the user's error."""
+    target.report.cannot_compile([reason])
+    return target.report.runs_eagerly(reason)
+
+
 def _eager_reason(target: Target, recording: Recording) -> str:
     """Why a specialization must run eagerly, known after the record pass ("" if none).
 
@@ -193,12 +219,14 @@ def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
     reasons = []
     if seen.random:
         reasons.append(
-            f"it draws values a compiled program would repeat ({', '.join(seen.random[:3])})"
+            f"it draws values a compiled program would repeat ({', '.join(seen.random[:3])}); "
+            "pass random values and times as tensor arguments, or draw from torch's global RNG "
+            "(torch.rand without generator=), which compiled programs draw from"
         )
     if seen.grad_mode and not engine.keeps_grad_mode:
         reasons.append(
             f"it changes the grad mode ({', '.join(seen.grad_mode[:3])}), which engine "
-            f"{engine.name!r} drops (engine 'compile' keeps it)"
+            f"{engine.name!r} drops; use engine='compile', which keeps it"
         )
     if seen.functorch and not engine.keeps_functorch:
         reasons.append(
@@ -210,8 +238,17 @@ def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
             f"it uses Tensor.data ({', '.join(seen.data[:3])}), which traces do not follow "
             "(write `with torch.no_grad(): p.clamp_(...)` instead, compiled by engine 'compile')"
         )
+    if seen.autograd:
+        reasons.append(
+            f"it runs autograd inside the function ({', '.join(seen.autograd[:3])}), which a "
+            "compiled program does not repeat faithfully; jit the forward or the loss and call "
+            "backward() and the optimizer outside it to have it compiled"
+        )
     if seen.tensor_hooks:
-        reasons.append(f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])})")
+        reasons.append(
+            f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])}); register them "
+            "outside the jitted function"
+        )
     if seen.loops:
         reasons.append(
             f"it runs PhiML while_loops whose iteration count depends on values "

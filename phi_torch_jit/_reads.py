@@ -11,16 +11,8 @@ reassigning them and updating them in place are both seen. :class:`PythonGuard` 
 before every compiled call; a changed value retraces, naming the variable, where it is read
 and old -> new. The walk is static (bytecode), so the record pass pays nothing for it.
 
-What no compiled program can repeat is noted while the record pass runs, by the patches of
-:data:`UNGUARDABLE` (an entry of the phase table; each wrapper checks that the call comes from
-user code in a record frame of its own thread):
-
-* Python's and NumPy's module-level random functions and the clocks of :mod:`time`
-  (a new value on every call), and changes of torch's RNG state (``torch.manual_seed``...);
-* grad-mode changes (``torch.no_grad()`` blocks) -- TorchScript's tracer drops them;
-* ``Tensor.register_hook`` -- a hook on an intermediate tensor is not part of any graph.
-
-See NOTE [Python reads] in docs/design.md.
+What no compiled program can repeat is noted while the record pass runs by
+:mod:`._unguardable`. See NOTE [Python reads] in docs/design.md.
 """
 
 from __future__ import annotations
@@ -28,26 +20,18 @@ from __future__ import annotations
 import dis
 import enum
 import functools
-import random
 import sys
-import time
 import types
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ._compat import grad_mode_setter
-from ._context import Phase, current_frame
-from ._patches import RefCounted
-from ._sources import TORCH_DIR, is_user_file
+from ._sources import is_user_file
 
 __all__ = [
-    "Unguardable",
-    "UNGUARDABLE",
-    "note_unguardable",
     "Read",
     "Kind",
     "Source",
@@ -64,146 +48,6 @@ _MAX_ARRAY = 4096
 """NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
 _MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
-
-
-@dataclass
-class Unguardable:
-    """What the record pass did that no compiled program repeats (reasons to run eagerly)."""
-
-    random: list[str] = field(default_factory=list)
-    """Draws from Python's or NumPy's RNG, clock reads, torch RNG state changes."""
-    grad_mode: list[str] = field(default_factory=list)
-    """Places where the grad mode was changed (``no_grad`` / ``enable_grad`` blocks)."""
-    tensor_hooks: list[str] = field(default_factory=list)
-    """Places where ``Tensor.register_hook`` was called."""
-    functorch: list[str] = field(default_factory=list)
-    """Places where a torch.func transform (vmap, grad...) was applied."""
-    data: list[str] = field(default_factory=list)
-    """Places where user code reads or writes ``Tensor.data`` (outside autograd's view)."""
-    loops: list[str] = field(default_factory=list)
-    """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
-    iteration count; a trace would repeat a fixed one)."""
-
-
-def _from_user(frame: types.FrameType | None) -> bool:
-    """Whether the nearest frame outside torch at or above ``frame`` is user code."""
-    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
-        frame = frame.f_back
-    return frame is not None and is_user_file(frame.f_code.co_filename)
-
-
-def _where(frame: types.FrameType | None) -> str:
-    """``file:line`` of the nearest user frame at or above ``frame``."""
-    while frame is not None and not is_user_file(frame.f_code.co_filename):
-        frame = frame.f_back
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
-
-
-def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original``, noting calls from user code in this thread's record pass."""
-
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        caller = sys._getframe(1)
-        if _from_user(caller):
-            where = _where(caller)
-            _note(kind, f"{label} at {where}" if label else where)
-        return original(*args, **kwargs)
-
-    return wrapper
-
-
-def note_unguardable(kind: str, label: str) -> None:
-    """Note a call that no compiled program repeats, at the nearest user frame (record pass)."""
-    _note(kind, f"{label} at {_where(sys._getframe(1))}")
-
-
-def _note(kind: str, where: str) -> None:
-    """Add ``where`` to this thread's recording's unguardable ``kind`` (once; record phase)."""
-    frame = current_frame()
-    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        seen: list[str] = getattr(frame.recording.unguardable, kind)
-        if where not in seen:
-            seen.append(where)
-
-
-def _targets() -> list[tuple[Any, str, str, str]]:
-    """(owner, attribute, kind, label) of every function the record pass watches."""
-    targets: list[tuple[Any, str, str, str]] = []
-    names = [n for n in random.__all__ if callable(getattr(random, n, None))]
-    targets += [(random, n, "random", f"random.{n}") for n in names if n[0].islower()]
-    clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
-    targets += [(time, n, "random", f"time.{n}") for n in clocks]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        legacy = [n for n in dir(numpy.random) if n[0].islower() and n not in _NUMPY_KEEP]
-        targets += [(numpy.random, n, "random", f"numpy.random.{n}") for n in legacy
-                    if callable(getattr(numpy.random, n))]  # fmt: skip
-    for owner in (torch, torch.random):
-        targets += [(owner, n, "random", f"torch.{n}") for n in _TORCH_RNG if hasattr(owner, n)]
-    targets.append((*grad_mode_setter(), "grad_mode", ""))
-    targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
-    for owner, prefix in ((torch.func, "torch.func"), (torch, "torch")):
-        targets += [(owner, n, "functorch", f"{prefix}.{n}") for n in _TRANSFORMS
-                    if owner.__dict__.get(n) is not None]  # fmt: skip
-    return targets
-
-
-_NUMPY_KEEP = frozenset(("default_rng", "get_state", "bit_generator", "test"))
-_TORCH_RNG = ("manual_seed", "seed", "set_rng_state")
-_TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")
-
-
-class _Watch:
-    """Installs and removes the wrappers of :func:`_targets` (see :data:`UNGUARDABLE`)."""
-
-    def __init__(self) -> None:
-        self._saved: list[tuple[Any, str, Any]] = []
-        self._data = False
-
-    def install(self) -> None:
-        for owner, name, kind, label in _targets():
-            original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-            self._saved.append((owner, name, original))
-            setattr(owner, name, _noted(kind, label, getattr(owner, name)))
-
-        self._data = "data" not in torch.Tensor.__dict__  # else someone else's: leave it
-        if self._data:
-            torch.Tensor.data = _DATA  # type: ignore[assignment,method-assign]
-
-    def remove(self) -> None:
-        if self._data:
-            del torch.Tensor.data  # back to TensorBase's descriptor
-        while self._saved:
-            owner, name, original = self._saved.pop()
-            setattr(owner, name, original)
-
-
-def _note_data(tensor: torch.Tensor) -> None:
-    caller = sys._getframe(2)
-    if is_user_file(caller.f_code.co_filename):  # torch's own .data uses are fine
-        _note("data", f"{caller.f_code.co_filename}:{caller.f_lineno}")
-
-
-_BASE_DATA = torch.Tensor.data  # TensorBase's getset descriptor, inherited
-
-
-def _get_data(tensor: torch.Tensor) -> torch.Tensor:
-    _note_data(tensor)
-    return _BASE_DATA.__get__(tensor)  # type: ignore[no-any-return,attr-defined]
-
-
-def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
-    _note_data(tensor)
-    _BASE_DATA.__set__(tensor, value)  # type: ignore[attr-defined]
-
-
-_DATA = property(_get_data, _set_data, doc=_BASE_DATA.__doc__)
-
-
-_WATCH = _Watch()
-UNGUARDABLE = RefCounted(_WATCH.install, _WATCH.remove)
-"""The record phase's patch: unguardable calls from user code are noted in the recording."""
 
 
 class Kind(enum.Enum):

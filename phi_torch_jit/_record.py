@@ -17,7 +17,7 @@ of a jitted function returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +27,8 @@ from torch import nn
 from ._context import note_module_call
 from ._phases import recording as recording_phase
 from ._phiml import PhiMLBridge
-from ._reads import Unguardable
 from ._state import StateSnapshot
+from ._unguardable import Unguardable
 from .errors import TraceError
 
 if TYPE_CHECKING:
@@ -95,12 +95,14 @@ class Recording:
         """Append a custom-function call (see :meth:`RecordedCall.of`)."""
         self.calls.append(RecordedCall.of(function, args, outputs, context))
 
-    def root_modules(self) -> list[nn.Module]:
-        """Recorded modules that are not submodules of another recorded module."""
+    def root_modules(self, read: Sequence[nn.Module] = ()) -> list[nn.Module]:
+        """Recorded modules, and ``read`` ones whose forward may not have run (a closure's
+        ``model.log_prob(z)``), that are not submodules of another of them."""
+        every = {**self.modules, **{id(m): m for m in read}}
         inner: set[int] = set()
-        for module in self.modules.values():
+        for module in every.values():
             inner.update(id(m) for m in module.modules() if m is not module)
-        return [m for i, m in self.modules.items() if i not in inner]
+        return [m for i, m in every.items() if i not in inner]
 
 
 def _copy(value: Any) -> Any:

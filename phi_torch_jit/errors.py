@@ -27,6 +27,7 @@ __all__ = [
     "TorchVersionError",
     "JitWarning",
     "describe_function",
+    "describe_error",
 ]
 
 
@@ -134,3 +135,9 @@ def _code_of(target: Any) -> Any:
                 return method.__code__
         return None
     return getattr(target, "__code__", None)
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters), for logs and explain()."""
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__

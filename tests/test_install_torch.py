@@ -28,7 +28,9 @@ OFFLINE = "ERROR: Could not find a version that satisfies the requirement torch=
 def _fake_python(tmp_path: Path, answer: str, rc: int) -> Path:
     (tmp_path / "answer.txt").write_text(answer)
     fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat {tmp_path}/answer.txt\nexit {rc}\n')
+    fake.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat {tmp_path}/answer.txt\nexit {rc}\n'
+    )
     fake.chmod(0o755)
     return fake
 
@@ -60,7 +62,9 @@ def test_an_unreachable_registry_says_so(tmp_path: Path) -> None:
 
 
 def test_success_is_quiet_and_an_untested_version_is_refused(tmp_path: Path) -> None:
-    done = _install(_fake_python(tmp_path, "Successfully installed torch-2.13.0\n", 0), "2.13.0", tmp_path)
+    done = _install(
+        _fake_python(tmp_path, "Successfully installed torch-2.13.0\n", 0), "2.13.0", tmp_path
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     done = _install(_fake_python(tmp_path, "", 0), "2.14.0", tmp_path)
     assert done.returncode == 2 and "not a tested release" in done.stderr
@@ -69,4 +73,6 @@ def test_success_is_quiet_and_an_untested_version_is_refused(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "requirements").glob("torch-*.txt")))
 def test_each_pin_file_is_what_the_script_reads(path: Path) -> None:
-    assert path.read_text().rstrip().splitlines()[-1] == f"torch=={path.stem.removeprefix('torch-')}"
+    assert (
+        path.read_text().rstrip().splitlines()[-1] == f"torch=={path.stem.removeprefix('torch-')}"
+    )

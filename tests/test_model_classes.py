@@ -154,3 +154,152 @@ def test_needs_input_grad_in_forward_is_eagers() -> None:
         _assert_equal(f(a, b), a * b + 1)
     with pytest.raises(RuntimeError, match="b must not require grad"):
         f(a, b.requires_grad_())
+
+
+# 2. A seeded local generator ----------------------------------------------------------------
+
+
+def test_draws_from_a_local_generator_run_eagerly_with_one_warning() -> None:
+    def make() -> tuple[Step, tuple[Any, ...]]:
+        g = torch.Generator().manual_seed(7)
+        return (lambda x: x + torch.randn(x.shape, generator=g)), (torch.zeros(3),)
+
+    jitted = jitted_like_eager(make, eager_reason="a torch.Generator draw (randn)")
+    assert "runs eagerly: it draws values a compiled program would repeat" in jitted.explain()
+
+
+def test_a_generator_used_by_library_code_and_in_place_draws_are_noted() -> None:
+    def make() -> tuple[Step, tuple[Any, ...]]:
+        g = torch.Generator().manual_seed(3)
+        layer = nn.Dropout(0.0)  # library code between the user and the draw
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            noise = torch.empty_like(x).normal_(generator=g)
+            return layer(x) + noise + torch.rand(3, generator=g)
+
+        return step, (torch.zeros(3),)
+
+    jitted_like_eager(make, eager_reason="torch.Generator draw")
+
+
+def test_global_rng_draws_stay_compiled() -> None:
+    jitted = jitted_like_eager(lambda: ((lambda x: x + torch.randn(x.shape)), (torch.zeros(3),)))
+    assert jitted.num_traces == 1
+
+
+# 4. Autograd inside the step: autograd.grad(create_graph=True), backward + optimizer --------
+
+
+def test_autograd_grad_inside_the_step_runs_eagerly_with_one_warning() -> None:
+    def make() -> tuple[Step, tuple[Any, ...]]:
+        potential = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+
+        def forces(x: torch.Tensor) -> torch.Tensor:  # a force field: -grad of an energy
+            x = x.detach().requires_grad_(True)
+            energy = potential(x).sum()
+            (grad,) = torch.autograd.grad(energy, x, create_graph=True)
+            return -grad
+
+        return forces, (torch.randn(5, 3),)
+
+    jitted_like_eager(make, eager_reason="torch.autograd.grad at")
+
+
+def test_a_whole_training_step_inside_jit_equals_eager() -> None:
+    def make() -> tuple[Step, tuple[Any, ...]]:
+        model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+        step, args = _training(model, torch.randn(6, 3))
+        return step, args
+
+    jitted_like_eager(make, eager_reason="runs autograd inside the function")
+
+
+# 6. What a tracer cannot follow: eager with one warning, never a crash -----------------------
+
+
+def test_python_arithmetic_on_a_traced_size_never_crashes() -> None:
+    def make() -> tuple[Step, tuple[Any, ...]]:
+        linear = nn.Linear(8, 8)
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            modes = round(x.shape[-1] * 0.5)  # as U-shaped neural operators compute sizes
+            return linear(x)[..., :modes]
+
+        return step, (torch.randn(2, 8),)
+
+    torch.manual_seed(0)
+    step, args = make()
+    want = _run(step, args, 3)
+    torch.manual_seed(0)
+    step, args = make()
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _run(jitted, args, 3)
+    _assert_equal(got, want)
+    ours = [w for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(ours) <= 1  # compiled where the engine follows it; else one warning
+    if ours:
+        assert "could not trace it: TypeError" in str(ours[0].message)
+
+
+def test_a_tensor_requiring_grad_in_a_plain_object_runs_eagerly_with_the_diagnosis() -> None:
+    def make() -> tuple[Step, tuple[Any, ...]]:
+        holder = copy.copy(_Holder())
+        holder.weight = torch.randn(3, requires_grad=True)
+        return (lambda x: x * holder.weight), (torch.ones(3),)
+
+    jitted_like_eager(make, eager_reason="neither an argument")
+
+
+class _Holder:
+    weight: torch.Tensor
+
+
+# 5. Parameters reached through methods other than forward ---------------------------------
+
+
+class _Gaussian(nn.Module):
+    """A base distribution as flow libraries write it: parameters used by ``log_prob``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(2))
+        self.log_scale = nn.Parameter(torch.zeros(2))
+
+    def log_prob(self, z: torch.Tensor) -> torch.Tensor:
+        return (-0.5 * ((z - self.loc) / self.log_scale.exp()) ** 2 - self.log_scale).sum(-1)
+
+
+class _Flow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q0 = _Gaussian()
+        self.scale = nn.Parameter(torch.ones(2))
+
+    def inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.scale
+
+    def forward_kld(self, x: torch.Tensor) -> torch.Tensor:
+        return -self.q0.log_prob(self.inverse(x)).mean() + self.scale.log().sum()
+
+
+@pytest.mark.parametrize("how", ["closure", "bound method"])
+def test_parameters_reached_through_other_methods_train_like_eager(how: str) -> None:
+    torch.manual_seed(0)
+    flows = [_Flow(), _Flow()]
+    flows[1].load_state_dict(flows[0].state_dict())
+    model = flows[0]
+    loss = (
+        ptj.jit(lambda x: model.forward_kld(x)) if how == "closure" else ptj.jit(model.forward_kld)
+    )
+    optimizers = [torch.optim.Adam(f.parameters(), lr=0.1) for f in flows]
+    for _ in range(3):
+        x = torch.randn(8, 2)
+        for optimizer, f in zip(optimizers, (loss, flows[1].forward_kld)):
+            optimizer.zero_grad()
+            f(x).backward()
+            optimizer.step()
+        for p, q in zip(flows[0].parameters(), flows[1].parameters()):
+            _assert_equal(p, q)
+    assert loss.num_traces == 1

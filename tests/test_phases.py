@@ -39,7 +39,7 @@ _NONE = dict.fromkeys(("module hook", "print", "Function.apply", "conversions", 
 
 def test_the_table_names_each_patch_once_with_its_phases() -> None:
     names = [p.name for p in PATCHES]
-    assert len(set(names)) == len(names) == 7
+    assert len(set(names)) == len(names) == 8
     assert all(p.phases and p.phases <= set(Phase) for p in PATCHES)
 
 

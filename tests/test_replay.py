@@ -48,14 +48,18 @@ class Flaky:
         ("fewer", r"only 0 of 1 recorded custom-function calls .* _double"),
     ],
 )
-def test_divergent_trace_raises_replay_error(second: str, message: str) -> None:
-    step = ptj.jit(Flaky(second))
-    with pytest.raises(ptj.ReplayError, match=message):
-        step(torch.ones(2))
-    assert step.num_traces == 0
+def test_divergent_trace_runs_eagerly_with_the_replay_diagnosis(second: str, message: str) -> None:
+    flaky = Flaky(second)
+    step = ptj.jit(flaky)
+    with pytest.warns(ptj.JitWarning, match=message):
+        assert torch.equal(step(torch.ones(2)), torch.full((2,), 2.0))  # the record pass's
+    assert "runs eagerly: while tracing" in step.explain()
+    runs = flaky.runs
+    step(torch.ones(2))  # eager from now on: the Python runs, once per call
+    assert flaky.runs == runs + 1
 
 
-def test_replay_error_names_the_jitted_function() -> None:
+def test_replay_diagnosis_names_the_jitted_function() -> None:
     step = ptj.jit(Flaky("other"))
-    with pytest.raises(ptj.ReplayError, match=r"while tracing Flaky"):
+    with pytest.warns(ptj.JitWarning, match=r"Flaky .* runs eagerly: while tracing Flaky"):
         step(torch.ones(2))

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .._compat import any_autocast
-from ..errors import ConfigurationError, JitError, NotNow
+from ..errors import ConfigurationError, JitError, NotNow, describe_error
 from ._background import submit as submit_compile
 from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
@@ -45,7 +45,6 @@ from .compile import (
     CompileEngine,
     _capture,
     _uses_rng,
-    describe_error,
     grads_of,
 )
 from .torchscript import trace_graph

@@ -44,7 +44,14 @@ from torch import nn
 
 from .._compat import backend_exists, compile_captured, import_inductor, mode_options
 from .._warnings import TORCHSCRIPT_NOTICE
-from ..errors import ConfigurationError, RunEagerly, TraceError, UsageError, ValueNotCaptured
+from ..errors import (
+    ConfigurationError,
+    RunEagerly,
+    TraceError,
+    UsageError,
+    ValueNotCaptured,
+    describe_error,
+)
 from .base import (
     RANDOM_OPS,
     CompiledFunction,
@@ -55,7 +62,7 @@ from .base import (
 )
 from .torchscript import TorchScriptEngine
 
-__all__ = ["CompileEngine", "Backend", "Compilable", "check_backend", "describe_error", "grads_of"]
+__all__ = ["CompileEngine", "Backend", "Compilable", "check_backend", "grads_of"]
 
 logger = logging.getLogger("phi_torch_jit")
 
@@ -272,12 +279,6 @@ def grads_of(tensors: tuple[torch.Tensor, ...]) -> tuple[bool, ...]:
     """Each tensor's ``requires_grad``: what a compiled backward fixed for parameters (one C
     ``map``, about 0.7 us for 4 parameters; a Python loop took 1.2 us)."""
     return tuple(map(_requires_grad, tensors))
-
-
-def describe_error(error: BaseException) -> str:
-    """``Type: first line of the message`` (at most 200 characters), for logs and explain()."""
-    lines = str(error).splitlines()
-    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
 def _capture(

@@ -1,0 +1,215 @@
+"""Stage 1 (record): what the function does that no compiled program can repeat.
+
+Noted while the record pass runs, by the patches of :data:`UNGUARDABLE` (an entry of the phase
+table, :mod:`._phases`; each wrapper checks that it runs in a record frame of its own thread):
+
+* Python's and NumPy's module-level random functions and the clocks of :mod:`time` (a new
+  value on every call), changes of torch's RNG state (``torch.manual_seed``...), and draws
+  from a ``torch.Generator`` object (``torch.randn(..., generator=g)``: a compiled program
+  would draw from the global RNG instead), by any code the function runs;
+* grad-mode changes (``torch.no_grad()`` blocks) -- TorchScript's tracer drops them;
+* autograd run inside the function (``loss.backward()``, ``torch.autograd.grad``), by any code
+  the function runs: an optimizer step after it, a gradient used as a value;
+* ``Tensor.register_hook`` -- a hook on an intermediate tensor is not part of any graph;
+* ``torch.func`` transforms and ``Tensor.data``.
+
+A specialization that did any of these runs eagerly, with one JitWarning naming the places
+(:func:`._pipeline.specialize`). See NOTE [Python reads] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import sys
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ._compat import grad_mode_setter
+from ._context import Phase, current_frame
+from ._patches import RefCounted
+from ._sources import OWN_DIR, TORCH_DIR, is_user_file
+
+__all__ = ["Unguardable", "UNGUARDABLE", "GeneratorDraws", "note_unguardable"]
+
+
+@dataclass
+class Unguardable:
+    """What the record pass did that no compiled program repeats (reasons to run eagerly)."""
+
+    random: list[str] = field(default_factory=list)
+    """Draws from Python's or NumPy's RNG or a torch.Generator, clock reads, torch RNG state
+    changes."""
+    grad_mode: list[str] = field(default_factory=list)
+    """Places where the grad mode was changed (``no_grad`` / ``enable_grad`` blocks)."""
+    tensor_hooks: list[str] = field(default_factory=list)
+    """Places where ``Tensor.register_hook`` was called."""
+    functorch: list[str] = field(default_factory=list)
+    """Places where a torch.func transform (vmap, grad...) was applied."""
+    data: list[str] = field(default_factory=list)
+    """Places where user code reads or writes ``Tensor.data`` (outside autograd's view)."""
+    autograd: list[str] = field(default_factory=list)
+    """Places where autograd ran inside the function (``backward()``, ``autograd.grad``)."""
+    loops: list[str] = field(default_factory=list)
+    """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
+    iteration count; a trace would repeat a fixed one)."""
+
+
+def _from_user(frame: types.FrameType | None) -> bool:
+    """Whether the nearest frame outside torch at or above ``frame`` is user code."""
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
+        frame = frame.f_back
+    return frame is not None and is_user_file(frame.f_code.co_filename)
+
+
+def _where(frame: types.FrameType | None) -> str:
+    """``file:line`` of the nearest user frame at or above ``frame``."""
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+
+
+def _from_anyone(frame: types.FrameType | None) -> bool:
+    """Whether code other than torch's and ours is at or above ``frame`` (our frames sit in
+    between when a torch-function mode of ours dispatches the call)."""
+    while frame is not None and frame.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
+        frame = frame.f_back
+    return frame is not None
+
+
+_ANYWHERE = frozenset({"autograd"})
+"""Kinds noted whoever calls (a library's ``autograd.grad`` is as uncapturable as the user's)."""
+
+
+def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original``, noting calls from user code (any code, for :data:`_ANYWHERE` kinds) in
+    this thread's record pass."""
+    caller_counts = _from_anyone if kind in _ANYWHERE else _from_user
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        caller = sys._getframe(1)
+        if caller_counts(caller):
+            where = _where(caller)
+            _note(kind, f"{label} at {where}" if label else where)
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def note_unguardable(kind: str, label: str) -> None:
+    """Note a call that no compiled program repeats, at the nearest user frame (record pass)."""
+    _note(kind, f"{label} at {_where(sys._getframe(1))}")
+
+
+def _note(kind: str, where: str) -> None:
+    """Add ``where`` to this thread's recording's unguardable ``kind`` (once; record phase)."""
+    frame = current_frame()
+    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+        seen: list[str] = getattr(frame.recording.unguardable, kind)
+        if where not in seen:
+            seen.append(where)
+
+
+def _targets() -> list[tuple[Any, str, str, str]]:
+    """(owner, attribute, kind, label) of every function the record pass watches."""
+    targets: list[tuple[Any, str, str, str]] = []
+    names = [n for n in random.__all__ if callable(getattr(random, n, None))]
+    targets += [(random, n, "random", f"random.{n}") for n in names if n[0].islower()]
+    clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+    targets += [(time, n, "random", f"time.{n}") for n in clocks]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        legacy = [n for n in dir(numpy.random) if n[0].islower() and n not in _NUMPY_KEEP]
+        targets += [(numpy.random, n, "random", f"numpy.random.{n}") for n in legacy
+                    if callable(getattr(numpy.random, n))]  # fmt: skip
+    for owner in (torch, torch.random):
+        targets += [(owner, n, "random", f"torch.{n}") for n in _TORCH_RNG if hasattr(owner, n)]
+    targets.append((*grad_mode_setter(), "grad_mode", ""))
+    targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
+    # Tensor.backward calls torch.autograd.backward
+    targets += [
+        (torch.autograd, n, "autograd", f"torch.autograd.{n}") for n in ("grad", "backward")
+    ]
+    for owner, prefix in ((torch.func, "torch.func"), (torch, "torch")):
+        targets += [(owner, n, "functorch", f"{prefix}.{n}") for n in _TRANSFORMS
+                    if owner.__dict__.get(n) is not None]  # fmt: skip
+    return targets
+
+
+_NUMPY_KEEP = frozenset(("default_rng", "get_state", "bit_generator", "test"))
+_TORCH_RNG = ("manual_seed", "seed", "set_rng_state")
+_TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")
+
+
+class GeneratorDraws(TorchFunctionMode):
+    """The record phase's torch-function mode: a torch call given a ``generator=`` object
+    (``torch.randn(shape, generator=g)``, ``x.normal_(generator=g)``, by any code) is noted as
+    a random draw. A compiled program cannot hold the generator: it would draw from the
+    global RNG. Entered per record frame (a mode is per thread)."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        if kwargs and kwargs.get("generator") is not None:
+            name = getattr(func, "__name__", "a torch function")
+            _note("random", f"a torch.Generator draw ({name}) at {_where(sys._getframe(1))}")
+        return func(*args, **(kwargs or {}))
+
+
+class _Watch:
+    """Installs and removes the wrappers of :func:`_targets` (see :data:`UNGUARDABLE`)."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._data = False
+
+    def install(self) -> None:
+        for owner, name, kind, label in _targets():
+            original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            self._saved.append((owner, name, original))
+            setattr(owner, name, _noted(kind, label, getattr(owner, name)))
+
+        self._data = "data" not in torch.Tensor.__dict__  # else someone else's: leave it
+        if self._data:
+            torch.Tensor.data = _DATA  # type: ignore[assignment,method-assign]
+
+    def remove(self) -> None:
+        if self._data:
+            del torch.Tensor.data  # back to TensorBase's descriptor
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+
+
+def _note_data(tensor: torch.Tensor) -> None:
+    caller = sys._getframe(2)
+    if is_user_file(caller.f_code.co_filename):  # torch's own .data uses are fine
+        _note("data", f"{caller.f_code.co_filename}:{caller.f_lineno}")
+
+
+_BASE_DATA = torch.Tensor.data  # TensorBase's getset descriptor, inherited
+
+
+def _get_data(tensor: torch.Tensor) -> torch.Tensor:
+    _note_data(tensor)
+    return _BASE_DATA.__get__(tensor)  # type: ignore[no-any-return,attr-defined]
+
+
+def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    _note_data(tensor)
+    _BASE_DATA.__set__(tensor, value)  # type: ignore[attr-defined]
+
+
+_DATA = property(_get_data, _set_data, doc=_BASE_DATA.__doc__)
+
+
+_WATCH = _Watch()
+UNGUARDABLE = RefCounted(_WATCH.install, _WATCH.remove)
+"""The record phase's patch: unguardable calls from user code are noted in the recording."""

@@ -1,0 +1,43 @@
+"""Third-party programs (the way their docs write them) through ``phi_torch_jit.jit`` on every
+engine, against eager: K steps from the same seeds, comparing losses/outputs, parameter
+gradients, parameters, buffers and optimizer state.
+
+Accepted: equal to eager, compiled; or equal to eager while running eagerly with the reason
+given once (a JitWarning, or the WARNING log line for fallbacks documented that way). A crash,
+a silent difference, or JitWarnings that are not one eager fallback fail.
+
+Engines ``compile`` and ``auto`` use backend ``aot_eager`` (graph capture without inductor's
+code generation) to keep CI time down; ``auto`` compiles on the caller's thread
+(``auto-on-caller``, tests/conftest.py) so trace counts are deterministic. Every warning raised
+inside a program is recorded by the harness rather than turned into an error (third-party
+libraries raise their own deprecation and TracerWarnings); the JitWarnings among them are
+judged. ``benchmarks/corpus_table.py`` runs the same programs and writes docs/corpus.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import all_programs
+from .harness import ENGINES, STEPS, run_program
+
+pytestmark = pytest.mark.corpus
+
+PROGRAMS = all_programs()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_program_matches_eager(program, engine: str, record_property) -> None:
+    pytest.importorskip(program.module)
+    outcome = run_program(program, engine, steps=STEPS)
+    record_property("result", outcome.result)
+    record_property("traces", outcome.traces)
+    record_property("jit_warnings", outcome.jit_warnings)
+    record_property("eager_reasons", outcome.eager_reasons)
+    assert outcome.accepted, (
+        f"{program.name} on {engine}: {outcome.result}: {outcome.detail} "
+        f"(traces={outcome.traces}, JitWarnings={outcome.jit_warnings})"
+    )
+    if outcome.result == "equal":
+        assert outcome.traces is not None and outcome.traces >= 1
