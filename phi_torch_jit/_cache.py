@@ -50,6 +50,14 @@ class SpecializationCache:
             self._entries.move_to_end(key)
             return self._evict()
 
+    def replace(self, specialization: Specialization) -> None:
+        """Make a specialization the only one of its key (the others are closed)."""
+        with self.lock:
+            dropped = list(self._entries.get(specialization.key, ()))
+            self._entries[specialization.key] = (specialization,)
+            self._entries.move_to_end(specialization.key)
+        _close(dropped)
+
     def _evict(self) -> list[Specialization]:
         evicted = []
         while len(self) > self.max_size:

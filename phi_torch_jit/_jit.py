@@ -22,7 +22,7 @@ from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
 from ._explain import Reporter, explain
 from ._options import DISABLE_ENV, ENGINE_ENV, Options, positional_names
-from ._pipeline import Target, specialize
+from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_specialization, specialize
 from ._signature import flatten_arguments
 from ._specialization import Key, Miss, Specialization, autocast_state, retrace_reason
 from ._specialization import run_first_valid as serve
@@ -118,6 +118,14 @@ class JitFunction(Generic[P, R]):
             if not isinstance(result, Miss):
                 return result
             reason = retrace_reason(list(seen), miss if seen else None)
+            if miss.failure is not None and len(seen) >= VALUE_SPECIALIZATIONS:
+                why = (
+                    "tensor values its Python branches on changed the path on each of "
+                    f"{len(seen) + 1} calls with this signature (last: "
+                    f"{miss.failure.description}); compiling each would cost more than it saves"
+                )
+                self._cache.replace(eager_specialization(self._target, key, why))
+                return self._fn(*args, **kwargs)
             value, specialization = specialize(self._target, key, args, kwargs, tensors)
             if specialization is None:  # engine "auto" is compiling: this call ran eagerly
                 return value

@@ -45,7 +45,13 @@ from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine
 from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
 
-__all__ = ["Target", "specialize"]
+__all__ = ["Target", "specialize", "eager_specialization", "VALUE_SPECIALIZATIONS"]
+
+VALUE_SPECIALIZATIONS = 4
+"""Specializations one argument signature may have for tensor values its Python branched on
+(``while float(t) < t1``, ``bool(err < tol)``). A signature whose values change the path on
+every call would otherwise compile per call, and a call would run each cached program before
+missing; past this many, the signature runs eagerly: NOTE [values that never repeat]."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,27 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         deferred=traced.deferred,
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
     )
+
+
+def eager_specialization(target: Target, key: Key, reason: str) -> Specialization:
+    """A specialization that runs the Python function for ``key``, with no guards (eager code
+    reads every state live); logged once and shown by ``explain()`` with ``reason``."""
+    return Specialization(
+        key=key,
+        program=_no_program,
+        output_spec=key[0],
+        modules=(),
+        calls=(),
+        timings=Timings(0.0, 0.0, 0.0),
+        tracer_warnings=(),
+        guard=None,
+        eager_reason=target.report.runs_eagerly(reason),
+        eager=_EagerCall(target.fn, key[0]),
+    )
+
+
+def _no_program(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    raise AssertionError("an eager specialization has no program")  # never called: eager=
 
 
 class _EagerCall:

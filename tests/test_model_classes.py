@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from unittest import mock
 from collections.abc import Callable
 from typing import Any
 
@@ -303,3 +304,29 @@ def test_parameters_reached_through_other_methods_train_like_eager(how: str) -> 
         for p, q in zip(flows[0].parameters(), flows[1].parameters()):
             _assert_equal(p, q)
     assert loss.num_traces == 1
+
+
+# 7. Values that decide the path on every call (adaptive step sizes) ------------------------
+
+
+def test_a_signature_whose_values_never_repeat_ends_up_eager_at_a_bounded_cost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from phi_torch_jit._pipeline import VALUE_SPECIALIZATIONS
+
+    def adaptive(y: torch.Tensor) -> torch.Tensor:  # a step size from float(err), per call
+        h = min(0.2, 0.05 / (float(y.abs().max()) + 1e-3))
+        return y + h * torch.tanh(y)
+
+    step = ptj.jit(adaptive)
+    inputs = [torch.randn(4) for _ in range(VALUE_SPECIALIZATIONS + 4)]
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        for x in inputs:
+            _assert_equal(step(x), adaptive(x))
+    assert step.num_traces == VALUE_SPECIALIZATIONS  # then no more compiles
+    (only,) = step.specializations  # the compiled ones are dropped: a lookup, not a scan
+    assert only.eager_reason.startswith("tensor values its Python branches on changed the path")
+    assert sum("runs eagerly: tensor values" in r.getMessage() for r in caplog.records) == 1
+    with mock.patch.object(torch, "tanh", wraps=torch.tanh) as tanh:
+        step(inputs[0])
+    assert tanh.call_count == 1  # eager: the Python runs, once per call
