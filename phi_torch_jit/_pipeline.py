@@ -24,8 +24,9 @@ from torch import nn
 from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
 from ._guards import ModuleGuard, has_backward_hooks
+from ._mutations import modules_known_before, snapshot
 from ._options import Options
-from ._reads import Kind, PythonGuard, collect_reads
+from ._reads import PythonGuard, collect_reads
 from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
@@ -76,16 +77,18 @@ def specialize(
     start = time.perf_counter()
     if converts_natives(key[0]):  # the record pass must see what the trace sees
         args, kwargs = unflatten_arguments(key[0], tensors)
+    before = snapshot(target.fn, modules_in(key[0]))
     result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]))
     output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
+    changed = before.changes()
     reads = collect_reads(target.fn, list(recording.modules.values()))
     guard = PythonGuard(reads) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
-    modules = recording.root_modules(_modules_read(target.fn, guard))
+    modules = recording.root_modules(modules_known_before(target.fn, guard.reads if guard else ()))
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
-    eager_reason = _eager_reason(target, recording)
+    eager_reason = _eager_reason(target, recording, changed)
     traced: Traced | None = None
     calls: tuple[CompiledCall, ...] = ()
     compile_s = 0.0
@@ -114,16 +117,6 @@ def specialize(
     return result, _assemble(target, program_spec, parts)
 
 
-def _modules_read(fn: Callable[..., Any], guard: PythonGuard | None) -> list[nn.Module]:
-    """Modules the function reaches without calling them (``model.forward_kld(x)`` runs
-    methods, not forward, so the record pass's module hook sees none): those held by the
-    globals and closure variables it reads, and a bound method's ``self``. Their parameters
-    then join the program's inputs instead of failing the trace."""
-    found = [r.expected for r in guard.reads if r.kind is Kind.IDENTITY] if guard else []
-    found.append(getattr(fn, "__self__", None))
-    return [m for m in found if isinstance(m, nn.Module)]
-
-
 @dataclass(frozen=True)
 class _Parts:
     """What the stages produced, for stage 5."""
@@ -141,6 +134,7 @@ class _Parts:
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
     """Stage 5: the specialization and its guards."""
     traced, modules = parts.traced, parts.modules
+    live = not parts.eager_reason  # eager code reads every state live: nothing to guard
     if traced.module.keep_alive is not None:  # engine "auto" compiles after this call
         traced.module.keep_alive(parts.calls)
     return Specialization(
@@ -151,7 +145,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         calls=parts.calls,
         timings=parts.timings,
         tracer_warnings=target.report.tracer_warnings(traced.module),
-        guard=ModuleGuard(modules, target.options.guard_hooks) if modules else None,
+        guard=ModuleGuard(modules, target.options.guard_hooks) if modules and live else None,
         eager_reason=parts.eager_reason,
         value_guards=traced.value_guards,
         n_outputs=parts.n_outputs,
@@ -161,7 +155,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         engine_status=traced.module.describe,
         wait_engine=traced.module.wait,
         close_engine=traced.module.close,
-        python_guard=parts.python_guard,
+        python_guard=parts.python_guard if live else None,
         buffer_writes=traced.buffer_writes,
         deferred=traced.deferred,
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
@@ -226,16 +220,23 @@ def _cannot_trace(target: Target, reason: str) -> str:
     return target.report.runs_eagerly(reason)
 
 
-def _eager_reason(target: Target, recording: Recording) -> str:
+def _eager_reason(target: Target, recording: Recording, changed: list[str]) -> str:
     """Why a specialization must run eagerly, known after the record pass ("" if none).
 
     Logged (once per jitted function); what the function itself does that no compiled program
     can repeat (NOTE [Python reads]) is also warned about, once, with a JitWarning.
+    ``changed``: the user state the record pass changed (NOTE [side effects of the step]).
     """
     reasons = list(recording.eager_reasons)
     if has_backward_hooks(recording.modules.values()):
         reasons.append("a module it calls has backward hooks, which a compiled program cannot fire")
     unfaithful = _unguardable(recording.unguardable, target.options.engine)
+    if changed:
+        unfaithful.append(
+            f"it changes Python state it reads ({', '.join(changed[:3])}), which a compiled "
+            "program would not repeat; keep such state outside the jitted function (pass it "
+            "in as an argument and return its new value) to have it compiled"
+        )
     if unfaithful:
         target.report.cannot_compile(unfaithful)
     reasons += unfaithful

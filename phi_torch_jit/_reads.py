@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._signature import NAMESPACES
 from ._sources import is_user_file
 
 __all__ = [
@@ -47,6 +48,12 @@ _MAX_CONTENT = 32
 _MAX_ARRAY = 4096
 """NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
 _MAX_FUNCTIONS = 400
+_MAX_FIELDS = 64
+"""Attribute-path reads under one global or closure object (configs are small)."""
+_MAX_DEPTH = 3
+"""How deep attribute paths go (``cfg.solver.tol`` is 2)."""
+_GONE = (KeyError, ValueError, AttributeError, IndexError, TypeError)
+"""What reading a source raises once what it named is gone."""
 """The walk over user code stops after this many functions."""
 
 
@@ -79,9 +86,18 @@ class Source:
     """The global's name."""
     cell: types.CellType | None = None
     """The cell (for a closure variable)."""
+    path: tuple[Step, ...] = ()
+    """Attribute and item steps from the global or cell to the value (``cfg.solver.tol``,
+    ``TABLE["solver"]["tol"]``): NOTE [attribute paths]."""
 
     def get(self) -> Any:
-        """The current value (KeyError / ValueError if it no longer exists)."""
+        """The current value (KeyError / ValueError / AttributeError if it no longer exists)."""
+        value = self._root()
+        for step in self.path:
+            value = getattr(value, step.key) if step.attribute else value[step.key]
+        return value
+
+    def _root(self) -> Any:
         if self.cell is not None:
             return self.cell.cell_contents
         assert self.namespace is not None
@@ -89,11 +105,41 @@ class Source:
 
     def set(self, value: Any) -> None:
         """Rebind it (used while tracing, to put a traced input in place of a tensor)."""
-        if self.cell is not None:
+        if self.path:
+            owner = Source(self.label, self.location, self.namespace, self.name, self.cell,
+                           self.path[:-1]).get()  # fmt: skip
+            last = self.path[-1]
+            if last.attribute:
+                setattr(owner, last.key, value)
+            else:
+                owner[last.key] = value
+        elif self.cell is not None:
             self.cell.cell_contents = value
         else:
             assert self.namespace is not None
             self.namespace[self.name] = value
+
+    def child(self, step: Step) -> Source:
+        """The source one attribute or item further."""
+        suffix = f".{step.key}" if step.attribute else f"[{step.key!r}]"
+        return Source(self.label + suffix, self.location, self.namespace, self.name, self.cell,
+                      (*self.path, step))  # fmt: skip
+
+    def expression(self, root: str) -> str:
+        """Python code reading it, given code ``root`` reading the global or cell."""
+        for step in self.path:
+            root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
+        return root
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of an attribute path."""
+
+    attribute: bool
+    """``.key`` (True) or ``[key]`` (False)."""
+    key: Any
+    """An identifier, or a str/int dict key."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +164,7 @@ class Read:
     def holds(self) -> bool:
         try:
             now = self.current()
-        except (KeyError, ValueError, AttributeError):
+        except _GONE:
             return False
         if self.kind is Kind.IDENTITY:
             return now is self.expected
@@ -127,7 +173,7 @@ class Read:
     def describe(self) -> str:
         try:
             now = repr(_short(self.current()))
-        except (KeyError, ValueError, AttributeError):
+        except _GONE:
             now = "<deleted>"
         where = f"{self.source.label} (read at {self.source.location})"
         return f"{where}: {_short(self.expected)!r} -> {now}"
@@ -298,6 +344,48 @@ def _add(reads: dict[Any, Read], key: Any, source: Source) -> None:
         kind, lambda v: v
     )(value)
     reads[key] = Read(source, kind, expected)
+    if kind is Kind.IDENTITY and len(source.path) < _MAX_DEPTH:
+        budget = [_MAX_FIELDS]
+        for step in _fields(value):
+            if budget[0] <= 0:
+                break
+            budget[0] -= 1
+            _add(reads, (key, step), source.child(step))
+
+
+def _fields(value: Any) -> list[Step]:
+    """The attribute paths one step under a configuration object (NOTE [attribute paths]):
+    public attributes of namespaces and of instances of user classes (dataclasses included;
+    class attributes too), public class attributes of user classes, str/int entries of dicts.
+    Libraries' objects stay guarded by identity: their internals are not the user's state."""
+    if type(value) is dict:
+        return [Step(False, k) for k in value if type(k) in (str, int)]
+    if isinstance(value, (nn.Module, types.FunctionType, types.MethodType, functools.partial)):
+        return []  # modules: the module guard; functions: code, walked by _user_functions
+    if isinstance(value, type):
+        klasses = [k for k in value.__mro__ if k is not object and _user_class(k)]
+        return [Step(True, n) for n in _class_data(klasses)]
+    klass = type(value)
+    plain = klass in NAMESPACES or _user_class(klass)  # a library's objects: by identity
+    if not plain or not hasattr(value, "__dict__"):
+        return []
+    names = [n for n in vars(value) if n.isidentifier() and not n.startswith("_")]
+    names += [n for n in _class_data([k for k in klass.__mro__ if _user_class(k)])
+              if n not in names]  # fmt: skip
+    return [Step(True, n) for n in names]
+
+
+def _class_data(klasses: list[type]) -> list[str]:
+    """Public data attributes defined on these classes (no methods, properties, classes)."""
+    names: list[str] = []
+    for klass in klasses:
+        for name, member in vars(klass).items():
+            if name.startswith("_") or name in names or not name.isidentifier():
+                continue
+            if callable(member) or isinstance(member, (property, staticmethod, classmethod)):
+                continue
+            names.append(name)
+    return names
 
 
 def _user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
@@ -365,10 +453,10 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
     for i, source in enumerate(sources):
         if source.cell is not None:
             params.append(f"c{i}=__sources[{i}].cell")
-            items.append(f"c{i}.cell_contents")
+            items.append(source.expression(f"c{i}.cell_contents"))
         else:
             params.append(f"n{i}=__sources[{i}].namespace")
-            items.append(f"n{i}[{source.name!r}]")
+            items.append(source.expression(f"n{i}[{source.name!r}]"))
     text = f"def fetch({', '.join(params)}):\n    return [{', '.join(items)}]\n"
     scope: dict[str, Any] = {"__sources": sources}
     exec(compile(text, "<phi_torch_jit guard>", "exec"), scope)
@@ -407,7 +495,7 @@ class PythonGuard:
         """Whether every read value is still what the trace saw."""
         try:
             now = self._current()
-        except (KeyError, ValueError):  # a global deleted, a cell emptied
+        except _GONE:  # a global deleted, a cell emptied, an attribute or entry removed
             return False
         n, m = self._n_values, self._n_values + self._n_ids
         values = now[:n]

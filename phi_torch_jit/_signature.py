@@ -20,7 +20,8 @@ tag    node                                                 meaning
 ``Q``  ``("Q", list | tuple, children)``                    sequence
 ``N``  ``("N", namedtuple class, children)``                namedtuple
 ``D``  ``("D", dict type, keys, children)``                 dict
-``C``  ``("C", dataclass, field names, children)``          dataclass
+``C``  ``("C", dataclass, field names, children)``          dataclass, or a namespace
+                                                              (``NAMESPACES``) by its attributes
 ``P``  ``("P", PhiKey)``                                    PhiML/PhiFlow value
 =====  ===================================================  ==================
 
@@ -34,8 +35,10 @@ mutations of it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -57,6 +60,10 @@ __all__ = [
     "merge_traced_numbers",
     "count_program_outputs",
 ]
+
+NAMESPACES: tuple[type, ...] = (types.SimpleNamespace, argparse.Namespace)
+"""Attribute bags users keep configuration in (``parser.parse_args()``); as arguments they
+are flattened by attribute, like dataclasses."""
 
 Spec = tuple[Any, ...]
 
@@ -118,6 +125,10 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         names = tuple(f.name for f in dataclasses.fields(obj))
         values = [getattr(obj, n) for n in names]
+        return ("C", cls, names, _flatten_items(values, tensors, meta, names, attr=True))
+    if cls in NAMESPACES:  # keyed by their attributes, like dataclasses
+        names = tuple(vars(obj))
+        values = list(vars(obj).values())
         return ("C", cls, names, _flatten_items(values, tensors, meta, names, attr=True))
     if isinstance(obj, nn.Module):
         return ("M", obj)
@@ -228,7 +239,7 @@ def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
     if tag == "N":
         return spec[1](*[unflatten(c, tensors) for c in spec[2]])
     if tag == "C":
-        obj = object.__new__(spec[1])
+        obj = spec[1]() if spec[1] in NAMESPACES else object.__new__(spec[1])
         for name, child in zip(spec[2], spec[3]):
             object.__setattr__(obj, name, unflatten(child, tensors))
         return obj

@@ -1,0 +1,106 @@
+"""Stage 1 (record): Python state of the user's code that the function itself changes.
+
+A compiled program runs no Python, so a step that advances a counter (``state["t"] += 1``),
+appends to a history list, or counts its calls on a module (``self.calls += 1``) would stop
+doing so once compiled; and since guards read the same state, it would retrace on every call,
+each trace pass applying the change once more. :func:`snapshot` records, before the record
+pass, the state a guard would read -- the globals and closure variables reachable user code
+reads, their attribute paths (:mod:`._reads`), and the plain attributes of the modules known
+before the call (arguments, modules read from globals and closures, a bound method's
+``self``, and their submodules). :meth:`Snapshot.changes` says, after the record pass, what
+the function changed. Such a specialization runs eagerly (its side effects then happen once
+per call, as eagerly) with one warning that names the state: NOTE [side effects of the step].
+
+Only user state counts: libraries' own caches (torch, PhiML, PhiFlow) are not walked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from ._reads import Kind, Read, collect_reads, immutable, same_value
+
+__all__ = ["Snapshot", "snapshot", "modules_known_before"]
+
+
+def _fingerprint(read: Read) -> Any:
+    """What a change of ``read`` shows in: its value, or for an object guarded by identity,
+    the object and, for a container, its length (an append)."""
+    value = read.source.get()
+    if read.kind is Kind.IDENTITY:
+        return (id(value), len(value) if isinstance(value, (list, dict, set)) else None)
+    if read.kind is Kind.TENSOR:
+        return None  # tensors are program inputs: in-place updates are seen
+    return read.current() if read.kind is not Kind.CONTENT else _copy(value)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, set):
+        return set(value)
+    return value
+
+
+def _module_attributes(modules: Sequence[nn.Module]) -> dict[tuple[int, str], Any]:
+    found: dict[tuple[int, str], Any] = {}
+    for root in modules:
+        for module in root.modules():
+            for name, value in vars(module).items():
+                if not name.startswith("_") and name != "training" and immutable(value):
+                    found[id(module), f"{type(module).__name__}.{name}"] = value
+    return found
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """User state before the record pass."""
+
+    reads: tuple[Read, ...]
+    """What guards would read."""
+    before: tuple[Any, ...]
+    """Their fingerprints before the call."""
+    modules: tuple[nn.Module, ...]
+    """Modules known before the call."""
+    attributes: dict[tuple[int, str], Any]
+    """Their plain immutable attributes before the call."""
+
+    def changes(self) -> list[str]:
+        """What the call changed, e.g. ``global state['t'] (read at f.py:3)``."""
+        changed = []
+        for read, before in zip(self.reads, self.before):
+            try:
+                now = _fingerprint(read)
+            except (KeyError, ValueError, AttributeError, IndexError, TypeError):
+                now = "<gone>"
+            if not same_value(now, before):
+                changed.append(f"{read.source.label} (read at {read.source.location})")
+        after = _module_attributes(self.modules)
+        for key, value in self.attributes.items():
+            if key not in after or not same_value(after[key], value):
+                changed.append(f"module attribute {key[1]}")
+        return changed
+
+
+def snapshot(fn: Callable[..., Any], modules: Sequence[nn.Module]) -> Snapshot:
+    """The user state ``fn`` may change, before it runs (a static walk: no Python of ``fn``)."""
+    reads = tuple(collect_reads(fn, modules))
+    modules = tuple(modules_known_before(fn, reads, modules))
+    return Snapshot(reads, tuple(map(_fingerprint, reads)), modules, _module_attributes(modules))
+
+
+def modules_known_before(
+    fn: Callable[..., Any], reads: Sequence[Read], arguments: Sequence[nn.Module] = ()
+) -> list[nn.Module]:
+    """Modules reachable before the call: arguments, modules read by identity (from globals,
+    closures or attribute paths) and a bound method's ``self``."""
+    found: list[Any] = [*arguments, getattr(fn, "__self__", None)]
+    found += [r.expected for r in reads if r.kind is Kind.IDENTITY]
+    unique = {id(m): m for m in found if isinstance(m, nn.Module)}
+    return list(unique.values())
