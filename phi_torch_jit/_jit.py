@@ -48,9 +48,12 @@ class JitFunction(Generic[P, R]):
         guard_hooks: bool = True,
         on_guard_failure: str = "retrace",
         label: str | None = None,
+        side_effects: str = "eager",
         **engine_options: Any,
     ) -> None:
-        options = Options.of(fn, engine, max_traces, guard_hooks, on_guard_failure, engine_options)
+        options = Options.of(
+            fn, engine, max_traces, guard_hooks, on_guard_failure, engine_options, side_effects
+        )
         self._options = options
         self._engine = options.engine
         self._fn = fn
@@ -170,6 +173,7 @@ def jit(
     max_traces: int = ...,
     guard_hooks: bool = ...,
     on_guard_failure: str = ...,
+    side_effects: str = ...,
     backend: Backend | None = ...,
     **compile_options: Any,
 ) -> JitFunction[P, R]: ...
@@ -183,6 +187,7 @@ def jit(
     max_traces: int = ...,
     guard_hooks: bool = ...,
     on_guard_failure: str = ...,
+    side_effects: str = ...,
     backend: Backend | None = ...,
     **compile_options: Any,
 ) -> Callable[[Callable[P, R]], JitFunction[P, R]]: ...
@@ -195,6 +200,7 @@ def jit(
     max_traces: int = 8,
     guard_hooks: bool = True,
     on_guard_failure: str = "retrace",
+    side_effects: str = "eager",
     backend: Backend | None = None,
     **compile_options: Any,
 ) -> JitFunction[P, R] | Callable[[Callable[P, R]], JitFunction[P, R]]:
@@ -243,6 +249,12 @@ def jit(
             one: ``"retrace"`` (default; compile the new branch too), ``"eager"`` (run the
             Python), ``"error"`` (raise :class:`~phi_torch_jit.GuardError`), or ``"off"`` (no
             guards: the traced branch is silently reused -- torch's TracerWarning is shown).
+        side_effects: what a specialization does whose run changes Python state the function
+            reads (a counter, an appended list, ``self.n += 1``): ``"eager"`` (default; it runs
+            eagerly, with one JitWarning naming the state, so results and side effects equal
+            eager's) or ``"trace"`` (JAX's rule: compiled; the Python side effects happen in
+            the record and trace passes of each new specialization only, guards read the state
+            as the trace left it).
         backend: with ``engine="compile"`` or ``"auto"``: the torch.compile backend, a name
             (``"inductor"``, the default; any of ``torch._dynamo.list_backends()`` or registered
             ones) or a callable ``(gm, example_inputs) -> callable``.
@@ -277,6 +289,7 @@ def jit(
         "max_traces": max_traces,
         "guard_hooks": guard_hooks,
         "on_guard_failure": on_guard_failure,
+        "side_effects": side_effects,
         "backend": backend,
         **compile_options,
     }

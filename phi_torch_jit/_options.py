@@ -23,6 +23,13 @@ ENGINE_ENV = "PHI_TORCH_JIT_ENGINE"
 """The engine of jitted functions created without ``engine=``: a name, or ``compile:<backend>``."""
 
 
+SIDE_EFFECTS = ("eager", "trace")
+"""``jit(side_effects=...)``: a step that changes Python state it reads runs eagerly, warned
+(``"eager"``, the default: results and side effects as eagerly), or is compiled with its
+side effects happening while tracing only (``"trace"``, JAX's rule: faster, documented in
+docs/guarded.md). NOTE [side effects of the step]."""
+
+
 @dataclass(frozen=True)
 class Options:
     """What ``jit(fn, ...)`` was asked for, checked."""
@@ -35,6 +42,8 @@ class Options:
     """Whether module guards check hooks and parameter identity too."""
     on_guard_failure: str
     """One of :data:`._value_guards.GUARD_POLICIES`."""
+    side_effects: str = "eager"
+    """One of :data:`SIDE_EFFECTS`: what a specialization that changes user state does."""
 
     @classmethod
     def of(
@@ -45,6 +54,7 @@ class Options:
         guard_hooks: bool,
         on_guard_failure: str,
         engine_options: dict[str, Any],
+        side_effects: str = "eager",
     ) -> Options:
         """Validate ``jit()``'s arguments; raise UsageError / ConfigurationError naming them."""
         if not callable(fn):
@@ -58,12 +68,16 @@ class Options:
                 f"phi_torch_jit: on_guard_failure must be one of {GUARD_POLICIES}, "
                 f"got {on_guard_failure!r}."
             )
+        if side_effects not in SIDE_EFFECTS:
+            raise ConfigurationError(
+                f"phi_torch_jit: side_effects must be one of {SIDE_EFFECTS}, got {side_effects!r}."
+            )
         engine_options = {k: v for k, v in engine_options.items() if v is not None}
         resolved = get_engine(_default_engine(engine_options) if engine is None else engine,
                               engine_options)  # fmt: skip
         if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
             resolved = get_engine("eager")
-        return cls(resolved, max_traces, guard_hooks, on_guard_failure)
+        return cls(resolved, max_traces, guard_hooks, on_guard_failure, side_effects)
 
 
 def _default_engine(options: dict[str, Any]) -> str:

@@ -82,7 +82,7 @@ def specialize(
     output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
-    changed = before.changes()
+    changed = before.changes() if target.options.side_effects == "eager" else []
     reads = collect_reads(target.fn, list(recording.modules.values()))
     guard = PythonGuard(reads) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
@@ -106,6 +106,8 @@ def specialize(
         except Exception as error:
             eager_reason = _cannot_trace(target, f"engine {target.options.engine.name!r} could not "
                                          f"trace it: {describe_error(error)}")  # fmt: skip
+    if guard is not None and target.options.side_effects == "trace":  # as the trace left it
+        guard = PythonGuard(collect_reads(target.fn, list(recording.modules.values())))
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:

@@ -356,10 +356,13 @@ def _add(reads: dict[Any, Read], key: Any, source: Source) -> None:
 def _fields(value: Any) -> list[Step]:
     """The attribute paths one step under a configuration object (NOTE [attribute paths]):
     public attributes of namespaces and of instances of user classes (dataclasses included;
-    class attributes too), public class attributes of user classes, str/int entries of dicts.
+    class attributes too), public class attributes of user classes, str/int entries of dicts,
+    items of lists and tuples (``models[0]``).
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
     if type(value) is dict:
         return [Step(False, k) for k in value if type(k) in (str, int)]
+    if type(value) in (list, tuple):
+        return [Step(False, i) for i in range(len(value))]
     if isinstance(value, (nn.Module, types.FunctionType, types.MethodType, functools.partial)):
         return []  # modules: the module guard; functions: code, walked by _user_functions
     if isinstance(value, type):

@@ -196,13 +196,13 @@ def test_python_forward_with_other_ctx_values_than_compiled_raises_instead_of_wr
         step(-torch.ones(3))  # ctx.factor would be 1: refused, not silently wrong
 
 
-def test_tensor_in_a_plain_object_requiring_grad_runs_eagerly_like_with_torchscript() -> None:
+def test_tensor_in_a_plain_object_requiring_grad_is_a_program_input() -> None:
     holder = SimpleNamespace(w=torch.randn(3, requires_grad=True))
     step = ptj.jit(lambda x: x * holder.w, engine="compile", backend="aot_eager")
-    with pytest.warns(ptj.JitWarning, match="runs eagerly: uses a tensor that requires grad but"):
-        step(torch.ones(3))
+    step(torch.ones(3))
     step(torch.ones(3)).sum().backward()
-    assert torch.equal(holder.w.grad, torch.ones(3))
+    assert torch.equal(holder.w.grad, torch.ones(3)) and step.num_traces == 1
+    assert "runs eagerly" not in step.explain()
 
 
 @pytest.mark.slow

@@ -72,15 +72,14 @@ def test_tracer_warnings_reach_the_user_when_value_guards_are_off() -> None:
     assert "tracer warning: Converting a tensor to a Python boolean" in step.explain()
 
 
-def test_captured_tensor_requiring_grad_runs_eagerly_with_the_diagnosis() -> None:
+def test_captured_tensor_requiring_grad_on_a_plain_object_is_a_program_input() -> None:
     holder = SimpleNamespace(weight=torch.ones(3, requires_grad=True))
     step = ptj.jit(lambda x: x * holder.weight)
-    with pytest.warns(
-        ptj.JitWarning, match=r"neither an argument, a global or closure .*register_module_call"
-    ):
-        step(torch.ones(3))
-    holder.weight.data.fill_(2.0)
+    step(torch.ones(3))
+    with torch.no_grad():
+        holder.weight.fill_(2.0)
     assert torch.equal(step(torch.ones(3)), torch.full((3,), 2.0))
+    assert step.num_traces == 1 and "runs eagerly" not in step.explain()
 
 
 class CountingEngine(Engine):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import copy
 import warnings
-from unittest import mock
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -244,13 +244,14 @@ def test_python_arithmetic_on_a_traced_size_never_crashes() -> None:
         assert "could not trace it: TypeError" in str(ours[0].message)
 
 
-def test_a_tensor_requiring_grad_in_a_plain_object_runs_eagerly_with_the_diagnosis() -> None:
+def test_a_tensor_requiring_grad_in_a_plain_object_is_compiled_as_an_input() -> None:
     def make() -> tuple[Step, tuple[Any, ...]]:
         holder = copy.copy(_Holder())
         holder.weight = torch.randn(3, requires_grad=True)
-        return (lambda x: x * holder.weight), (torch.ones(3),)
+        return (lambda x: (x * holder.weight).sum()), (torch.ones(3),)
 
-    jitted_like_eager(make, eager_reason="neither an argument")
+    jitted = jitted_like_eager(make)
+    assert jitted.num_traces == 1
 
 
 class _Holder:

@@ -115,7 +115,7 @@ def normflows_reverse_kld() -> Built:
 
     target = nf.distributions.TwoMoons()
     flows = []
-    for i in range(4):
+    for _ in range(4):
         param_map = nf.nets.MLP([1, 16, 2], init_zeros=True)
         flows.append(nf.flows.AffineCouplingBlock(param_map))
         flows.append(nf.flows.Permute(2, mode="swap"))
@@ -132,7 +132,7 @@ def normflows_reverse_kld() -> Built:
 
 
 def gpytorch_exact_gp() -> Built:
-    """gpytorch "Simple GP Regression": ExactGP, ScaleKernel(RBFKernel), ExactMarginalLogLikelihood."""
+    """gpytorch "Simple GP Regression": ExactGP, ScaleKernel(RBFKernel), exact marginal LL."""
     import math
 
     import gpytorch
@@ -166,7 +166,7 @@ def gpytorch_exact_gp() -> Built:
 
 
 def gpytorch_svgp() -> Built:
-    """gpytorch "SVGP Regression": ApproximateGP, VariationalStrategy, VariationalELBO, minibatches."""
+    """gpytorch "SVGP Regression": ApproximateGP, VariationalStrategy, VariationalELBO."""
     import gpytorch
     from gpytorch.models import ApproximateGP
     from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy

@@ -97,7 +97,7 @@ class GRUNet(nn.Module):
         self.head = nn.Linear(16, 1)
 
     def forward(self, x):
-        out, h = self.gru(x)
+        out, _ = self.gru(x)
         return self.head(out[:, -1])
 
 
@@ -195,6 +195,45 @@ def nn_transformer_seq2seq() -> Built:
     return Built(train_step, lambda k: (src[k], tgt[k]), [embed, transformer, head], optimizer)
 
 
+class RNNModel(nn.Module):
+    """pytorch/examples word_language_model: encoder, stacked LSTM with dropout, tied decoder."""
+
+    def __init__(self, ntoken: int, ninp: int, nhid: int, nlayers: int, dropout: float = 0.5):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.encoder = nn.Embedding(ntoken, ninp)
+        self.rnn = nn.LSTM(ninp, nhid, nlayers, dropout=dropout)
+        self.decoder = nn.Linear(nhid, ntoken)
+        self.decoder.weight = self.encoder.weight  # tie_weights (ninp == nhid)
+
+    def forward(self, input, hidden):
+        emb = self.drop(self.encoder(input))
+        output, hidden = self.rnn(emb, hidden)
+        output = self.drop(output)
+        return F.log_softmax(self.decoder(output), dim=-1), hidden
+
+
+def lstm_word_language_model() -> Built:
+    ntokens = 20
+    model = RNNModel(ntokens, 16, 16, 2, dropout=0.2)
+    criterion = nn.NLLLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    data = torch.randint(0, ntokens, (4, 7, 2))
+    hidden = (torch.zeros(2, 2, 16), torch.zeros(2, 2, 16))
+
+    def train_step(data, targets, hidden):
+        output, hidden = model(data, hidden)
+        return criterion(output.view(-1, ntokens), targets.reshape(-1)), hidden
+
+    return Built(
+        train_step,
+        lambda k: (data[k, :-1], data[k, 1:], hidden),
+        [model],
+        optimizer,
+        after_backward=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25),
+    )
+
+
 def pinn_burgers() -> Built:
     """A physics-informed network (Raissi et al.'s Burgers PINN, as commonly written in plain
     torch): PDE residual through torch.autograd.grad(create_graph=True)."""
@@ -239,6 +278,13 @@ PROGRAMS = [
         "torch",
         gru_regression,
         "2-layer GRU (dropout) + Linear, MSE, Adam",
+    ),
+    Program(
+        "torch_lstm_word_lm",
+        "torch",
+        "torch",
+        lstm_word_language_model,
+        "word_language_model example: 2-layer LSTM (dropout 0.2), tied weights, SGD",
     ),
     Program(
         "torch_transformer_encoder_lm",

@@ -25,11 +25,28 @@ pytestmark = pytest.mark.corpus
 
 PROGRAMS = all_programs()
 
+KNOWN = {
+    ("torch_gru_regression", "compile"): "torch's RNN decomposition drops inter-layer dropout",
+    ("torch_gru_regression", "auto-on-caller"): "torch's RNN decomposition drops dropout",
+    ("torch_lstm_word_lm", "compile"): "torch's RNN decomposition drops inter-layer dropout",
+    ("torch_lstm_word_lm", "auto-on-caller"): "torch's RNN decomposition drops dropout",
+    ("torch_nn_transformer_seq2seq", "torchscript"): "TorchScript reorders dropout draws",
+    ("torchdiffeq_odeint_dopri5", "torchscript"): "differs on torch 2.15 (not on 2.13)",
+    ("gpytorch_exact_gp", "torchscript"): "backward gradient wider than its input (sum_to)",
+    ("gpytorch_exact_gp", "compile"): "backward gradient wider than its input (sum_to)",
+    ("gpytorch_exact_gp", "auto-on-caller"): "backward gradient wider than its input (sum_to)",
+}
+"""Open bugs found by the corpus (the closing note of issue 25 lists them): marked, so
+that a fix shows as XPASS, not hidden."""
+
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
-def test_program_matches_eager(program, engine: str, record_property) -> None:
+def test_program_matches_eager(program, engine: str, record_property, request) -> None:
     pytest.importorskip(program.module)
+    known = KNOWN.get((program.name, engine))
+    if known:
+        request.applymarker(pytest.mark.xfail(reason=known, strict=False))
     outcome = run_program(program, engine, steps=STEPS)
     record_property("result", outcome.result)
     record_property("traces", outcome.traces)
