@@ -68,6 +68,11 @@ class JitFunction(Generic[P, R]):
             self.__doc__ = type(fn).__doc__
         else:
             functools.update_wrapper(self, fn)
+        self.__text_signature__ = "(*args, **kwargs)"
+        """What ``inspect.signature(jitted, follow_wrapped=False)`` reads: having ``__get__``
+        (for methods), this object looks like a method descriptor to ``inspect``, which then
+        wants a text signature (PhiML's ``functional_gradient`` asks for it, like for any
+        ``functools.wraps`` wrapper). Followed, ``__wrapped__`` gives ``fn``'s own."""
 
     @property
     def engine(self) -> Engine:

@@ -500,3 +500,30 @@ def test_karman_like_obstacle_flow_equals_eager_on_new_states() -> None:
     # other tests (seen on torch 2.15 only) PhiML handed one more layout: at most two
     assert jitted.num_traces <= 2
     assert "forward: traced" in jitted.explain()  # the 'auto' pressure solve is compiled
+
+
+def _advected_energy(v: Any) -> Any:
+    from phi.torch.flow import field
+
+    return field.l2_loss(advect.semi_lagrangian(v, v, 0.1))
+
+
+def test_functional_gradient_of_a_jitted_loss_equals_eager() -> None:
+    """PhiFlow's differentiate demos: ``field.functional_gradient(ptj.jit(loss), 'v')``. PhiML
+    reads the wrapper's own signature (``inspect.signature(f, follow_wrapped=False)``)."""
+    import inspect
+
+    from phi.torch.flow import field
+
+    jitted = ptj.jit(_advected_energy)
+    assert str(inspect.signature(jitted, follow_wrapped=False)) == "(*args, **kwargs)"
+    assert inspect.signature(jitted) == inspect.signature(_advected_energy)
+    assert jitted.__wrapped__ is _advected_energy and jitted.__name__ == "_advected_energy"
+    with phiml_eager():
+        v = StaggeredGrid(Noise(), 0, x=N, y=N, bounds=DOMAIN)
+        want_loss, want = field.functional_gradient(_advected_energy, "v", get_output=True)(v)
+        gradient = field.functional_gradient(jitted, "v", get_output=True)
+        for _ in range(3):
+            loss, got = gradient(v)
+            assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))
+            assert float(math.max(abs(got.values - want.values))) <= 1e-5
