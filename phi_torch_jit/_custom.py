@@ -210,6 +210,7 @@ class CustomFunction:
                 f"{len(inputs)} inputs. Return a sequence with one entry per input of f, "
                 "None where an input gets no gradient."
             )
+        result = list(result)
         for i, (g, x) in enumerate(zip(result, inputs)):
             if g is None:
                 continue
@@ -223,11 +224,13 @@ class CustomFunction:
                     f"phi_torch_jit: entry {i} of the gradient of {self.label} is a tensor, but "
                     f"input {i} is {type(x).__name__}; return None for non-tensor inputs."
                 )
-            if g.shape != x.shape:
+            if g.shape != x.shape and _expandable(x.shape, g.shape):
+                result[i] = g.sum_to_size(x.shape)  # as eager autograd does (a broadcast input)
+            elif g.shape != x.shape:
                 raise GradientError(
                     f"phi_torch_jit: entry {i} of the gradient of {self.label} has shape "
                     f"{tuple(g.shape)}, expected {tuple(x.shape)} (the shape of input {i}). "
-                    "Return a gradient shaped like its input."
+                    "Return a gradient shaped like its input (or like its broadcast)."
                 )
         return tuple(result)
 
@@ -319,3 +322,10 @@ def custom_gradient(
         >>> solve = custom_gradient(solve, lambda inputs, outputs, grads: (grads[0] / 2,))
     """
     return CustomFunction(f, gradient, name)
+
+
+def _expandable(shape: torch.Size, to: torch.Size) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (autograd then sums a gradient of ``to`` down)."""
+    if len(shape) > len(to):
+        return False
+    return all(a == b or a == 1 for a, b in zip(reversed(shape), reversed(to)))

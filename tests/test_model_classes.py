@@ -331,3 +331,30 @@ def test_a_signature_whose_values_never_repeat_ends_up_eager_at_a_bounded_cost(
     with mock.patch.object(torch, "tanh", wraps=torch.tanh) as tanh:
         step(inputs[0])
     assert tanh.call_count == 1  # eager: the Python runs, once per call
+
+
+# Found by the corpus (gpytorch's RBF kernel): a backward returning a broadcast-shaped gradient
+
+
+class _ScaleBy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, scale)
+        return x * scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, scale = ctx.saved_tensors
+        return grad * scale, grad * x  # (3, 3) for a (1, 1) scale: autograd sums it down
+
+
+def test_a_gradient_shaped_like_the_broadcast_is_summed_down_like_eager() -> None:
+    x = torch.randn(3, 3)
+    scales = [torch.full((1, 1), 2.0, requires_grad=True) for _ in range(2)]
+    f = ptj.jit(lambda x, s: _ScaleBy.apply(x, s).sum())
+    for _ in range(2):
+        for s in scales:
+            s.grad = None
+        f(x, scales[0]).backward()
+        _ScaleBy.apply(x, scales[1]).sum().backward()
+        _assert_equal(scales[0].grad, scales[1].grad)

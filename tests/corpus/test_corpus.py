@@ -32,9 +32,6 @@ KNOWN = {
     ("torch_lstm_word_lm", "auto-on-caller"): "torch's RNN decomposition drops dropout",
     ("torch_nn_transformer_seq2seq", "torchscript"): "TorchScript reorders dropout draws",
     ("torchdiffeq_odeint_dopri5", "torchscript"): "differs on torch 2.15 (not on 2.13)",
-    ("gpytorch_exact_gp", "torchscript"): "backward gradient wider than its input (sum_to)",
-    ("gpytorch_exact_gp", "compile"): "backward gradient wider than its input (sum_to)",
-    ("gpytorch_exact_gp", "auto-on-caller"): "backward gradient wider than its input (sum_to)",
 }
 """Open bugs found by the corpus (the closing note of issue 25 lists them): marked, so
 that a fix shows as XPASS, not hidden."""
