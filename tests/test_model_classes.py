@@ -358,3 +358,36 @@ def test_a_gradient_shaped_like_the_broadcast_is_summed_down_like_eager() -> Non
         f(x, scales[0]).backward()
         _ScaleBy.apply(x, scales[1]).sum().backward()
         _assert_equal(scales[0].grad, scales[1].grad)
+
+
+# Found by the corpus: multi-layer GRU/LSTM with dropout in train mode ----------------------
+
+
+class _Outputs(nn.Module):
+    def __init__(self, rnn: nn.Module) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
+def test_multi_layer_rnns_with_dropout_train_like_eager(kind: type[nn.Module]) -> None:
+    """torch's RNN decomposition (applied by AOTAutograd) drops inter-layer dropout: engines
+    that capture a graph run such a step eagerly; the draws and losses equal eager's."""
+
+    def make() -> tuple[Step, tuple[Any, ...]]:
+        return _training(_Outputs(kind(3, 4, num_layers=2, dropout=0.5)), torch.randn(5, 2, 3))
+
+    def make_jitted() -> tuple[Step, tuple[Any, ...]]:
+        step, args = make()
+        step.jittable["loss"] = ptj.jit(step.jittable["loss"])  # type: ignore[attr-defined]
+        return step, args
+
+    torch.manual_seed(0)
+    step, args = make()
+    want = _run(step, args, 3)
+    torch.manual_seed(0)
+    step, args = make_jitted()
+    _assert_equal(_run(step, args, 3), want)

@@ -307,12 +307,33 @@ def _capture(
         ) from None
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
+    _reject_rnn_dropout(graph)
     return graph
 
 
 _DATA_DEPENDENT = ("nonzero.", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
                    "repeat_interleave.Tensor", "bincount")  # fmt: skip
 """Ops whose output shape depends on tensor values (``nonzero_static`` is not one of them)."""
+
+
+_RNNS = ("aten.gru.input", "aten.lstm.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
+
+
+def _reject_rnn_dropout(graph: torch.fx.GraphModule) -> None:
+    """torch's Python decomposition of multi-layer RNNs (``_rnn_helper``, which AOTAutograd
+    applies) drops the dropout between layers in train mode (torch 2.11-2.15: the condition
+    ``num_layers < i - 1`` is never true): compiled, such a GRU/LSTM trains as if in eval mode.
+    Found by the corpus (tests/corpus); such functions run eagerly until torch fixes it."""
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or str(node.target) not in _RNNS:
+            continue
+        num_layers, dropout, train = node.args[4:7]
+        if train and dropout and num_layers > 1:
+            raise RunEagerly(
+                f"it runs a {num_layers}-layer {str(node.target)[5:-6].upper()} with dropout "
+                f"{dropout} in train mode, whose decomposition in torch drops that dropout "
+                "(a torch bug); use engine 'torchscript', or call eval() to compile it"
+            )
 
 
 def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:

@@ -26,10 +26,6 @@ pytestmark = pytest.mark.corpus
 PROGRAMS = all_programs()
 
 KNOWN = {
-    ("torch_gru_regression", "compile"): "torch's RNN decomposition drops inter-layer dropout",
-    ("torch_gru_regression", "auto-on-caller"): "torch's RNN decomposition drops dropout",
-    ("torch_lstm_word_lm", "compile"): "torch's RNN decomposition drops inter-layer dropout",
-    ("torch_lstm_word_lm", "auto-on-caller"): "torch's RNN decomposition drops dropout",
     ("torch_nn_transformer_seq2seq", "torchscript"): "TorchScript reorders dropout draws",
     ("torchdiffeq_odeint_dopri5", "torchscript"): "differs on torch 2.15 (not on 2.13)",
 }
