@@ -391,3 +391,21 @@ def test_multi_layer_rnns_with_dropout_train_like_eager(kind: type[nn.Module]) -
     torch.manual_seed(0)
     step, args = make_jitted()
     _assert_equal(_run(step, args, 3), want)
+
+
+# Found by the corpus (torchode): a size read from a value-shaped tensor ---------------------
+
+
+def test_len_of_a_value_shaped_tensor_is_never_baked() -> None:
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        i = x.nonzero()[:, 0]
+        return x[i].reshape(len(i)) * 2
+
+    jitted = ptj.jit(gather)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x in (torch.tensor([1.0, 0, 2, 3]), torch.tensor([1.0, 0, 0, 3]), torch.zeros(4)):
+            _assert_equal(jitted(x), gather(x))
+    ours = [w for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(ours) <= 1  # engine torchscript: eager, said once; capturing engines: eager too
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]

@@ -35,7 +35,7 @@ from .._compat import (
     set_graph_executor_optimize,
     torchscript_available,
 )
-from .._sources import TORCH_DIR
+from .._sources import TORCH_DIR, is_user_file
 from .._warnings import describe_warning, is_torchscript_notice, reemit
 from ..errors import RunEagerly, TraceError
 from .base import (
@@ -111,6 +111,21 @@ _VALUE_SHAPED = ("aten::nonzero", "aten::unique", "aten::_unique", "aten::masked
 
 def _has_value_dependent_shapes(graph: Any) -> bool:
     return any(node.kind().startswith(_VALUE_SHAPED) for node in graph.nodes())
+
+
+def _refuse_baked_sizes(tracer: list[warnings.WarningMessage], graph: Any, label: str) -> None:
+    """A tracer warning of the user's own code (``len(i)``, iterating over a tensor) in a graph
+    with an op whose output shape depends on values (``x.nonzero()``): the trace baked a size
+    that differs on the next call (torchode's adjoint crashed). Sizes of inputs are part of
+    the key, so without such an op the warning is harmless. The caller runs it eagerly."""
+    user = [w for w in tracer if is_user_file(w.filename)]
+    if user and _has_value_dependent_shapes(graph):
+        first = user[0]
+        raise TraceError(
+            f"phi_torch_jit: {label} the trace would bake a size that depends on tensor values "
+            f"at {first.filename}:{first.lineno} ({str(first.message).split('.')[0]}); use "
+            "x.shape[0] and tensor operations"
+        )
 
 
 def _phiml_dirs() -> tuple[str, ...]:
@@ -295,6 +310,7 @@ class TorchScriptEngine(Engine):
                 raise TraceError(captured_tensor_message(label)) from None
         tracer, other = _sort_warnings(caught)
         reemit(other)
+        _refuse_baked_sizes(tracer, traced.inlined_graph, label)
         # .forward skips nn.Module.__call__ (about 5 us); nobody hooks the traced wrapper.
         tensors = [*example_inputs, *module.parameters(), *module.buffers()]
         run = self._executable(traced.forward, traced.inlined_graph, tensors)
