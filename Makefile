@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Each creates the virtual environments it needs: torch first, pinned, then the project.
 #
-# .venv                 torch $(DEMO_TORCH) with every extra: demos, lint, docs, benchmarks
+# .venv                 torch $(DEMO_TORCH) with every extra: demos, lint, docs, benchmarks, and
+#                       the corpus of real-library programs (tests/corpus runs fully there)
 # .venv-torch<version>  one per other tested torch: tests and demos
 #
 # The tested torch releases are the files requirements/torch-<version>.txt, each pinning one;
@@ -27,14 +28,14 @@ $(VENV)/.ready: pyproject.toml Makefile requirements/torch-$(DEMO_TORCH).txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	tools/install_torch.sh $(PY) $(DEMO_TORCH)
-	$(PY) -m pip install -q -e '.[test,demo,dev,docs]'
+	$(PY) -m pip install -q -e '.[test,demo,dev,docs,corpus]' -r requirements/torch-$(DEMO_TORCH).txt
 	touch $@
 
 $(VENV)-torch%/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)-torch$*
 	$(VENV)-torch$*/bin/python -m pip install -q --upgrade pip
 	tools/install_torch.sh $(VENV)-torch$*/bin/python $*
-	$(VENV)-torch$*/bin/python -m pip install -q -e '.[test,demo]'
+	$(VENV)-torch$*/bin/python -m pip install -q -e '.[test,demo]' -r requirements/torch-$*.txt
 	touch $@
 
 demo: $(VENV)/.ready

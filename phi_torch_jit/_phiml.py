@@ -326,7 +326,7 @@ class _ConvergenceCheck:
             if collector is None:
                 token = _CHECKING.set(True)  # the record pass under install(): values are real
                 try:
-                    return original(info, only_warn)  # type: ignore[no-any-return]
+                    return original(_with_message(info), only_warn)  # type: ignore[no-any-return]
                 finally:
                     _CHECKING.reset(token)
             if all_available(info.diverged, info.converged):
@@ -337,8 +337,12 @@ class _ConvergenceCheck:
             key = disassemble(parts, natives)
 
             def check(*values: Any) -> None:
-                real = SolveInfo(info.solve, *values, info.method, info.msg, info.solve_time)
-                original(real, only_warn)
+                token = _CHECKING.set(True)
+                try:  # built with real values: PhiML writes eager's message
+                    real = SolveInfo(info.solve, *values, info.method, info.msg, info.solve_time)
+                    original(real, only_warn)
+                finally:
+                    _CHECKING.reset(token)
 
             collector.add(Deferred(key, check, len(natives)), natives)
             return None
@@ -349,6 +353,17 @@ class _ConvergenceCheck:
         from phiml.math._optimize import SolveInfo
 
         SolveInfo.convergence_check = self.original
+
+
+def _with_message(info: Any) -> Any:
+    """``info`` built anew while its values count as available: PhiML formats the message
+    (``did not converge to rel_tol=... Max residual: ...``) only then; the solve ran while
+    PhiML saw our pass as its jit, so its own ``SolveInfo`` kept the raw message."""
+    from phiml.math._optimize import SolveInfo
+
+    return SolveInfo(info.solve, info.x, info.residual, info.iterations,
+                     info.function_evaluations, info.converged, info.diverged, info.method,
+                     info.msg, info.solve_time)  # fmt: skip
 
 
 class _WhileLoop:

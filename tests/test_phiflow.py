@@ -527,3 +527,28 @@ def test_functional_gradient_of_a_jitted_loss_equals_eager() -> None:
             loss, got = gradient(v)
             assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))
             assert float(math.max(abs(got.values - want.values))) <= 1e-5
+
+
+def test_solver_errors_carry_eagers_message_on_record_and_compiled_calls() -> None:
+    from phi.torch.flow import ZERO_GRADIENT
+
+    def project(v: Any) -> Any:
+        return fluid.make_incompressible(v, (), Solve("CG-adaptive", 1e-5, 1e-5, max_iterations=3))
+
+    with phiml_eager():
+        rest = StaggeredGrid(0, ZERO_GRADIENT, x=N, y=N, bounds=DOMAIN)
+        v = StaggeredGrid(Noise(), ZERO_GRADIENT, x=N, y=N, bounds=DOMAIN)
+        with pytest.raises(math.NotConverged) as eager:
+            project(v)
+    message = str(eager.value).split(") ", 1)[1]  # after the backend's name
+    assert message.startswith("did not converge to rel_tol=1e-05, abs_tol=1e-05 within 3")
+    recorded = ptj.jit(project)
+    with pytest.raises(math.NotConverged) as first:
+        recorded(v)  # the record pass
+    compiled = ptj.jit(project)
+    compiled(rest)  # converges at rest: compiled
+    with pytest.raises(math.NotConverged) as later:
+        compiled(v)  # the compiled program's deferred check
+    for raised in (first.value, later.value):
+        assert str(raised).split(") ", 1)[1].startswith(message.split("Max residual")[0])
+        assert "Max residual" in str(raised) and raised.result.iterations is not None
