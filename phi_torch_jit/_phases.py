@@ -91,8 +91,8 @@ _RECORD = frozenset({Phase.RECORD})
 PATCHES: tuple[Patch, ...] = (
     Patch("module pre-hook: modules that run join the recording", _RECORD,
           lambda f: MODULE_HOOK.active()),
-    Patch("print: side effects compiled calls will not repeat are noted", _RECORD,
-          lambda f: print_capture()),
+    Patch("print: noted in the record pass, dropped in the trace pass (once per compile)",
+          frozenset({Phase.RECORD, Phase.TRACE}), lambda f: print_capture()),
     Patch("Function.apply: autograd.Function calls are captured", _ALL,
           lambda f: function_capture()),
     Patch("tensor-to-Python conversions of user code become value guards",

@@ -55,7 +55,7 @@ def test_record_phase_installs_its_patches_and_removes_them() -> None:
 @pytest.mark.parametrize("guarding", [True, False])
 def test_trace_phase_patches_conversions_only_when_guarding(guarding: bool) -> None:
     with tracing("f", ReplayCursor([], "f"), [] if guarding else None, None):
-        assert _active() == {**_NONE, "Function.apply": True, "notices": True,
+        assert _active() == {**_NONE, "Function.apply": True, "notices": True, "print": True,
                              "conversions": guarding}  # fmt: skip
     assert _active() == _NONE
 
