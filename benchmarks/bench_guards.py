@@ -38,6 +38,15 @@ def per_call(fn: Callable[[], Any], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
+def medians(variants: dict[str, tuple[Callable[[], Any], int]], reps: int) -> dict[str, float]:
+    """Median microseconds per call of each variant, interleaved within each repetition."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, (fn, count) in variants.items():
+            times[name].append(per_call(fn, count))
+    return {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[1, 5, 20])
@@ -95,11 +104,8 @@ def bench(blocks: int, x: torch.Tensor, reps: int, inner: int) -> tuple[int, dic
             "guard": (guard.holds, inner * 10),
             "light_guard": (light_guard.holds, inner * 10),
         }
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(reps):
-            for name, (fn, count) in variants.items():
-                times[name].append(per_call(fn, count))
-    return len(guard.modules), {k: statistics.median(v) * 1e6 for k, v in times.items()}
+        result = medians(variants, reps)
+    return len(guard.modules), result
 
 
 _READS = "\n".join(
@@ -135,11 +141,7 @@ def bench_python_reads(reps: int, inner: int) -> dict[str, float]:
         "baked": (lambda: baked(x), inner),
         "guard": (guard.holds, inner * 10),
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(reps):
-        for name, (fn, count) in variants.items():
-            times[name].append(per_call(fn, count))
-    result = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    result = medians(variants, reps)
     result["n"] = float(len(guard))
     return result
 
@@ -173,11 +175,7 @@ def bench_attribute_paths(reps: int, inner: int) -> dict[str, float]:
         "reading": (lambda: reading(x), inner),
         "guard": (guard.holds, inner * 10),
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(reps):
-        for name, (fn, count) in variants.items():
-            times[name].append(per_call(fn, count))
-    result = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    result = medians(variants, reps)
     result["n"] = float(len(guard))
     return result
 

@@ -23,7 +23,12 @@ __all__ = ["explain", "explain_specialization", "Reporter"]
 logger = logging.getLogger("phi_torch_jit")
 
 
-def explain(report: Reporter, engine: Engine, specializations: Iterable[Specialization]) -> str:
+def explain(
+    report: Reporter,
+    engine: Engine,
+    specializations: Iterable[Specialization],
+    gave_up: bool = False,
+) -> str:
     """The ``explain()`` report of a jitted function."""
     lines = [
         f"{report.owner}: engine {engine.name!r}, {report.num_traces} trace(s), "
@@ -31,6 +36,8 @@ def explain(report: Reporter, engine: Engine, specializations: Iterable[Speciali
     ]
     if engine.passthrough:
         lines.append("  runs eagerly: nothing is recorded or compiled")
+    if gave_up:
+        lines.append(f"  runs eagerly: {report.gave_up_reason}")
     for i, spec in enumerate(specializations):
         lines += explain_specialization(i, spec)
     return "\n".join(lines)
@@ -56,6 +63,8 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
         lines += [f"    engine: {note}" for note in spec.engine_status()]
     if spec.eager_reason:
         lines.append(f"    runs eagerly: {spec.eager_reason}")
+    if spec.meter is not None:
+        lines.append(f"    {spec.meter.describe()}")
     elif not spec.calls:
         lines.append("    custom functions: none")
     for call in spec.calls:
@@ -139,6 +148,23 @@ class Reporter:
             self._eager_logged = True
             logger.warning("phi_torch_jit: %s runs eagerly: %s", self.owner, reason)
         return reason
+
+    gave_up_reason = ""
+    """Why the whole function runs eagerly (its calls keep missing the cache)."""
+
+    def gave_up(self, misses: int, window: int) -> None:
+        """Log that the function stops compiling: its specializations are not reused."""
+        self.gave_up_reason = (
+            f"{misses} of its last {window} calls or fewer each compiled a new specialization "
+            "(shapes, static values or branches that do not repeat); compiling costs more "
+            "than it saves, so every call runs the Python function (jit(fallback='off') "
+            "keeps compiling)"
+        )
+        logger.warning("phi_torch_jit: %s runs eagerly: %s", self.owner, self.gave_up_reason)
+
+    def switched(self, figures: str) -> None:
+        """Log that a specialization serves eager code: its compiled step is slower."""
+        logger.warning("phi_torch_jit: %s: a specialization %s", self.owner, figures)
 
     def cannot_compile(self, reasons: list[str]) -> None:
         """Warn once that the function does what no compiled program repeats (it runs eagerly)."""

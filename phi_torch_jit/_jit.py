@@ -21,6 +21,7 @@ from ._cache import SpecializationCache, clear_caches
 from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
 from ._explain import Reporter, explain
+from ._meter import MISSES, WINDOW, HitRate
 from ._options import DISABLE_ENV, ENGINE_ENV, Options, positional_names
 from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_specialization, specialize
 from ._signature import flatten_arguments
@@ -49,11 +50,13 @@ class JitFunction(Generic[P, R]):
         on_guard_failure: str = "retrace",
         label: str | None = None,
         side_effects: str = "eager",
+        fallback: str = "measure",
         **engine_options: Any,
     ) -> None:
         options = Options.of(
-            fn, engine, max_traces, guard_hooks, on_guard_failure, engine_options, side_effects
-        )
+            fn, engine, max_traces, guard_hooks, on_guard_failure, engine_options, side_effects,
+            fallback,
+        )  # fmt: skip
         self._options = options
         self._engine = options.engine
         self._fn = fn
@@ -64,6 +67,10 @@ class JitFunction(Generic[P, R]):
         self._cache = SpecializationCache(max_traces)
         self._report = Reporter(self._owner, self._arg_names, max_traces)
         self._target = Target(fn, self._owner, options, self._report)
+        self._hit_rate = HitRate()
+        self._gave_up = False
+        """The calls keep missing the cache: every call runs the Python function (NOTE
+        [never slower than eager]); kept by ``clear_cache()``."""
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
         else:
@@ -94,8 +101,10 @@ class JitFunction(Generic[P, R]):
         return self if instance is None else types.MethodType(self, instance)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        self._hit_rate.calls += 1
         if (
-            self._engine.passthrough
+            self._gave_up
+            or self._engine.passthrough
             or current_frame() is not None
             or get_tracing_state()
             or functorch_transform() is not None
@@ -140,6 +149,9 @@ class JitFunction(Generic[P, R]):
             for dropped in self._cache.insert(specialization):
                 self._report.evicted(dropped)
             self._report.traced(key, reason)
+            if self._options.fallback == "measure" and self._hit_rate.missed():
+                self._gave_up = True
+                self._report.gave_up(MISSES, WINDOW)
             return value
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
@@ -164,7 +176,7 @@ class JitFunction(Generic[P, R]):
 
     def explain(self) -> str:
         """A readable report: per specialization, signature, modules, custom functions, times."""
-        return explain(self._report, self._engine, self.specializations)
+        return explain(self._report, self._engine, self.specializations, self._gave_up)
 
     def __repr__(self) -> str:
         return f"<jitted {self._owner}, engine={self._engine.name!r}>"
@@ -179,6 +191,7 @@ def jit(
     guard_hooks: bool = ...,
     on_guard_failure: str = ...,
     side_effects: str = ...,
+    fallback: str = ...,
     backend: Backend | None = ...,
     **compile_options: Any,
 ) -> JitFunction[P, R]: ...
@@ -193,6 +206,7 @@ def jit(
     guard_hooks: bool = ...,
     on_guard_failure: str = ...,
     side_effects: str = ...,
+    fallback: str = ...,
     backend: Backend | None = ...,
     **compile_options: Any,
 ) -> Callable[[Callable[P, R]], JitFunction[P, R]]: ...
@@ -206,6 +220,7 @@ def jit(
     guard_hooks: bool = True,
     on_guard_failure: str = "retrace",
     side_effects: str = "eager",
+    fallback: str = "measure",
     backend: Backend | None = None,
     **compile_options: Any,
 ) -> JitFunction[P, R] | Callable[[Callable[P, R]], JitFunction[P, R]]:
@@ -260,6 +275,11 @@ def jit(
             eager's) or ``"trace"`` (JAX's rule: compiled; the Python side effects happen in
             the record and trace passes of each new specialization only, guards read the state
             as the trace left it).
+        fallback: ``"measure"`` (default): a specialization whose compiled step is more than
+            10% slower than eager's runs eagerly after its first calls, and a function whose
+            calls keep missing the cache (new shapes or branches on most calls) stops
+            compiling; each switch is logged once and shown by ``explain()``. ``"off"``:
+            always the compiled program. (``engine="eager"`` forces eager code.)
         backend: with ``engine="compile"`` or ``"auto"``: the torch.compile backend, a name
             (``"inductor"``, the default; any of ``torch._dynamo.list_backends()`` or registered
             ones) or a callable ``(gm, example_inputs) -> callable``.
@@ -295,6 +315,7 @@ def jit(
         "guard_hooks": guard_hooks,
         "on_guard_failure": on_guard_failure,
         "side_effects": side_effects,
+        "fallback": fallback,
         "backend": backend,
         **compile_options,
     }

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from ._meter import FALLBACKS
 from ._value_guards import GUARD_POLICIES
 from .engines import Engine, get_engine
 from .errors import ConfigurationError, UsageError
@@ -44,6 +45,8 @@ class Options:
     """One of :data:`._value_guards.GUARD_POLICIES`."""
     side_effects: str = "eager"
     """One of :data:`SIDE_EFFECTS`: what a specialization that changes user state does."""
+    fallback: str = "measure"
+    """One of :data:`._meter.FALLBACKS`: serve the faster of compiled and eager code."""
 
     @classmethod
     def of(
@@ -55,6 +58,7 @@ class Options:
         on_guard_failure: str,
         engine_options: dict[str, Any],
         side_effects: str = "eager",
+        fallback: str = "measure",
     ) -> Options:
         """Validate ``jit()``'s arguments; raise UsageError / ConfigurationError naming them."""
         if not callable(fn):
@@ -72,12 +76,16 @@ class Options:
             raise ConfigurationError(
                 f"phi_torch_jit: side_effects must be one of {SIDE_EFFECTS}, got {side_effects!r}."
             )
+        if fallback not in FALLBACKS:
+            raise ConfigurationError(
+                f"phi_torch_jit: fallback must be one of {FALLBACKS}, got {fallback!r}."
+            )
         engine_options = {k: v for k, v in engine_options.items() if v is not None}
         resolved = get_engine(_default_engine(engine_options) if engine is None else engine,
                               engine_options)  # fmt: skip
         if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
             resolved = get_engine("eager")
-        return cls(resolved, max_traces, guard_hooks, on_guard_failure, side_effects)
+        return cls(resolved, max_traces, guard_hooks, on_guard_failure, side_effects, fallback)
 
 
 def _default_engine(options: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from torch import nn
 from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
 from ._guards import ModuleGuard, has_backward_hooks
+from ._meter import Meter
 from ._mutations import modules_known_before, snapshot
 from ._options import Options
 from ._reads import PythonGuard, collect_reads
@@ -74,10 +75,10 @@ def specialize(
 ) -> tuple[Any, Specialization | None]:
     """The stages for a cache miss; return (the eager result, the specialization), or
     (the eager result, None) when the engine cannot compile without making the caller wait."""
-    start = time.perf_counter()
     if converts_natives(key[0]):  # the record pass must see what the trace sees
         args, kwargs = unflatten_arguments(key[0], tensors)
     before = snapshot(target.fn, modules_in(key[0]))
+    start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]))
     output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
@@ -161,7 +162,13 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         buffer_writes=traced.buffer_writes,
         deferred=traced.deferred,
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
+        meter=_meter(target, parts) if live and target.options.fallback == "measure" else None,
     )
+
+
+def _meter(target: Target, parts: _Parts) -> Meter:
+    """Times the compiled calls against the record pass's (NOTE [never slower than eager])."""
+    return Meter(_EagerCall(target.fn, parts.key[0]), parts.timings.record, target.report.switched)
 
 
 def eager_specialization(target: Target, key: Key, reason: str) -> Specialization:

@@ -49,7 +49,8 @@ _MAX_ARRAY = 4096
 """NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
 _MAX_FUNCTIONS = 400
 _MAX_FIELDS = 64
-"""Attribute-path reads under one global or closure object (configs are small)."""
+"""Attribute-path reads under one global or closure object, its whole tree (configs are
+small)."""
 _MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
 _GONE = (KeyError, ValueError, AttributeError, IndexError, TypeError)
@@ -292,6 +293,60 @@ def _names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
     return found
 
 
+_CHAINS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
+
+
+def _chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Step, ...]]]:
+    """Attribute and constant-subscript chains the code reads from each global or free
+    variable, ``cfg.solver.tol`` or ``TABLE["solver"]["tol"]``, keyed by (is a cell, name):
+    guarded exactly, whatever the budget of the walk over the objects (NOTE [attribute
+    paths]). Method loads end a chain (``cfg.update()`` is a call, not data)."""
+    found = _CHAINS.get(code)
+    if found is not None:
+        return found
+    found = {}
+    root: tuple[bool, str] | None = None
+    chain: list[Step] = []
+    pending_key: Any = _NO_KEY
+    for instruction in dis.get_instructions(code):
+        op, arg = instruction.opname, instruction.argval
+        if op in _LOADS_GLOBAL or (op in _LOADS_CELL and arg in code.co_freevars):
+            if root is not None and chain:
+                found.setdefault(root, set()).add(tuple(chain))
+            root, chain, pending_key = (op in _LOADS_CELL, arg), [], _NO_KEY
+        elif root is not None and op == "LOAD_ATTR" and isinstance(arg, str):
+            chain.append(Step(True, arg))
+        elif root is not None and op == "LOAD_CONST" and type(arg) in (str, int):
+            pending_key = arg
+        elif root is not None and op == "BINARY_SUBSCR" and pending_key is not _NO_KEY:
+            chain.append(Step(False, pending_key))
+            pending_key = _NO_KEY
+        elif root is not None:
+            if chain:
+                found.setdefault(root, set()).add(tuple(chain))
+            root, chain, pending_key = None, [], _NO_KEY
+    if root is not None and chain:
+        found.setdefault(root, set()).add(tuple(chain))
+    _CHAINS[code] = found
+    return found
+
+
+_NO_KEY = object()
+
+
+def _add_chains(
+    reads: dict[Any, Read], key: Any, source: Source, chains: set[tuple[Step, ...]]
+) -> None:
+    """Each prefix of each chain read from ``source``, without descending further."""
+    for chain in chains:
+        parent, child = key, source
+        for step in chain[: _MAX_DEPTH + 2]:
+            parent, child = (parent, step), child.child(step)
+            _add(reads, parent, child, budget=[0])
+            if parent not in reads or reads[parent].kind is not Kind.IDENTITY:
+                break  # a value, a tensor or nothing: the chain ends there
+
+
 def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring)."""
@@ -302,14 +357,18 @@ def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
         code = function.__code__
         globals_read, cells_read = _names_read(code)
         namespace = function.__globals__
+        chains = _chains(code)
         for name, line in globals_read.items():
             if name in namespace:
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", namespace, name)
                 _add(reads, (id(namespace), name), source)
+                _add_chains(reads, (id(namespace), name), source, chains.get((False, name), set()))
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             if name in cells_read:
                 location = f"{code.co_filename}:{cells_read[name]}"
-                _add(reads, id(cell), Source(f"closure {name}", location, cell=cell))
+                source = Source(f"closure {name}", location, cell=cell)
+                _add(reads, id(cell), source)
+                _add_chains(reads, id(cell), source, chains.get((True, name), set()))
     return list(reads.values())
 
 
@@ -330,12 +389,14 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
         _add(reads, (id(namespace), name), Source(label, where, namespace, name))
 
 
-def _add(reads: dict[Any, Read], key: Any, source: Source) -> None:
+def _add(reads: dict[Any, Read], key: Any, source: Source, budget: list[int] | None = None) -> None:
+    """Add the read of ``source`` and, under an object guarded by identity, its attribute
+    paths: ``budget`` (shared by one root's whole tree) bounds how many."""
     if key in reads:
         return
     try:
         value = source.get()
-    except (KeyError, ValueError):  # an empty cell: not read after all
+    except _GONE:  # an empty cell: not read after all
         return
     kind = _kind(value)
     if kind is None:
@@ -345,12 +406,12 @@ def _add(reads: dict[Any, Read], key: Any, source: Source) -> None:
     )(value)
     reads[key] = Read(source, kind, expected)
     if kind is Kind.IDENTITY and len(source.path) < _MAX_DEPTH:
-        budget = [_MAX_FIELDS]
+        budget = [_MAX_FIELDS] if budget is None else budget
         for step in _fields(value):
             if budget[0] <= 0:
                 break
             budget[0] -= 1
-            _add(reads, (key, step), source.child(step))
+            _add(reads, (key, step), source.child(step), budget)
 
 
 def _fields(value: Any) -> list[Step]:
@@ -385,8 +446,8 @@ def _class_data(klasses: list[type]) -> list[str]:
         for name, member in vars(klass).items():
             if name.startswith("_") or name in names or not name.isidentifier():
                 continue
-            if callable(member) or isinstance(member, (property, staticmethod, classmethod)):
-                continue
+            if callable(member) or hasattr(type(member), "__get__"):
+                continue  # methods, properties, cached properties: reading them runs code
             names.append(name)
     return names
 

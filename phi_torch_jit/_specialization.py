@@ -18,6 +18,7 @@ import torch
 from ._compat import any_autocast
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
+from ._meter import Meter
 from ._reads import PythonGuard
 from ._signature import Spec, unflatten
 from ._state import capture_rng, restore_rng
@@ -114,12 +115,21 @@ class Specialization:
     python_guard: PythonGuard | None = None
     """Globals and closure variables the trace baked (checked before each call), and the
     tensors among them, which follow the arguments as inputs of the program."""
+    meter: Meter | None = None
+    """Times the first compiled calls against eager's and serves the faster path (None:
+    ``jit(fallback="off")``, or an eager specialization): NOTE [never slower than eager]."""
 
     def run(self, tensors: list[torch.Tensor]) -> Any:
         """The result for these inputs, or a :class:`GuardFailure` (state restored) if a
         value guard fails."""
         if self.eager is not None:
             return self.eager(tensors)
+        meter = self.meter
+        if meter is not None and not meter.done:
+            return meter.serve(self._run_compiled, tensors)
+        return self._run_compiled(tensors)
+
+    def _run_compiled(self, tensors: list[torch.Tensor]) -> Any:
         if self.python_guard is not None and self.python_guard.tensors:
             tensors = [*tensors, *self.python_guard.captured()]
         if not self.value_guards:

@@ -183,3 +183,26 @@ def test_a_step_that_changes_state_runs_eagerly_once_per_call_with_one_warning(c
     (warning,) = [w for w in caught if issubclass(w.category, ptj.JitWarning)]
     assert "it changes Python state it reads" in str(warning.message)
     assert "pass it in as an argument and return its new value" in str(warning.message)
+
+
+class _Node:
+    """A user object with many attributes (a simulation's state, say)."""
+
+
+def _tree(depth: int) -> _Node:
+    node = _Node()
+    for i in range(30):
+        setattr(node, f"a{i}", _tree(depth - 1) if depth else float(i))
+    return node
+
+
+BIG = _tree(2)
+
+
+def test_a_path_read_in_the_code_is_guarded_even_in_objects_beyond_the_walks_budget() -> None:
+    BIG.a29.a28.a27 = 27.0
+    jitted = _stays_like_eager(
+        lambda x: x * BIG.a29.a28.a27, lambda: setattr(BIG.a29.a28, "a27", 3.0)
+    )
+    assert jitted.num_traces == 2
+    assert len(jitted.specializations[0].python_guard or ()) <= 64 + 1 + 3  # bounded

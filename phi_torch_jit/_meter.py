@@ -1,0 +1,144 @@
+"""Stage 5 (serving): a jitted function measures itself and serves the faster path.
+
+Two rules, NOTE [never slower than eager] in docs/design.md:
+
+* **Per specialization** (:class:`Meter`): the first compiled calls after a warm-up are timed
+  (``SAMPLES`` of them, the clock read around each; nothing else runs). The eager step time is
+  the record pass's, an eager run of the function *with* the recording overhead (module hook,
+  patches), so an upper bound. Only if the compiled median is more than ``SLOWER`` times that
+  bound are ``SAMPLES`` calls then run eagerly and timed, for an honest comparison; the
+  specialization then serves whichever path is faster (more than 10% slower compiled: eager),
+  said in one log line and in ``explain()`` with the figures. After the decision a call pays
+  one attribute test.
+* **Per function** (:class:`HitRate`): a function whose calls keep missing (at least
+  ``MISSES`` of the last ``WINDOW`` calls started a new specialization: shapes, static values
+  or branches that never repeat) stops compiling; its calls run the Python function.
+
+``jit(fallback="off")`` keeps every compiled program; ``engine="eager"`` forces eager code.
+The decisions live on the jitted function and its specializations: ``clear_caches()`` drops
+the specializations (and their per-specialization decisions) but not a function's
+hit-rate decision. :data:`CLOCK` is read through this module so tests can use a fake clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CLOCK", "FALLBACKS", "Meter", "HitRate", "SAMPLES", "SLOWER", "WINDOW", "MISSES"]
+
+CLOCK: Callable[[], float] = time.perf_counter
+"""Seconds; replaced by tests."""
+FALLBACKS = ("measure", "off")
+"""``jit(fallback=...)``: ``"measure"`` (default) serves the faster path, ``"off"`` always the
+compiled program."""
+WARM_UP = 1
+"""Compiled calls not timed (allocations, lazy initialization)."""
+SAMPLES = 5
+"""Timed calls per path."""
+SLOWER = 1.1
+"""Compiled must not be more than this times eager's step time."""
+WINDOW = 24
+"""Calls over which a function's miss rate is judged."""
+MISSES = 12
+"""Misses in the last ``WINDOW`` calls after which a function runs eagerly."""
+
+Run = Callable[[list[torch.Tensor]], Any]
+
+
+class Meter:
+    """Times one specialization's compiled calls against eager's (see the module docstring).
+
+    ``done`` is the only field a decided call reads: True once the compiled program won.
+    """
+
+    def __init__(self, eager: Run, eager_s: float, on_switch: Callable[[str], None]) -> None:
+        self.done = False
+        """Decided for the compiled program (calls go straight to it)."""
+        self.eager_wins = False
+        """Decided for eager code (calls run the Python function)."""
+        self.eager = eager
+        """Runs the function eagerly on the flat inputs."""
+        self.record_s = eager_s
+        """The record pass: an eager run, recording overhead included (an upper bound)."""
+        self.compiled_s: list[float] = []
+        """Timed compiled calls."""
+        self.eager_s: list[float] = []
+        """Timed eager calls (only when the compiled ones looked slow)."""
+        self._skipped = 0
+        self._on_switch = on_switch
+
+    def serve(self, compiled: Run, tensors: list[torch.Tensor]) -> Any:
+        """One call while undecided (or decided for eager): run and time a path."""
+        if self.eager_wins:
+            return self.eager(tensors)
+        if self._skipped < WARM_UP:
+            self._skipped += 1
+            return compiled(tensors)
+        timing_eager = len(self.compiled_s) >= SAMPLES
+        start = _now(tensors)
+        result = self.eager(tensors) if timing_eager else compiled(tensors)
+        seconds = _now(tensors) - start
+        if type(result).__name__ == "GuardFailure":  # a value guard failed: not a step
+            return result
+        (self.eager_s if timing_eager else self.compiled_s).append(seconds)
+        self._decide()
+        return result
+
+    def _decide(self) -> None:
+        if len(self.compiled_s) < SAMPLES:
+            return
+        compiled = statistics.median(self.compiled_s)
+        if not self.eager_s and compiled <= SLOWER * self.record_s:
+            self.done = True  # faster than even the record pass: no eager run needed
+            return
+        if len(self.eager_s) < SAMPLES:
+            return
+        eager = statistics.median(self.eager_s)
+        if compiled <= SLOWER * eager:
+            self.done = True
+            return
+        self.eager_wins = True
+        self._on_switch(self.describe())
+
+    def describe(self) -> str:
+        """The figures, for the log and ``explain()``."""
+        parts = [f"record pass (eager + recording) {self.record_s * 1e3:.3g} ms"]
+        if self.compiled_s:
+            parts.append(f"compiled {statistics.median(self.compiled_s) * 1e3:.3g} ms")
+        if self.eager_s:
+            parts.append(f"eager {statistics.median(self.eager_s) * 1e3:.3g} ms")
+        verdict = (
+            f"serves eager code (compiled is slower by more than {round((SLOWER - 1) * 100)}%)"
+            if self.eager_wins
+            else "serves the compiled program"
+            if self.done
+            else "measuring"
+        )
+        return f"step time, median of {SAMPLES}: {', '.join(parts)}; {verdict}"
+
+
+def _now(tensors: list[torch.Tensor]) -> float:
+    """The clock, after the device finished queued work (CUDA runs asynchronously)."""
+    if tensors and tensors[0].is_cuda:
+        torch.cuda.synchronize(tensors[0].device)
+    return CLOCK()
+
+
+class HitRate:
+    """Which of a function's recent calls missed the cache (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        """Calls so far (counted on every call: one integer add)."""
+        self._misses: deque[int] = deque(maxlen=MISSES)
+
+    def missed(self) -> bool:
+        """Note a miss of the current call; True if the function should now run eagerly."""
+        self._misses.append(self.calls)
+        return len(self._misses) == MISSES and self.calls - self._misses[0] < WINDOW

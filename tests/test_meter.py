@@ -1,0 +1,174 @@
+"""Stage 5 (serving): never slower than eager (NOTE [never slower than eager]). A fake clock
+(``_meter.CLOCK``), call counters and trace counts prove what ran; nothing here is timed."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+import phi_torch_jit as ptj
+from phi_torch_jit import _meter
+from phi_torch_jit.engines import CompiledModule, Engine, FunctionTarget, get_engine
+from phi_torch_jit.engines.base import CompiledFunction
+
+
+class FakeClock:
+    """Seconds that pass only when the code under test says so."""
+
+    __slots__ = ("now",)  # not the program's state: no guard looks inside
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(_meter, "CLOCK", fake)
+    return fake
+
+
+def _meter_for(clock: FakeClock, eager_s: float, record_s: float) -> tuple[_meter.Meter, list]:
+    switches: list[str] = []
+
+    def eager(tensors: list[torch.Tensor]) -> str:
+        clock.now += eager_s
+        return "eager"
+
+    return _meter.Meter(eager, record_s, switches.append), switches
+
+
+def _compiled(clock: FakeClock, seconds: float) -> Any:
+    def run(tensors: list[torch.Tensor]) -> str:
+        clock.now += seconds
+        return "compiled"
+
+    return run
+
+
+def test_a_fast_compiled_program_is_kept_without_eager_runs(clock: FakeClock) -> None:
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=1.5)
+    served = [
+        meter.serve(_compiled(clock, 0.5), []) for _ in range(_meter.WARM_UP + _meter.SAMPLES)
+    ]
+    assert served == ["compiled"] * len(served) and meter.done and not switches
+    assert "serves the compiled program" in meter.describe()
+
+
+def test_a_slow_compiled_program_is_dropped_after_honest_eager_runs(clock: FakeClock) -> None:
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=1.5)
+    compiled = _compiled(clock, 3.0)
+    served = [meter.serve(compiled, []) for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES)]
+    assert served.count("eager") == _meter.SAMPLES and meter.eager_wins and not meter.done
+    assert meter.serve(compiled, []) == "eager"  # from now on
+    (switch,) = switches  # one log line, with the figures
+    assert "compiled 3e+03 ms" in switch and "eager 1e+03 ms" in switch
+    assert "serves eager code" in switch
+
+
+def test_a_compiled_program_slower_than_the_record_pass_but_not_than_eager_is_kept(
+    clock: FakeClock,
+) -> None:
+    meter, switches = _meter_for(clock, eager_s=2.0, record_s=1.0)  # record looked fast
+    served = [meter.serve(_compiled(clock, 2.1), []) for _ in range(1 + 2 * _meter.SAMPLES)]
+    assert meter.done and not meter.eager_wins and not switches
+    assert served.count("eager") == _meter.SAMPLES
+
+
+class SlowEngine(Engine):
+    """TorchScript's programs, each call taking 10 fake seconds."""
+
+    name = "slow"
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.inner = get_engine("torchscript")
+        self.clock = clock
+
+    def compile_function(self, target: FunctionTarget) -> CompiledFunction:
+        return self.inner.compile_function(target)
+
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        compiled = self.inner.compile_module(module, example_inputs, label)
+        inner, clock = compiled.run, self.clock
+
+        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            clock.now += 10.0
+            return inner(*tensors)
+
+        return dataclasses.replace(compiled, run=run)
+
+
+def test_end_to_end_a_slow_specialization_serves_eager_code_and_says_so(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        clock.now += 1.0  # eager code: one fake second
+        return x * 2
+
+    jitted = ptj.jit(step, engine=SlowEngine(clock))
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES + 3):
+            assert torch.equal(jitted(torch.ones(2)), torch.full((2,), 2.0))
+    (specialization,) = jitted.specializations
+    assert specialization.meter is not None and specialization.meter.eager_wins
+    assert "serves eager code" in jitted.explain()
+    assert sum("serves eager code" in r.getMessage() for r in caplog.records) == 1
+    kept = ptj.jit(step, engine=SlowEngine(clock), fallback="off")
+    for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES + 3):
+        kept(torch.ones(2))
+    assert kept.specializations[0].meter is None  # forced: always the compiled program
+
+
+def test_a_fast_specialization_is_kept_and_the_decision_is_per_specialization(
+    clock: FakeClock,
+) -> None:
+    jitted = ptj.jit(lambda x: x * 2)  # compiled calls advance no fake time: fast
+    for n in (2, 3):
+        for _ in range(_meter.WARM_UP + _meter.SAMPLES + 1):
+            jitted(torch.ones(n))
+    assert all(s.meter is not None and s.meter.done for s in jitted.specializations)
+    assert len(jitted.specializations) == 2
+
+
+def test_a_function_that_retraces_on_every_call_ends_up_eager_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def step(x: torch.Tensor, n: int) -> torch.Tensor:  # a new static value on every call
+        return torch.sin(x) * n
+
+    jitted = ptj.jit(step, max_traces=64)
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        for n in range(_meter.WINDOW + 6):
+            torch.testing.assert_close(jitted(torch.ones(1), n), step(torch.ones(1), n))
+    assert jitted.num_traces == _meter.MISSES  # then no more compiles
+    assert sum("compiling costs more than it saves" in r.getMessage() for r in caplog.records) == 1
+    assert "runs eagerly" in jitted.explain()
+    with mock.patch.object(torch, "sin", wraps=torch.sin) as sin:
+        jitted(torch.ones(1), 0)  # even a signature compiled before: the Python runs
+    assert sin.call_count == 1
+    jitted.clear_cache()  # the decision survives, as documented
+    jitted(torch.ones(1), 1)
+    assert jitted.num_traces == _meter.MISSES
+
+
+def test_a_training_loop_with_a_few_shapes_keeps_compiling() -> None:
+    jitted = ptj.jit(lambda x: x.sin())
+    for _ in range(4):
+        for n in range(1, 9):  # 8 batch shapes, each reused
+            jitted(torch.ones(n))
+    assert jitted.num_traces == 8 and "runs eagerly" not in jitted.explain()
+
+
+def test_fallback_is_validated() -> None:
+    with pytest.raises(ptj.ConfigurationError, match="fallback must be one of"):
+        ptj.jit(lambda x: x, fallback="sometimes")
