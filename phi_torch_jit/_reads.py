@@ -337,14 +337,25 @@ _NO_KEY = object()
 def _add_chains(
     reads: dict[Any, Read], key: Any, source: Source, chains: set[tuple[Step, ...]]
 ) -> None:
-    """Each prefix of each chain read from ``source``, without descending further."""
+    """Each prefix of each chain read from ``source``, without descending further: under
+    objects guarded by identity only (values and contents are guarded whole), never into a
+    module (the module guard and the wrapper own its state)."""
     for chain in chains:
         parent, child = key, source
         for step in chain[: _MAX_DEPTH + 2]:
+            above = reads.get(parent)
+            if above is None or above.kind is not Kind.IDENTITY:
+                break
+            if isinstance(above.expected, nn.Module):
+                break
             parent, child = (parent, step), child.child(step)
+            try:
+                value = child.get()
+            except _GONE:
+                break
+            if callable(value) and not isinstance(value, (nn.Module, torch.Tensor)):
+                break  # a method or function (a new bound method on every read): code, not data
             _add(reads, parent, child, budget=[0])
-            if parent not in reads or reads[parent].kind is not Kind.IDENTITY:
-                break  # a value, a tensor or nothing: the chain ends there
 
 
 def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
