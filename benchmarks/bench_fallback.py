@@ -86,7 +86,7 @@ WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[], torch.Tensor]]] = {
 def measure(fn: Callable[..., Any], data: Callable[[], torch.Tensor], engine: str,
             warm: int, reps: int) -> dict[str, Any]:  # fmt: skip
     jitted = ptj.jit(fn, engine=engine)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.no_grad():  # warm-up and timing in one grad mode
         warnings.simplefilter("ignore")
         for _ in range(warm):
             jitted(data())
@@ -95,13 +95,12 @@ def measure(fn: Callable[..., Any], data: Callable[[], torch.Tensor], engine: st
             for _ in range(warm):
                 jitted(data())
         times: dict[str, list[float]] = {"jit": [], "eager": []}
-        with torch.no_grad():
-            for _ in range(reps):
-                x = data()
-                for name, f in (("jit", jitted), ("eager", fn)):
-                    start = time.perf_counter()
-                    f(x)
-                    times[name].append(time.perf_counter() - start)
+        for _ in range(reps):
+            x = data()
+            for name, f in (("jit", jitted), ("eager", fn)):
+                start = time.perf_counter()
+                f(x)
+                times[name].append(time.perf_counter() - start)
     report = jitted.explain()
     return {
         "ratio": statistics.median(times["jit"]) / statistics.median(times["eager"]),

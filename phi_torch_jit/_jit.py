@@ -68,6 +68,9 @@ class JitFunction(Generic[P, R]):
         self._report = Reporter(self._owner, self._arg_names, max_traces)
         self._target = Target(fn, self._owner, options, self._report)
         self._hit_rate = HitRate()
+        self._value_misses: dict[Key, int] = {}
+        """Value-guard misses per signature, also those whose call kept no specialization
+        (engine "auto" compiling in the background): NOTE [values that never repeat]."""
         self._gave_up = False
         """The calls keep missing the cache: every call runs the Python function (NOTE
         [never slower than eager]); kept by ``clear_cache()``."""
@@ -134,15 +137,9 @@ class JitFunction(Generic[P, R]):
             result = serve(fresh, tensors) if fresh else Miss(None)
             if not isinstance(result, Miss):
                 return result
+            if self._values_never_repeat(key, seen, miss) or not self._engine.can_trace_now():
+                return self._fn(*args, **kwargs)  # eager; or engine "auto" compiles another
             reason = retrace_reason(list(seen), miss if seen else None)
-            if miss.failure is not None and len(seen) >= VALUE_SPECIALIZATIONS:
-                why = (
-                    "tensor values its Python branches on changed the path on each of "
-                    f"{len(seen) + 1} calls with this signature (last: "
-                    f"{miss.failure.description}); compiling each would cost more than it saves"
-                )
-                self._cache.replace(eager_specialization(self._target, key, why))
-                return self._fn(*args, **kwargs)
             value, specialization = specialize(self._target, key, args, kwargs, tensors)
             if specialization is None:  # engine "auto" is compiling: this call ran eagerly
                 return value
@@ -153,6 +150,23 @@ class JitFunction(Generic[P, R]):
                 self._gave_up = True
                 self._report.gave_up(MISSES, WINDOW)
             return value
+
+    def _values_never_repeat(self, key: Key, seen: tuple[Specialization, ...], miss: Miss) -> bool:
+        """Whether a signature's tensor values changed its path too often to compile each
+        (NOTE [values that never repeat]); then one eager specialization replaces its others.
+        Misses are counted also when no specialization was kept (engine "auto" busy)."""
+        if miss.failure is None:
+            return False
+        misses = self._value_misses[key] = self._value_misses.get(key, 0) + 1
+        if len(seen) < VALUE_SPECIALIZATIONS and misses <= VALUE_SPECIALIZATIONS:
+            return False
+        why = (
+            "tensor values its Python branches on changed the path on each of "
+            f"{max(len(seen) + 1, misses)} calls with this signature (last: "
+            f"{miss.failure.description}); compiling each would cost more than it saves"
+        )
+        self._cache.replace(eager_specialization(self._target, key, why))
+        return True
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the background compiles of this function's specializations have finished

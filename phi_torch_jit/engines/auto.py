@@ -92,6 +92,9 @@ class AutoEngine(CompileEngine):
         super().__init__(backend, functions=functions, **options)
         self.compile_on = compile_on
 
+    def can_trace_now(self) -> bool:
+        return not _CAPTURE_LOCK.locked()
+
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
     ) -> CompiledModule:

@@ -105,6 +105,13 @@ class Engine(abc.ABC):
     gradients only cooperate with that tracer; other engines hand such functions over to
     engine ``"torchscript"`` (noted in ``explain()``)."""
 
+    def can_trace_now(self) -> bool:
+        """Whether :meth:`compile_module` could trace at this moment (engine ``"auto"``: not
+        while its compile thread traces). A miss that could not is served by the Python
+        function alone, without the record pass's overhead. May race: a ``NotNow`` from
+        :meth:`compile_module` stays possible."""
+        return True
+
     @abc.abstractmethod
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         """Compile a flat function, or explain why it must run as Python."""
