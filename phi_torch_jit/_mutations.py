@@ -77,7 +77,7 @@ class Snapshot:
         for read, before in zip(self.reads, self.before):
             try:
                 now = _fingerprint(read)
-            except (KeyError, ValueError, AttributeError, IndexError, TypeError):
+            except Exception:  # gone, or a user object's attribute access raised
                 now = "<gone>"
             if not same_value(now, before):
                 changed.append(f"{read.source.label} (read at {read.source.location})")
@@ -92,7 +92,15 @@ def snapshot(fn: Callable[..., Any], modules: Sequence[nn.Module]) -> Snapshot:
     """The user state ``fn`` may change, before it runs (a static walk: no Python of ``fn``)."""
     reads = tuple(collect_reads(fn, modules))
     modules = tuple(modules_known_before(fn, reads, modules))
-    return Snapshot(reads, tuple(map(_fingerprint, reads)), modules, _module_attributes(modules))
+    return Snapshot(reads, tuple(map(_safe_fingerprint, reads)), modules,
+                    _module_attributes(modules))  # fmt: skip
+
+
+def _safe_fingerprint(read: Read) -> Any:
+    try:
+        return _fingerprint(read)
+    except Exception:  # an attribute access of the user's that raises: compared as such
+        return "<gone>"
 
 
 def modules_known_before(

@@ -53,8 +53,10 @@ _MAX_FIELDS = 64
 small)."""
 _MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
-_GONE = (KeyError, ValueError, AttributeError, IndexError, TypeError)
-"""What reading a source raises once what it named is gone."""
+_GONE = Exception
+"""What reading a source may raise: a name or entry gone (KeyError, AttributeError...), or
+anything a user object's attribute access raises. Either way the guard fails, and the next
+record pass runs the user's code, which raises where eager code would."""
 """The walk over user code stops after this many functions."""
 
 

@@ -206,3 +206,29 @@ def test_a_path_read_in_the_code_is_guarded_even_in_objects_beyond_the_walks_bud
     )
     assert jitted.num_traces == 2
     assert len(jitted.specializations[0].python_guard or ()) <= 64 + 1 + 3  # bounded
+
+
+class _Touchy:
+    """A config whose attribute access raises once it is closed (a user's own rule)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.dt = 0.1
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "dt" and object.__getattribute__(self, "closed"):
+            raise RuntimeError("configuration closed")
+        return object.__getattribute__(self, name)
+
+
+def test_a_guard_whose_read_raises_retraces_and_the_error_is_eagers() -> None:
+    config = _Touchy()
+    jitted = ptj.jit(lambda x: x * config.dt)
+    x = torch.ones(2)
+    torch.testing.assert_close(jitted(x), x * 0.1)
+    jitted(x)
+    config.closed = True
+    with pytest.raises(RuntimeError, match="configuration closed"):
+        jitted(x)
+    config.closed = False
+    torch.testing.assert_close(jitted(x), x * 0.1)
