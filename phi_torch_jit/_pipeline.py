@@ -44,6 +44,7 @@ from ._state import rng_restored
 from ._trace import Traced, trace, wrapper_engine
 from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
+from ._written_inputs import WrittenInputs, versions, written_inputs
 from .engines import CompiledModule, Engine
 from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
 
@@ -79,7 +80,9 @@ def specialize(
         args, kwargs = unflatten_arguments(key[0], tensors)
     before = snapshot(target.fn, modules_in(key[0]))
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
+    written_before = versions(tensors)
     result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]))
+    written = written_inputs(tensors, written_before)
     output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
@@ -89,7 +92,7 @@ def specialize(
     captured = [r.source for r in guard.tensors] if guard is not None else []
     modules = recording.root_modules(modules_known_before(target.fn, guard.reads if guard else ()))
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
-    eager_reason = _eager_reason(target, recording, changed)
+    eager_reason = _eager_reason(target, recording, changed, written)
     traced: Traced | None = None
     calls: tuple[CompiledCall, ...] = ()
     compile_s = 0.0
@@ -99,8 +102,8 @@ def specialize(
             traced, calls, compile_s = _compile(target, recording, wrapper, inputs)
         except NotNow:
             return result, None
-        except RunEagerly as signal:
-            eager_reason = target.report.runs_eagerly(signal.reason)
+        except RunEagerly as signal:  # what the engine cannot compile faithfully: warned
+            eager_reason = _cannot_trace(target, signal.reason)
         except (TraceError, ReplayError) as error:  # our diagnosis, with a fix
             message = str(error).removeprefix("phi_torch_jit: ").removeprefix(target.owner)
             eager_reason = _cannot_trace(target, message.strip().rstrip("."))
@@ -116,7 +119,7 @@ def specialize(
     program_spec = _program_spec(target.owner, traced.output_spec, output_spec)
     timings = Timings(record_s, compile_s, traced.seconds)
     n_outputs = count_program_outputs(program_spec)
-    parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard)
+    parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard, written)
     return result, _assemble(target, program_spec, parts)
 
 
@@ -132,6 +135,7 @@ class _Parts:
     n_outputs: int
     eager_reason: str
     python_guard: PythonGuard | None
+    written: WrittenInputs | None
 
 
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
@@ -163,6 +167,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         deferred=traced.deferred,
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
         meter=_meter(target, parts) if live and target.options.fallback == "measure" else None,
+        written=parts.written,
     )
 
 
@@ -229,27 +234,36 @@ def _cannot_trace(target: Target, reason: str) -> str:
     return target.report.runs_eagerly(reason)
 
 
-def _eager_reason(target: Target, recording: Recording, changed: list[str]) -> str:
+def _eager_reason(
+    target: Target, recording: Recording, changed: list[str], written: WrittenInputs | None
+) -> str:
     """Why a specialization must run eagerly, known after the record pass ("" if none).
 
-    Logged (once per jitted function); what the function itself does that no compiled program
-    can repeat (NOTE [Python reads]) is also warned about, once, with a JitWarning.
-    ``changed``: the user state the record pass changed (NOTE [side effects of the step]).
+    Warned about once per jitted function, with a JitWarning that names the reasons
+    (NOTE [eager, never a crash]), and logged. ``changed``: the user state the record pass
+    changed (NOTE [side effects of the step]);
+    ``written``: the arguments it wrote in place (NOTE [arguments written in place]).
     """
     reasons = list(recording.eager_reasons)
     if has_backward_hooks(recording.modules.values()):
         reasons.append("a module it calls has backward hooks, which a compiled program cannot fire")
-    unfaithful = _unguardable(recording.unguardable, target.options.engine)
+    reasons += _unguardable(recording.unguardable, target.options.engine)
     if changed:
-        unfaithful.append(
+        reasons.append(
             f"it changes Python state it reads ({', '.join(changed[:3])}), which a compiled "
             "program would not repeat; keep such state outside the jitted function (pass it "
             "in as an argument and return its new value) to have it compiled"
         )
-    if unfaithful:
-        target.report.cannot_compile(unfaithful)
-    reasons += unfaithful
-    return target.report.runs_eagerly("; ".join(reasons)) if reasons else ""
+    if written is not None and written.aliased and target.options.engine.captures_graph:
+        reasons.append(
+            f"it writes an argument in place ({written.describe()}) that shares memory with "
+            "another argument, which a captured graph (engines 'compile', 'auto') reads as "
+            "separate; pass separate tensors (x.clone()) to have it compiled"
+        )
+    if not reasons:
+        return ""
+    target.report.cannot_compile(reasons)
+    return target.report.runs_eagerly("; ".join(reasons))
 
 
 def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:

@@ -23,6 +23,7 @@ from ._reads import PythonGuard
 from ._signature import Spec, unflatten
 from ._state import capture_rng, restore_rng
 from ._value_guards import ValueGuard
+from ._written_inputs import WrittenInputs
 
 __all__ = [
     "Key",
@@ -115,6 +116,9 @@ class Specialization:
     python_guard: PythonGuard | None = None
     """Globals and closure variables the trace baked (checked before each call), and the
     tensors among them, which follow the arguments as inputs of the program."""
+    written: WrittenInputs | None = None
+    """The arguments it writes in place and how they shared memory when it was built (None:
+    it writes none): NOTE [arguments written in place]."""
     meter: Meter | None = None
     """Times the first compiled calls against eager's and serves the faster path (None:
     ``jit(fallback="off")``, or an eager specialization): NOTE [never slower than eager]."""
@@ -136,6 +140,8 @@ class Specialization:
             return self._commit(self._execute(tensors))
         rng = capture_rng() if self.uses_rng else None
         saved = [b.clone() for b in self.buffers]
+        written = self.written
+        arguments = written.save(tensors) if written is not None else []
         flat = self._execute(tensors)
         for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
             if not guard.holds(tensor):
@@ -144,6 +150,8 @@ class Specialization:
                 with torch.no_grad():
                     for buffer, value in zip(self.buffers, saved):
                         buffer.copy_(value)
+                if written is not None:
+                    written.restore(tensors, arguments)
                 return GuardFailure(guard.describe(tensor))
         return self._commit(flat)
 
@@ -195,6 +203,9 @@ def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tenso
             continue
         python = specialization.python_guard
         if python is not None and not python.holds():
+            continue
+        written = specialization.written
+        if written is not None and not written.same_sharing(tensors):
             continue
         try:
             result = specialization.run(tensors)

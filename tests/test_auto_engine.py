@@ -303,7 +303,8 @@ def test_without_torchscript_auto_runs_straight_line_and_torchscript_runs_eagerl
     assert "forward: python (TorchScript is unavailable in this torch)" in auto.explain()
     with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
         script = ptj.jit(step, engine="torchscript")
-        assert torch.allclose(script(u, k), step(u, k))
+        with pytest.warns(ptj.JitWarning, match="runs eagerly: TorchScript is unavailable"):
+            assert torch.allclose(script(u, k), step(u, k))
     assert "TorchScript is unavailable" in script.explain()
     assert auto.wait_compiled(60) and program_of(auto).tier == "aot_eager"
 

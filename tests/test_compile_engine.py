@@ -263,8 +263,10 @@ def test_a_tensor_used_as_a_size_runs_eagerly_with_the_right_reason(
 ) -> None:
     step = ptj.jit(lambda x, n: x.repeat(n), engine="compile", backend="aot_eager")
     with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
-        for n in (2, 3):
-            assert torch.equal(step(torch.ones(2), torch.tensor(n)), torch.ones(2 * n))
+        with pytest.warns(ptj.JitWarning, match="a tensor used as a size") as warned:
+            for n in (2, 3):
+                assert torch.equal(step(torch.ones(2), torch.tensor(n)), torch.ones(2 * n))
+    assert len(warned) == 1
     (record,) = [r for r in caplog.records if "runs eagerly" in r.message]
     assert "a tensor used as a size" in record.message
     assert "value guards are off" not in record.message  # they are on (the default)

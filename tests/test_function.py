@@ -178,14 +178,16 @@ def test_keyword_and_none_arguments() -> None:
     assert torch.allclose(step(b, k), cg_loop(b, k))
 
 
-def test_in_place_function_runs_eagerly_with_one_log_line(
+def test_in_place_function_runs_eagerly_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     step = ptj.jit(lambda x: InPlace.apply(x.clone()) + 1)
     x = torch.randn(3, requires_grad=True)
     with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
-        for _ in range(3):
-            out = step(x)
+        with pytest.warns(ptj.JitWarning, match="ctx.mark_dirty") as warned:
+            for _ in range(3):
+                out = step(x)
+    assert len(warned) == 1
     assert torch.allclose(out, 2 * x + 1)
     out.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0))
@@ -241,6 +243,13 @@ def test_ode_adjoint_from_a_library_works_unchanged() -> None:
     final_sum(y0, t).backward()
     want_y, want_w = y0.grad.clone(), dynamics.lin.weight.grad.clone()
     step = ptj.jit(final_sum)
+    with pytest.warns(ptj.JitWarning, match="new _PerturbFunc object on every call") as warned:
+        for _ in range(2):
+            y0.grad = None
+            dynamics.zero_grad()
+            step(y0, t).backward()
+            assert torch.allclose(y0.grad, want_y)
+    assert len(warned) == 1
     for _ in range(2):
         y0.grad = None
         dynamics.zero_grad()

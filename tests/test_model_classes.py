@@ -13,6 +13,7 @@ from unittest import mock
 
 import pytest
 import torch
+from helpers import captures_graph
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -373,7 +374,9 @@ class _Outputs(nn.Module):
 
 
 @pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
-def test_multi_layer_rnns_with_dropout_train_like_eager(kind: type[nn.Module]) -> None:
+def test_multi_layer_rnns_with_dropout_train_like_eager(
+    kind: type[nn.Module], jit_engine: str
+) -> None:
     """torch's RNN decomposition (applied by AOTAutograd) drops inter-layer dropout: engines
     that capture a graph run such a step eagerly; the draws and losses equal eager's."""
 
@@ -390,7 +393,14 @@ def test_multi_layer_rnns_with_dropout_train_like_eager(kind: type[nn.Module]) -
     want = _run(step, args, 3)
     torch.manual_seed(0)
     step, args = make_jitted()
-    _assert_equal(_run(step, args, 3), want)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _assert_equal(_run(step, args, 3), want)
+    ours = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    if captures_graph(jit_engine):
+        assert len(ours) == 1 and "drops that dropout" in ours[0], ours
+    else:
+        assert not ours
 
 
 # Found by the corpus (torchode): a size read from a value-shaped tensor ---------------------
@@ -409,3 +419,26 @@ def test_len_of_a_value_shaped_tensor_is_never_baked() -> None:
     ours = [w for w in caught if issubclass(w.category, ptj.JitWarning)]
     assert len(ours) <= 1  # engine torchscript: eager, said once; capturing engines: eager too
     assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+
+
+# 8. Found by the corpus (nn.Transformer, torchscript): random draws on independent branches --
+
+
+def test_independent_random_draws_keep_eagers_order() -> None:
+    """TorchScript's optimizing executor moved a draw past an independent one (the RNG is no
+    dependency to it): from the second compiled call on, every draw shifted."""
+    weight = nn.Parameter(torch.randn(8, 8))
+
+    def draws(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = nn.functional.dropout(torch.tanh(x * weight), 0.5)
+        attention = nn.functional.scaled_dot_product_attention(y, y, y, dropout_p=0.3)
+        return hidden, torch.rand_like(y) + attention
+
+    jitted = ptj.jit(draws)
+    x, y = torch.randn(8, 8), torch.randn(2, 4, 8)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        want = draws(x, y)
+        torch.manual_seed(seed)
+        _assert_equal(jitted(x, y), want)
+    assert jitted.num_traces == 1

@@ -127,8 +127,10 @@ class Engine(abc.ABC):
 
 
 RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform",
-              "exponential", "geometric", "cauchy", "poisson")  # fmt: skip
-"""Substrings of op names that draw random numbers (for ``CompiledModule.uses_rng``)."""
+              "exponential", "geometric", "cauchy", "poisson",
+              "scaled_dot_product_attention")  # fmt: skip
+"""Substrings of op names that draw random numbers (for ``CompiledModule.uses_rng``);
+attention draws when its ``dropout_p`` is not 0."""
 
 
 def captured_tensor_message(label: str) -> str:

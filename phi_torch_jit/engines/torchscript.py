@@ -208,12 +208,31 @@ def _uses_rng(graph: Any) -> bool:
     return False
 
 
+def _draws_twice(graph: Any) -> bool:
+    """Whether a traced graph has more than one node that may draw random numbers.
+
+    The optimizing executor slices differentiable nodes into subgraphs and moves nodes past
+    others that they do not depend on; the global RNG is no dependency to it, so two draws
+    on independent branches (an encoder's dropout, a decoder's attention dropout) may swap,
+    and every later draw shifts: an ``nn.Transformer`` trained differently from the second
+    compiled call on (found by the corpus). Such programs run unoptimized."""
+    draws = 0
+    for node in graph.nodes():
+        kind = node.kind()
+        if kind.startswith("prim::PythonOp") or any(r in kind for r in RANDOM_OPS):
+            draws += 1
+            if draws > 1:
+                return True
+    return False
+
+
 class _Unoptimized:
     """Runs a TorchScript callable with the graph executor's optimizations off (this thread).
 
     The optimizing executor differentiates fused subgraphs symbolically, and on torch 2.13
     that returns wrong gradients for complex tensors from the second call on (found by the
-    property tests). See NOTE [TorchScript optimizations] in docs/design.md.
+    property tests); it also reorders random draws (:func:`_draws_twice`). See
+    NOTE [TorchScript optimizations] in docs/design.md.
     """
 
     def __init__(self, fn: Any) -> None:
@@ -234,7 +253,8 @@ class TorchScriptEngine(Engine):
     Args:
         optimize: whether TorchScript's graph executor may optimize compiled programs
             (fusion, symbolic autodiff). ``None`` (default): yes, except for programs with
-            complex tensors, whose gradients it gets wrong on torch 2.13. ``True`` or
+            complex tensors, whose gradients it gets wrong on torch 2.13, and programs with
+            more than one random draw, which it may reorder. ``True`` or
             ``False`` force it either way (``False`` costs about 1.3 us per call).
     """
 
@@ -246,7 +266,7 @@ class TorchScriptEngine(Engine):
     def _executable(self, fn: Any, graph: Any = None, tensors: Sequence[torch.Tensor] = ()) -> Any:
         optimize = self.optimize
         if optimize is None:
-            optimize = graph is None or not _has_complex(graph, tensors)
+            optimize = graph is None or not (_has_complex(graph, tensors) or _draws_twice(graph))
         return fn if optimize else _Unoptimized(fn)
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
