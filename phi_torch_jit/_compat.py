@@ -246,6 +246,12 @@ FUNCTORCH_CONFIG = _api(
     "(documented for users in docs/engines.md); imported explicitly since torch 2.15",
     "tests, docs/engines.md",
 )
+KEEP_GRAPH = _api(
+    "torch._C._autograd._get_current_graph_task_keep_graph",
+    "whether the running backward retains its graph: a compiled program's own autograd node "
+    "runs the compiled backward inside it with the same retain_graph (no public API)",
+    "engines._twice",
+)
 COMPILE_FX = _api(
     "torch._inductor.compile_fx.compile_fx",
     "compile an already captured graph without running it (off the caller's thread for "
@@ -322,6 +328,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     FUNCTORCH_STACK,
     ANY_AUTOCAST,
     FUNCTORCH_CONFIG,
+    KEEP_GRAPH,
     COMPILE_FX,
     MODE_OPTIONS,
     DECOMPOSITIONS,
@@ -478,6 +485,11 @@ def compile_captured(
             return _compile_now(backend, graph, inputs, patches)
     finally:
         _COMPILING.active = False
+
+
+def graph_kept() -> bool:
+    """Whether the backward running on this thread keeps its graph (``retain_graph``)."""
+    return bool(KEEP_GRAPH.find()())
 
 
 def backward_compiled_with_forward() -> contextlib.AbstractContextManager[Any]:

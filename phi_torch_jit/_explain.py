@@ -63,6 +63,8 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
         lines += [f"    engine: {note}" for note in spec.engine_status()]
     if spec.eager_reason:
         lines.append(f"    runs eagerly: {spec.eager_reason}")
+    for reason in spec.failed:
+        lines.append(f"    runs eagerly: {reason}")
     if spec.meter is not None:
         lines.append(f"    {spec.meter.describe()}")
     elif not spec.calls:

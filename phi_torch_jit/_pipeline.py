@@ -168,6 +168,8 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
         meter=_meter(target, parts) if live and target.options.fallback == "measure" else None,
         written=parts.written,
+        python=_EagerCall(target.fn, parts.key[0]),
+        warn=target.report.cannot_compile,
     )
 
 

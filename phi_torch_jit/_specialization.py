@@ -10,7 +10,7 @@ signature (newest first), or says why none could.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from ._signature import Spec, unflatten
 from ._state import capture_rng, restore_rng
 from ._value_guards import ValueGuard
 from ._written_inputs import WrittenInputs
+from .errors import JitError, describe_error
 
 __all__ = [
     "Key",
@@ -119,6 +120,14 @@ class Specialization:
     written: WrittenInputs | None = None
     """The arguments it writes in place and how they shared memory when it was built (None:
     it writes none): NOTE [arguments written in place]."""
+    python: Callable[[list[torch.Tensor]], Any] | None = None
+    """The Python function on rebuilt arguments: what a compiled call that raised runs
+    instead (NOTE [eager, never a crash])."""
+    warn: Callable[[list[str]], None] | None = None
+    """Warns (once per jitted function) that a specialization runs eagerly from now on."""
+    failed: list[str] = field(default_factory=list)
+    """Why its compiled program stopped serving (it raised where the Python function ran);
+    empty while it serves."""
     meter: Meter | None = None
     """Times the first compiled calls against eager's and serves the faster path (None:
     ``jit(fallback="off")``, or an eager specialization): NOTE [never slower than eager]."""
@@ -128,6 +137,8 @@ class Specialization:
         value guard fails."""
         if self.eager is not None:
             return self.eager(tensors)
+        if self.failed and self.python is not None:
+            return self.python(tensors)
         meter = self.meter
         if meter is not None and not meter.done:
             return meter.serve(self._run_compiled, tensors)
@@ -136,24 +147,68 @@ class Specialization:
     def _run_compiled(self, tensors: list[torch.Tensor]) -> Any:
         if self.python_guard is not None and self.python_guard.tensors:
             tensors = [*tensors, *self.python_guard.captured()]
-        if not self.value_guards:
+        written = self.written
+        if not self.value_guards and written is None:
             return self._commit(self._execute(tensors))
+        arguments = written.save(tensors) if written is not None else []
+        if not self.value_guards:
+            return self._commit(self._execute_undoing(tensors, written, arguments))
         rng = capture_rng() if self.uses_rng else None
         saved = [b.clone() for b in self.buffers]
-        written = self.written
-        arguments = written.save(tensors) if written is not None else []
-        flat = self._execute(tensors)
+        try:
+            flat = self._execute_undoing(tensors, written, arguments)
+        except BaseException:
+            self._undo(rng, saved)
+            raise
         for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
             if not guard.holds(tensor):
-                if rng is not None:
-                    restore_rng(rng)
-                with torch.no_grad():
-                    for buffer, value in zip(self.buffers, saved):
-                        buffer.copy_(value)
+                self._undo(rng, saved)
                 if written is not None:
                     written.restore(tensors, arguments)
                 return GuardFailure(guard.describe(tensor))
         return self._commit(flat)
+
+    def _undo(self, rng: Any, buffers: list[torch.Tensor]) -> None:
+        """Rewind the RNG and the buffers to before a call whose result is discarded."""
+        if rng is not None:
+            restore_rng(rng)
+        with torch.no_grad():
+            for buffer, value in zip(self.buffers, buffers):
+                buffer.copy_(value)
+
+    def _execute_undoing(
+        self, tensors: list[torch.Tensor], written: WrittenInputs | None, saved: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        """Run the program; if it raises, the arguments it wrote are restored first."""
+        try:
+            return self._execute(tensors)
+        except BaseException:
+            if written is not None:
+                written.restore(tensors, saved)
+            raise
+
+    def after_failure(self, error: Exception, tensors: list[torch.Tensor]) -> Any:
+        """The compiled program raised ``error`` (its writes to arguments, buffers and RNG
+        undone where it has value guards or writes arguments).
+
+        NOTE [eager, never a crash]: a program whose traced Python branched on values may
+        have been built for another path (a guard failure, so a retrace); one without value
+        guards runs the Python function: if that raises too, the error is the user's, raised
+        as eager raises it; if it runs, the program was wrong for these inputs (a size the
+        trace baked), and the specialization runs eagerly from now on, warned once."""
+        if isinstance(error, JitError) or self.python is None:
+            raise error
+        if self.value_guards:
+            return GuardFailure(f"its compiled program raised {describe_error(error)}")
+        result = self.python(tensors)
+        reason = (
+            f"its compiled program raised where the Python function runs "
+            f"({describe_error(error)}); this specialization runs eagerly from now on"
+        )
+        self.failed.append(reason)
+        if self.warn is not None:
+            self.warn([reason])
+        return result
 
     def _commit(self, flat: tuple[torch.Tensor, ...]) -> Any:
         """Write replaced buffers, run deferred callbacks, return the result."""
@@ -209,10 +264,12 @@ def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tenso
             continue
         try:
             result = specialization.run(tensors)
-        except (RuntimeError, AssertionError):  # inductor checks input sizes with assert
+        except (RuntimeError, AssertionError) as error:  # inductor asserts input sizes
             if guard is not None and guard.moved():  # module.double(), .to(), .data =: retrace
                 continue
-            raise
+            if specialization.eager is not None or specialization.failed:
+                raise  # the Python function itself raised
+            result = specialization.after_failure(error, tensors)
         if not isinstance(result, GuardFailure):
             return result
         failure = failure or result

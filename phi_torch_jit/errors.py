@@ -137,7 +137,14 @@ def _code_of(target: Any) -> Any:
     return getattr(target, "__code__", None)
 
 
+_INTERPRETER = "The following operation failed in the TorchScript interpreter."
+
+
 def describe_error(error: BaseException) -> str:
-    """``Type: first line of the message`` (at most 200 characters), for logs and explain()."""
-    lines = str(error).splitlines()
-    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+    """``Type: first line of the message`` (at most 200 characters), for logs and explain();
+    for an error of the TorchScript interpreter, the line that says what failed (its last)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    line = lines[-1] if lines[0].startswith(_INTERPRETER) else lines[0]
+    return f"{type(error).__name__}: {line.strip()[:200]}"

@@ -109,6 +109,14 @@ def gradcheck(fn: Any, inputs: tuple[torch.Tensor, ...]) -> bool:
         return bool(torch.autograd.gradcheck(fn, inputs))
 
 
+def gradgradcheck(fn: Any, inputs: tuple[torch.Tensor, ...]) -> bool:
+    """``torch.autograd.gradgradcheck``, with donated buffers off as :func:`gradcheck`."""
+    import torch._functorch.config
+
+    with torch._functorch.config.patch(donated_buffer=False):
+        return bool(torch.autograd.gradgradcheck(fn, inputs))
+
+
 @contextmanager
 def phiml_eager() -> Iterator[None]:
     """Run reference PhiML/PhiFlow code eagerly without torch's TorchScript notice.

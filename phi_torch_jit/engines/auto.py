@@ -139,7 +139,7 @@ class TieredProgram:
         self.graph = graph
         self.state = state
         self.owner = owner
-        self.target = Compilable(graph, (*example, *state), engine)
+        self.target = Compilable(graph, (*example, *state), engine, len(example))
         self.on_caller = engine.compile_on == "caller"
         self.serve: Callable[..., Any] = graph.forward
         self._fast: Callable[..., Any] = graph.forward

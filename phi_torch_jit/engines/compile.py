@@ -52,6 +52,7 @@ from ..errors import (
     ValueNotCaptured,
     describe_error,
 )
+from ._twice import TwiceDifferentiable, needs_twice
 from .base import (
     RANDOM_OPS,
     CompiledFunction,
@@ -153,7 +154,7 @@ class CompileEngine(Engine):
         state = (*module.parameters(), *module.buffers())
         with _CAPTURE_LOCK:  # FX tracing (ours and the backend's) keeps process-wide state
             graph = _capture(module, example_inputs, state, label)
-        target = Compilable(graph, (*example_inputs, *state), self)
+        target = Compilable(graph, (*example_inputs, *state), self, len(example_inputs))
         program = _Program(graph, state, example_inputs, target, label)
         return CompiledModule(program, (), _uses_rng(graph), (), program.warm_up)
 
@@ -170,7 +171,11 @@ class Compilable:
     (no tensor data is kept), the grad mode it was captured in, the backend and settings."""
 
     def __init__(
-        self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...], engine: CompileEngine
+        self,
+        graph: torch.fx.GraphModule,
+        inputs: tuple[torch.Tensor, ...],
+        engine: CompileEngine,
+        n_arguments: int,
     ) -> None:
         self.graph = graph
         self.backend = engine.backend
@@ -178,6 +183,7 @@ class Compilable:
         self.disabled = bool(engine.options.get("disable"))
         self.grad_enabled = torch.is_grad_enabled()
         self.metas = [(t.size(), t.stride(), t.dtype, t.device, t.requires_grad) for t in inputs]
+        self.n_arguments = n_arguments
 
     def compile(self) -> Callable[..., Any]:
         """The backend's program for the graph, forward and backward; the caller holds the
@@ -190,7 +196,10 @@ class Compilable:
         cuda = next((t.device for t in inputs if t.device.type == "cuda"), None)
         on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
         with torch.set_grad_enabled(self.grad_enabled), on_device:
-            return compile_captured(self.backend, self.graph, inputs, dict(self.settings))
+            compiled = compile_captured(self.backend, self.graph, inputs, dict(self.settings))
+        if needs_twice(self.grad_enabled, [t.requires_grad for t in inputs[: self.n_arguments]]):
+            return TwiceDifferentiable(compiled, self.graph)
+        return compiled
 
     @property
     def backend_name(self) -> str:

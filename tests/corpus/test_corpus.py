@@ -25,10 +25,7 @@ pytestmark = pytest.mark.corpus
 
 PROGRAMS = all_programs()
 
-KNOWN = {
-    ("torch_nn_transformer_seq2seq", "torchscript"): "TorchScript reorders dropout draws",
-    ("torchdiffeq_odeint_dopri5", "torchscript"): "differs on torch 2.15 (not on 2.13)",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 """Open bugs found by the corpus (the closing note of issue 25 lists them): marked, so
 that a fix shows as XPASS, not hidden."""
 
