@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 from corpus import all_programs  # noqa: E402
-from corpus.harness import ENGINES, STEPS, Outcome, run_program  # noqa: E402
+from corpus.harness import BATCHES, ENGINES, STEPS, WARM_UP, Outcome, run_program  # noqa: E402
 
 RESULT_WORDS = {
     "equal": "equal",
@@ -146,8 +146,8 @@ Per engine: **equal** (compiled, equal to eager); **eager, warned** (equal, the 
 eagerly and one `JitWarning` says why); **eager, logged** (equal, runs eagerly, the reason is a
 WARNING log line of `phi_torch_jit`, no `JitWarning`); **DIFFERS** / **ERROR** (a failure).
 Then the trace count (`num_traces`) and the step time of the jitted iteration divided by
-eager's (median of {timed} steps after the {STEPS} compared ones). Last column: eager's median
-step time.
+eager's (median of {timed} steps after the {STEPS} compared ones and {WARM_UP} untimed warm-up
+steps, which see each of the {BATCHES} batches twice). Last column: eager's median step time.
 
 Summary: {summary}. Generated in {elapsed:.0f} s on {platform.machine()},
 {torch.get_num_threads()} threads, Python {platform.python_version()}; {_versions()}.

@@ -45,6 +45,10 @@ SEED = 0
 BATCHES = 4
 """Builders make batches 0..3; step k uses batch k % 4 (timed steps cycle through them)."""
 
+WARM_UP = 2 * BATCHES
+"""Untimed steps before the timed ones: every batch's signature seen twice, so engine auto
+has compiled each (on the caller's thread) and the timed steps measure steady state."""
+
 AUTO_ON_CALLER = "auto-on-caller"
 
 
@@ -267,8 +271,9 @@ def run_program(program: Program, engine: str, steps: int = STEPS, timed_steps: 
         eager_built = build(program)
         eager = run_steps(eager_built, eager_built.fn, steps)
         if timed_steps:
+            run_steps(eager_built, eager_built.fn, WARM_UP, steps, record=False)
             eager.step_times = run_steps(
-                eager_built, eager_built.fn, timed_steps, steps, record=False
+                eager_built, eager_built.fn, timed_steps, steps + WARM_UP, record=False
             ).step_times
     eager_texts = {_warning_text(w) for w in eager_caught}
     outcome = Outcome(program.name, engine, "error")
@@ -283,8 +288,9 @@ def run_program(program: Program, engine: str, steps: int = STEPS, timed_steps: 
             jitted_fn = jit_for(engine, built.fn)
             jitted = run_steps(built, jitted_fn, steps)
             if timed_steps:
+                run_steps(built, jitted_fn, WARM_UP, steps, record=False)
                 jitted.step_times = run_steps(
-                    built, jitted_fn, timed_steps, steps, record=False
+                    built, jitted_fn, timed_steps, steps + WARM_UP, record=False
                 ).step_times
         except Exception as error:
             outcome.detail = f"{type(error).__name__}: {' '.join(str(error).split())}"[:600]
