@@ -169,6 +169,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         meter=_meter(target, parts) if live and target.options.fallback == "measure" else None,
         written=parts.written,
         python=_EagerCall(target.fn, parts.key[0]),
+        served=traced.module.served,
         warn=target.report.cannot_compile,
     )
 

@@ -120,6 +120,9 @@ class Specialization:
     written: WrittenInputs | None = None
     """The arguments it writes in place and how they shared memory when it was built (None:
     it writes none): NOTE [arguments written in place]."""
+    served: Callable[[], None] | None = None
+    """Told after each compiled call whose value guards held (engine "compile" compiles a
+    value-guarded program once its path is taken again)."""
     python: Callable[[list[torch.Tensor]], Any] | None = None
     """The Python function on rebuilt arguments: what a compiled call that raised runs
     instead (NOTE [eager, never a crash])."""
@@ -166,6 +169,8 @@ class Specialization:
                 if written is not None:
                     written.restore(tensors, arguments)
                 return GuardFailure(guard.describe(tensor))
+        if self.served is not None:
+            self.served()
         return self._commit(flat)
 
     def _undo(self, rng: Any, buffers: list[torch.Tensor]) -> None:

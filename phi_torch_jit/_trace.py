@@ -130,10 +130,14 @@ def trace(
                     raise
                 raise TraceError(_unguarded_value_message(wrapper.owner)) from None
         cursor.finish()
-        notes = compiled.warm_up() if compiled.warm_up is not None else ()
+        if conversions and compiled.defer is not None:  # a path of values: compile on reuse
+            notes = compiled.defer(len(conversions))
+        else:
+            notes = compiled.warm_up() if compiled.warm_up is not None else ()
     assert frame.outputs.spec is not None, "the wrapper's forward did not run"
     notes = (*compiled.notes, *notes, *([note] if note else []))
-    compiled = dataclasses.replace(compiled, notes=notes, warm_up=None)
+    served = compiled.served if conversions and compiled.defer is not None else None
+    compiled = dataclasses.replace(compiled, notes=notes, warm_up=None, defer=None, served=served)
     value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
     seconds = time.perf_counter() - start
     writes = frame.outputs.buffer_writes

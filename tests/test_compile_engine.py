@@ -270,3 +270,55 @@ def test_a_tensor_used_as_a_size_runs_eagerly_with_the_right_reason(
     (record,) = [r for r in caplog.records if "runs eagerly" in r.message]
     assert "a tensor used as a size" in record.message
     assert "value guards are off" not in record.message  # they are on (the default)
+
+
+def _counting_backend() -> tuple[list[torch.fx.GraphModule], Any]:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    return graphs, backend
+
+
+def _signed(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if bool(x.sum() > 0) else x - 1
+
+
+def test_a_value_guarded_specialization_compiles_once_its_path_is_taken_again() -> None:
+    """A path of values may never repeat (NOTE [values that never repeat]): the backend
+    compiles it only after it served REUSE calls; calls on the other path do not count."""
+    from phi_torch_jit.engines.compile import REUSE
+
+    graphs, backend = _counting_backend()
+    step = ptj.jit(_signed, engine="compile", backend=backend, fallback="off")
+    positive, negative = torch.ones(3), -torch.ones(3)
+    assert torch.equal(step(positive), _signed(positive))  # record pass, no compile
+    assert torch.equal(step(negative), _signed(negative))  # the positive program: guard fails
+    assert graphs == []
+    for _ in range(REUSE):
+        assert torch.equal(step(positive), _signed(positive))
+    assert graphs == []  # served uncompiled so far
+    assert torch.equal(step(positive), _signed(positive))
+    assert len(graphs) == 1
+    assert "compiles after this specialization served" in step.explain()
+
+
+def test_a_loop_unrolled_by_values_is_never_compiled() -> None:
+    from phi_torch_jit.engines.compile import UNROLLED
+
+    def until(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(UNROLLED + 10):
+            if bool(x.abs().max() < 1e-3):
+                break
+            x = x * 0.9  # more iterations than UNROLLED before it breaks
+        return x
+
+    graphs, backend = _counting_backend()
+    step = ptj.jit(until, engine="compile", backend=backend, fallback="off")
+    x = torch.ones(3)
+    for _ in range(5):
+        assert torch.equal(step(x), until(x))
+    assert graphs == [] and step.num_traces == 1
+    assert "not compiled: its traced Python branched on" in step.explain()

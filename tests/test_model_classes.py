@@ -541,3 +541,22 @@ def test_gradgradcheck_through_jit() -> None:
     y = f(x).sum()
     (first,) = torch.autograd.grad(y, x)
     _assert_equal(first, torch.autograd.grad(torch.tanh(x @ weight).sin().sum(), x)[0])
+
+
+# Earlier checks of realistic programs: inputs in other memory layouts ----------------------
+
+
+def test_non_contiguous_and_channels_last_inputs_equal_eager() -> None:
+    conv = nn.Conv2d(3, 4, 3)
+    jitted = ptj.jit(lambda x: conv(x).relu().sum(1))
+    layouts = [
+        torch.randn(2, 3, 8, 8),
+        torch.randn(2, 3, 8, 8).transpose(-1, -2),
+        torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last),
+    ]
+    for x in layouts:
+        _assert_equal(jitted(x), conv(x).relu().sum(1))
+    columns = ptj.jit(lambda a: a * 2 + a.sum(0))
+    y = torch.randn(6, 4).t()
+    for a in (y, y.contiguous(), y):
+        _assert_equal(columns(a), a * 2 + a.sum(0))

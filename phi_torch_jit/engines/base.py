@@ -82,6 +82,14 @@ class CompiledModule:
     close: Callable[[], None] | None = None
     """Called when the specialization is dropped (``clear_caches()``, ``max_traces``): work
     still queued for it is skipped."""
+    defer: Callable[[int], tuple[str, ...]] | None = None
+    """Instead of :attr:`warm_up`, for a program whose traced Python branched on tensor values
+    (a path that may never be taken again): serve it without the backend's compile until it is
+    reused; given the number of value guards, returns notes for ``explain()``. None: the
+    engine has no such mode."""
+    served: Callable[[], None] | None = None
+    """With :attr:`defer`: told after each call whose value guards held (a call whose guards
+    failed took another path, and does not count as a reuse)."""
 
 
 class Engine(abc.ABC):

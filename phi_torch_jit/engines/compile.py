@@ -46,6 +46,7 @@ from .._compat import backend_exists, compile_captured, import_inductor, mode_op
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import (
     ConfigurationError,
+    JitError,
     RunEagerly,
     TraceError,
     UsageError,
@@ -156,7 +157,10 @@ class CompileEngine(Engine):
             graph = _capture(module, example_inputs, state, label)
         target = Compilable(graph, (*example_inputs, *state), self, len(example_inputs))
         program = _Program(graph, state, example_inputs, target, label)
-        return CompiledModule(program, (), _uses_rng(graph), (), program.warm_up)
+        return CompiledModule(
+            program, (), _uses_rng(graph), (), program.warm_up,
+            defer=program.compile_on_reuse, served=program.served,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
@@ -233,6 +237,7 @@ class _Program:
         self.serve: Callable[..., Any] = graph.forward
         self._compiled: Callable[..., Any] = graph.forward
         self._state_grads: tuple[bool, ...] = ()
+        self._uncompiled_calls = 0
 
     def warm_up(self) -> tuple[str, ...]:
         what = f"{self.target.backend_name}, called on the captured graph"
@@ -260,6 +265,68 @@ class _Program:
         self.serve = self._serve_checked if self.state else self._compiled
         return (f"{what}: compiled in {compile_s:.1f} s (one graph)",)
 
+    def compile_on_reuse(self, guards: int) -> tuple[str, ...]:
+        """Serve the captured graph uncompiled; compile once it served :data:`REUSE` calls.
+
+        For a specialization whose traced Python branched on tensor values (``bool(err <
+        tol)``, ``float(dt)``): such a path may never be taken again (NOTE [values that never
+        repeat]), and a backend's compile of it can take minutes (inductor took over 90 s for
+        a 64x64 iteration unrolled 60 times by ``bool(err < tol)``). With more than
+        :data:`UNROLLED` value guards the graph is a loop unrolled by values: it is never
+        compiled (the meter then serves it or eager code, whichever is faster)."""
+        self._example = ()
+        if guards > UNROLLED:
+            self.serve = self.graph.forward
+            return (
+                f"{self.target.backend_name}: not compiled: its traced Python branched on "
+                f"{guards} tensor values (a loop unrolled by values, a path that rarely "
+                "repeats); the captured graph runs uncompiled",
+            )
+        self._uncompiled_calls = REUSE
+        self.serve = self._serve_until_reused
+        return (
+            f"{self.target.backend_name}: compiles after this specialization served {REUSE} "
+            "call(s) (its traced Python branched on tensor values: a path that may not "
+            "repeat); the captured graph runs uncompiled until then",
+        )
+
+    def served(self) -> None:
+        """A call's value guards held: the path was taken again."""
+        if self._uncompiled_calls > 0:
+            self._uncompiled_calls -= 1
+
+    def _serve_until_reused(self, *inputs: torch.Tensor) -> Any:
+        if self._uncompiled_calls > 0:
+            return self.graph.forward(*inputs)
+        with _CAPTURE_LOCK:
+            if self.serve == self._serve_until_reused:  # not compiled by another thread
+                self.serve = self._compile_for_reuse()
+        try:
+            return self.serve(*inputs)
+        except JitError:
+            raise
+        except Exception as error:  # compiled, then failed when it ran: the graph serves
+            if self.serve == self.graph.forward:
+                raise
+            self.serve = self.graph.forward
+            logger.warning(
+                "phi_torch_jit: %s program for %s failed, the captured graph runs uncompiled: %s",
+                self.target.backend_name, self.owner, describe_error(error),
+            )  # fmt: skip
+            return self.serve(*inputs)
+
+    def _compile_for_reuse(self) -> Callable[..., Any]:
+        try:
+            self._compiled = self.target.compile()
+        except Exception as error:
+            logger.warning(
+                "phi_torch_jit: %s of %s failed, the captured graph runs uncompiled: %s",
+                self.target.backend_name, self.owner, describe_error(error),
+            )  # fmt: skip
+            return self.graph.forward
+        self._state_grads = grads_of(self.state)
+        return self._serve_checked if self.state else self._compiled
+
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
 
@@ -274,6 +341,14 @@ class _Program:
                 "compile"
             )
         return self._compiled(*inputs)
+
+
+REUSE = 2
+"""Calls a value-guarded specialization serves uncompiled (guards held) before the backend
+compiles it."""
+
+UNROLLED = 16
+"""More value guards than this: a loop unrolled by tensor values, never compiled."""
 
 
 class RequiresGradChanged(RuntimeError):
