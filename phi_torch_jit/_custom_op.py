@@ -39,10 +39,10 @@ from ._compat import (
     is_fake,
     is_view,
 )
-from ._context import Replaying, call_state, no_frame
+from ._context import Replaying, call_state, current_frame, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._phases import compiling
-from ._phiml import ForwardChecks, deferred_checks
+from ._phiml import ForwardChecks, add_to_tapes, deferred_checks, solve_infos, tapes_set_aside
 from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
@@ -67,7 +67,7 @@ class _FlatForward:
         args = merge_tensors(self.template, tensors)
         if get_tracing_state() is None:  # run as Python (every call): checks see real values
             return self.function.run_forward(args)[0]
-        with deferred_checks() as checks:  # traced once, by the engine's compile
+        with deferred_checks() as checks, tapes_set_aside():  # traced once, by the compile
             outputs = self.function.run_forward(args)[0]
         if checks.checks:
             self.checks = checks
@@ -123,6 +123,11 @@ class CompiledCall:
             self.forward = engine.compile_function(target)
         self.checks = flat.checks if self.forward.mode == "traced" else ForwardChecks()
         """Convergence checks the compiled forward returns the values of (NOTE [PhiML bridge])."""
+        self.n_info = len(self.checks.tensors)
+        """Outputs of the op after the function's own: the values of the checks' solves (for
+        PhiML's SolveTape, NOTE [SolveTape under jit])."""
+        self.info_recorded = tuple(t.detach().clone() for t in self.checks.tensors)
+        """Those values for the recorded inputs (the compile ran the forward on them)."""
         # A compiled forward runs no Python, so its context is the one of the compile run.
         self.static_context = call_state().last_context if self.forward.mode != "python" else None
         if self.forward.mode == "python":
@@ -133,7 +138,7 @@ class CompiledCall:
         """Whether the wrapper's engine captures a graph (``Engine.captures_graph``): its
         backward op then serves every call with the recorded call context (NOTE [opaque
         backward])."""
-        self.output_meta = tuple(_Meta.of(o) for o in recorded.outputs)
+        self.output_meta = tuple(_Meta.of(o) for o in (*recorded.outputs, *self.info_recorded))
         self._fake_present: dict[tuple[bool, ...], tuple[bool, ...]] = {}
         self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
         self.op_name = self._define_op()
@@ -143,7 +148,8 @@ class CompiledCall:
         base = re.sub(r"\W", "_", self.function.__name__).strip("_") or "custom"
         name = f"{base}_{next(_OP_NUMBERS)}"
         inputs = ", ".join(f"Tensor x{i}" for i in range(self.n_inputs))
-        returns = "Tensor" if self.n_outputs == 1 else f"({', '.join(['Tensor'] * self.n_outputs)})"
+        total = self.n_outputs + self.n_info
+        returns = "Tensor" if total == 1 else f"({', '.join(['Tensor'] * total)})"
         self._library.define(f"{name}({inputs}) -> {returns}")
         # torch's registry is C++ and would keep strong references alive forever: register
         # weak ones, and remove the op when this object is collected (NOTE [custom calls as ops]).
@@ -162,7 +168,7 @@ class CompiledCall:
     def _fake(self, *tensors: torch.Tensor) -> Any:
         """Outputs like the recorded ones, for graph capture (torch.compile's fake tensors)."""
         outputs = tuple(m.empty() for m in self.output_meta)
-        return outputs[0] if self.n_outputs == 1 else outputs
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def replay(self, recorded: RecordedCall, args: Sequence[Any]) -> Any:
         """The trace pass's call: record the op in the trace, return the recorded outputs."""
@@ -172,13 +178,24 @@ class CompiledCall:
         else:
             state = call_state()
             previous = state.replaying
-            state.replaying = Replaying(self, recorded.outputs, recorded.context)
+            recorded_outputs = (*recorded.outputs, *(t.clone() for t in self.info_recorded))
+            state.replaying = Replaying(self, recorded_outputs, recorded.context)
             try:
                 result = self.op(*tensors)
             finally:
                 state.replaying = previous
             outputs = result if isinstance(result, tuple) else (result,)
+            if self.n_info:
+                self._tape_traced(outputs[self.n_outputs :])
+                outputs = outputs[: self.n_outputs]
         return outputs[0] if self.single else tuple(outputs)
+
+    def _tape_traced(self, info: Sequence[torch.Tensor]) -> None:
+        """The trace pass: SolveTapes the function opened get the solve's SolveInfo around
+        the traced values, so compiled calls return what each call's solve did."""
+        frame = current_frame()
+        outer = frame.phiml.outer_tapes if frame is not None and frame.phiml is not None else ()
+        add_to_tapes(solve_infos(self.checks.checks, info, real=False), skip=outer)
 
     def _impl(self, *tensors: torch.Tensor) -> Any:
         state = call_state()
@@ -189,8 +206,9 @@ class CompiledCall:
             try:
                 results = self.forward.run(*tensors)
                 if self.checks.checks:  # raises like eager PhiML (NotConverged, Diverged)
-                    self.checks.run(results[self.n_outputs :])
-                    results = results[: self.n_outputs]
+                    info = results[self.n_outputs :]
+                    add_to_tapes(solve_infos(self.checks.checks, info, real=True))  # outer
+                    self.checks.run(info)
             except BaseException as error:  # re-raised unchanged by Specialization.run
                 state.last_error = error
                 raise
@@ -205,16 +223,17 @@ class CompiledCall:
                     "of tensor values."
                 )
             outputs = tuple(_unaliased(o, tensors) for o in results)
-        return outputs[0] if self.n_outputs == 1 else tuple(outputs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*inputs, *outputs)
+        ctx.save_for_backward(*inputs, *outputs[: self.n_outputs])  # not the solve's values
         state = call_state()
         ctx.call_context, state.pending_context = state.pending_context, None
 
     def _backward(self, ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         saved = ctx.saved_tensors
+        grad_outputs = grad_outputs[: self.n_outputs]  # the solve's values get no gradient
         pattern = tuple(bool(n) for n in ctx.needs_input_grad)
         if any(_is_fake(t) for t in (*saved, *grad_outputs)):  # NOTE [opaque backward]
             grads = self.backward_op(list(saved), list(grad_outputs), list(pattern))

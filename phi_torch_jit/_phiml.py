@@ -326,7 +326,10 @@ class _ConvergenceCheck:
             if collector is None:
                 token = _CHECKING.set(True)  # the record pass under install(): values are real
                 try:
-                    return original(_with_message(info), only_warn)  # type: ignore[no-any-return]
+                    formatted = _with_message(info)
+                    for tape in open_tapes():  # the solve just added its raw info to them
+                        tape.solves[:] = [formatted if s is info else s for s in tape.solves]
+                    return original(formatted, only_warn)  # type: ignore[no-any-return]
                 finally:
                     _CHECKING.reset(token)
             if all_available(info.diverged, info.converged):
@@ -344,7 +347,7 @@ class _ConvergenceCheck:
                 finally:
                     _CHECKING.reset(token)
 
-            collector.add(Deferred(key, check, len(natives)), natives)
+            collector.add(Deferred(key, check, len(natives), info), natives)
             return None
 
         SolveInfo.convergence_check = convergence_check
@@ -429,6 +432,9 @@ class PhiMLBridge:
         self._after_record: list[tuple[Any, tuple[Any, ...]]] = []
         self._replayed = 0
         self._calls_seen = 0
+        self.outer_tapes: tuple[Any, ...] = ()
+        """PhiML ``SolveTape``s open when the pass began: the record pass and compiled calls
+        fill them; the trace pass fills only the tapes the function opens itself."""
 
     @property
     def used(self) -> bool:
@@ -493,6 +499,7 @@ class PhiMLBridge:
             return
         self._replayed = 0
         self.recording = recording
+        self.outer_tapes = open_tapes()
         self._after_record = []
         stack = backend.CURRENT_JIT_CALLS
         stack.append(self)
@@ -565,6 +572,65 @@ class Deferred:
     """The callback."""
     count: int
     """How many torch natives the program returns for it."""
+    solve_info: Any = None
+    """For a convergence check: the ``SolveInfo`` it was met with (solve, method, message),
+    from which :func:`solve_infos` rebuilds one around the program's tensors."""
 
     def call(self, natives: Sequence[torch.Tensor]) -> None:
         self.runnable(*assemble(self.key, iter(natives)))
+
+
+def solve_infos(checks: Sequence[Deferred], natives: Sequence[Any], real: bool) -> list[Any]:
+    """The ``SolveInfo`` of each convergence check among ``checks``, rebuilt around the
+    tensors the program returned for it (``real``: values, so PhiML formats its message).
+    NOTE [SolveTape under jit]."""
+    from phiml.math._optimize import SolveInfo
+
+    infos, start = [], 0
+    for check in checks:
+        values = natives[start : start + check.count]
+        start += check.count
+        template = check.solve_info
+        if template is None:
+            continue
+        token = _CHECKING.set(real)
+        try:
+            parts = assemble(check.key, iter(values))
+            infos.append(SolveInfo(template.solve, *parts, template.method, template.msg,
+                                   template.solve_time))  # fmt: skip
+        finally:
+            _CHECKING.reset(token)
+    return infos
+
+
+def open_tapes() -> tuple[Any, ...]:
+    """PhiML's ``SolveTape``s open now (none if PhiML's optimizer is not imported)."""
+    optimize = sys.modules.get("phiml.math._optimize")
+    return tuple(optimize._SOLVE_TAPES) if optimize is not None else ()
+
+
+@contextmanager
+def tapes_set_aside() -> Iterator[None]:
+    """While a solve's forward is traced (compiled), its SolveInfo holds tracer values: the
+    open tapes are set aside, and a throwaway tape stands in for them, so the solve computes
+    what it computes for a tape (its residual)."""
+    optimize = sys.modules.get("phiml.math._optimize")
+    if optimize is None or not optimize._SOLVE_TAPES:
+        yield
+        return
+    tapes = optimize._SOLVE_TAPES
+    saved = list(tapes)
+    tapes[:] = [optimize.SolveTape()]
+    try:
+        yield
+    finally:
+        tapes[:] = saved
+
+
+def add_to_tapes(infos: Sequence[Any], skip: tuple[Any, ...] = ()) -> None:
+    """Add ``infos`` to the open ``SolveTape``s, except those in ``skip``, as PhiML's solve
+    does after it ran (trajectories are not recorded: NOTE [SolveTape under jit])."""
+    for tape in open_tapes():
+        if all(tape is not s for s in skip):
+            for info in infos:
+                tape._add(info.solve, False, info)

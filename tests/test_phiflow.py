@@ -552,3 +552,60 @@ def test_solver_errors_carry_eagers_message_on_record_and_compiled_calls() -> No
     for raised in (first.value, later.value):
         assert str(raised).split(") ", 1)[1].startswith(message.split("Max residual")[0])
         assert "Max residual" in str(raised) and raised.result.iterations is not None
+
+
+def _flows(count: int) -> list[Any]:
+    with phiml_eager():
+        return [
+            StaggeredGrid(Noise(), ZERO_GRADIENT, x=N, y=N, bounds=DOMAIN) * (0.5 + i)
+            for i in range(count)
+        ]
+
+
+def _tape_values(info: Any) -> tuple[Any, ...]:
+    return (
+        info.iterations.numpy().tolist(),
+        bool(info.converged.all),
+        bool(info.diverged.any),
+        float(math.max(abs(info.residual.values))),
+    )
+
+
+def test_a_solve_tape_inside_the_step_holds_eagers_results_on_compiled_calls() -> None:
+    """NOTE [SolveTape under jit]: the tape gets the SolveInfo around the values the compiled
+    program returns, so each call's iterations and residual are its own, not the first's."""
+
+    def project(v: Any) -> tuple[Any, Any, Any, Any, Any]:
+        with math.SolveTape() as tape:
+            v, _ = fluid.make_incompressible(v, (), Solve("CG-adaptive", 1e-5, 1e-5))
+        info = tape[0]
+        return v, info.iterations, info.converged, info.diverged, info.residual
+
+    jitted = ptj.jit(project)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for v in _flows(3):
+            with phiml_eager():
+                want = project(v)
+            got = jitted(v)
+            for g, w in zip(got[1:4], want[1:4]):
+                assert g.numpy().tolist() == w.numpy().tolist()
+            assert float(math.max(abs(got[4].values - want[4].values))) <= 1e-6
+    assert not [w for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert jitted.num_traces == 1  # compiled: the values come from the program
+
+
+def test_a_solve_tape_around_the_jitted_call_gets_one_entry_per_call_like_eager() -> None:
+    def project(v: Any) -> Any:
+        return fluid.make_incompressible(v, (), Solve("CG-adaptive", 1e-5, 1e-5))[0]
+
+    jitted = ptj.jit(project)
+    for v in _flows(3):
+        with phiml_eager(), math.SolveTape() as want:
+            project(v)
+        with math.SolveTape() as got:
+            jitted(v)
+        assert len(got) == len(want) == 1
+        assert _tape_values(got[0]) == pytest.approx(_tape_values(want[0]), rel=1e-5)
+        assert got[0].msg == want[0].msg  # "Converged within 81 iterations."
+    assert jitted.num_traces == 1
