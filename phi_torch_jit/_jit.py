@@ -8,6 +8,7 @@ stages 1-5 in order and the result joins the cache.
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 import types
@@ -21,11 +22,18 @@ from ._cache import SpecializationCache, clear_caches
 from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
 from ._explain import Reporter, explain
-from ._meter import MISSES, WINDOW, HitRate
+from ._meter import MISSES, SCANNED, WINDOW, HitRate
 from ._options import DISABLE_ENV, ENGINE_ENV, Options, positional_names
 from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_specialization, specialize
 from ._signature import flatten_arguments
-from ._specialization import Key, Miss, Specialization, autocast_state, retrace_reason
+from ._specialization import (
+    Key,
+    Miss,
+    Scanned,
+    Specialization,
+    autocast_state,
+    retrace_reason,
+)
 from ._specialization import run_first_valid as serve
 from .engines import Engine
 from .engines.compile import Backend
@@ -71,6 +79,9 @@ class JitFunction(Generic[P, R]):
         self._value_misses: dict[Key, int] = {}
         """Value-guard misses per signature, also those whose call kept no specialization
         (engine "auto" compiling in the background): NOTE [values that never repeat]."""
+        self._scans: dict[Key, collections.deque[int]] = {}
+        """Call numbers of the recent calls per signature that ran other paths' programs
+        before one held (:meth:`_scanned`)."""
         self._gave_up = False
         """The calls keep missing the cache: every call runs the Python function (NOTE
         [never slower than eager]); kept by ``clear_cache()``."""
@@ -120,6 +131,10 @@ class JitFunction(Generic[P, R]):
         if not isinstance(result, Miss):
             self._cache.touch(seen[0].key)  # the stored key: found by identity, not compared
             return result  # type: ignore[no-any-return]
+        if type(result) is Scanned:  # served after other paths' programs ran: count it
+            self._cache.touch(seen[0].key)
+            self._scanned(key, result)
+            return result.result  # type: ignore[no-any-return]
         policy = self._options.on_guard_failure
         if result.failure is not None and policy == "eager":
             return self._fn(*args, **kwargs)  # the traced branch no longer holds: run Python
@@ -137,6 +152,8 @@ class JitFunction(Generic[P, R]):
             result = serve(fresh, tensors) if fresh else Miss(None)
             if not isinstance(result, Miss):
                 return result
+            if type(result) is Scanned:
+                return result.result
             if self._values_never_repeat(key, seen, miss) or not self._engine.can_trace_now():
                 return self._fn(*args, **kwargs)  # eager; or engine "auto" compiles another
             reason = retrace_reason(list(seen), miss if seen else None)
@@ -167,6 +184,27 @@ class JitFunction(Generic[P, R]):
         )
         self._cache.replace(eager_specialization(self._target, key, why))
         return True
+
+    def _scanned(self, key: Key, scanned: Scanned) -> None:
+        """A call of ``key`` ran the programs of other paths before one held. When half of
+        a signature's recent calls do, their wasted runs cost more than compiling saves (an
+        iteration whose exit varies among a few counts ran at 2-6x eager's time): one eager
+        specialization replaces the signature's others (NOTE [values that never repeat])."""
+        if self._options.fallback != "measure":
+            return
+        calls = self._hit_rate.calls
+        recent = self._scans.setdefault(key, collections.deque(maxlen=SCANNED))
+        recent.append(calls)
+        if len(recent) < SCANNED or calls - recent[0] >= 2 * SCANNED:
+            return
+        assert scanned.failure is not None
+        why = (
+            f"{SCANNED} of its last {2 * SCANNED} calls or fewer with this signature ran the "
+            "programs of other paths first, whose value guards failed (last: "
+            f"{scanned.failure.description}); those runs cost more than compiling saves"
+        )
+        self._cache.replace(eager_specialization(self._target, key, why))  # under its lock
+        del self._scans[key]
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the background compiles of this function's specializations have finished

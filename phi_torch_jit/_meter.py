@@ -47,6 +47,9 @@ WINDOW = 24
 """Calls over which a function's miss rate is judged."""
 MISSES = 12
 """Misses in the last ``WINDOW`` calls after which a function runs eagerly."""
+SCANNED = 12
+"""Calls of one signature, within twice as many calls of the function, that ran other
+paths' programs first (value guards failed) after which the signature runs eagerly."""
 
 Run = Callable[[list[torch.Tensor]], Any]
 

@@ -34,6 +34,7 @@ __all__ = [
     "GuardFailure",
     "Miss",
     "run_first_valid",
+    "Scanned",
     "retrace_reason",
 ]
 
@@ -254,6 +255,15 @@ class Miss:
     """The first value-guard failure, if that is why."""
 
 
+@dataclass(frozen=True)
+class Scanned(Miss):
+    """Served, but only after the programs of other specializations ran and failed their value
+    guards (``failure`` is the first): NOTE [values that never repeat]."""
+
+    result: Any = None
+    """The call's result."""
+
+
 def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tensor]) -> Any:
     """Run the newest specialization whose guards hold; a :class:`Miss` if none does."""
     failure = None
@@ -276,7 +286,7 @@ def run_first_valid(entries: Sequence[Specialization], tensors: list[torch.Tenso
                 raise  # the Python function itself raised
             result = specialization.after_failure(error, tensors)
         if not isinstance(result, GuardFailure):
-            return result
+            return result if failure is None else Scanned(failure, result)
         failure = failure or result
     return Miss(failure)
 

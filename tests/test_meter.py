@@ -172,3 +172,40 @@ def test_a_training_loop_with_a_few_shapes_keeps_compiling() -> None:
 def test_fallback_is_validated() -> None:
     with pytest.raises(ptj.ConfigurationError, match="fallback must be one of"):
         ptj.jit(lambda x: x, fallback="sometimes")
+
+
+def _three_paths(x: torch.Tensor) -> torch.Tensor:  # an exit that varies among a few counts
+    for _ in range(3):
+        if bool(x.sum() < 1):
+            break
+        x = x / 2
+    return x
+
+
+@pytest.mark.parametrize("fallback", ["measure", "off"])
+def test_a_signature_whose_calls_keep_running_other_paths_programs_ends_up_eager(
+    fallback: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its paths repeat, so it never misses; but most calls ran one or two programs whose value
+    guards failed before one held (until_converged ran at 2-6x eager's time)."""
+    jitted = ptj.jit(_three_paths, fallback=fallback)
+    inputs = [torch.full((2,), v) for v in (0.1, 0.9, 1.5, 3.0)]  # 0, 1, 2, 3 halvings
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        for k in range(3 * _meter.SCANNED):
+            x = inputs[k % len(inputs)]
+            torch.testing.assert_close(jitted(x), _three_paths(x))
+    traces = jitted.num_traces
+    assert traces == len(inputs)  # each path compiled once, never again
+    reasons = [s.eager_reason for s in jitted.specializations]
+    if fallback == "off":  # the user asked to keep the programs
+        assert not any(reasons)
+        return
+    assert reasons == [reasons[0]] and "ran the programs of other paths first" in reasons[0]
+    assert sum("ran the programs of other paths" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_path_that_holds_first_is_never_counted() -> None:
+    jitted = ptj.jit(_three_paths)
+    for _ in range(3 * _meter.SCANNED):
+        jitted(torch.full((2,), 0.1))
+    assert jitted.num_traces == 1 and "runs eagerly" not in jitted.explain()
