@@ -6,11 +6,13 @@ captures PhiML's custom gradients (e.g. the implicit pressure solve of
 ``fluid.make_incompressible``) with all the usual guarantees.
 
 :func:`install` goes further for existing scripts that use PhiML's own
-``math.jit_compile`` (``@jit_compile``): on the torch backend, the native
-function PhiML compiles is then compiled by phi_torch_jit instead of PhiML's
-torch tracer. PhiML keeps its own keying (auxiliary arguments, shapes);
-phi_torch_jit does the record / compile / trace work underneath.
-:func:`uninstall` restores PhiML's tracer. Both are idempotent.
+``math.jit_compile`` (``@jit_compile``): while the default backend is torch, a
+jit-compiled function without auxiliary arguments is called as
+``phi_torch_jit.jit`` of it would be (the same keying, compiled program and
+rebuilt outputs, so the same speed); one with auxiliary arguments (or a
+``math.gradient`` of one) keeps PhiML's keying, and the native function PhiML
+compiles is compiled by phi_torch_jit instead of PhiML's torch tracer.
+:func:`uninstall` restores PhiML's own paths. Both are idempotent.
 
 Example:
     >>> import phi_torch_jit.phiflow
@@ -21,13 +23,14 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ._jit import JitFunction
 from .errors import describe_function
 
-__all__ = ["install", "uninstall", "installed"]
+__all__ = ["install", "uninstall", "installed", "compiled_by_phi_torch_jit"]
 
 _ORIGINAL: dict[str, Any] = {}
 
@@ -91,18 +94,71 @@ def _one_pass_at_a_time(native: Callable[..., Any], owner: Any) -> Callable[...,
     return one_pass
 
 
+_DIRECT: weakref.WeakKeyDictionary[Any, JitFunction[..., Any] | None] = weakref.WeakKeyDictionary()
+"""PhiML ``JitFunction`` -> the phi_torch_jit function its calls go to (None: PhiML's path)."""
+
+
+def _phiml_jit_class() -> Any:
+    from phiml.math._functional import JitFunction as PhiMLJit
+
+    return PhiMLJit
+
+
+def _direct(owner: Any) -> JitFunction[..., Any] | None:
+    """What a call of PhiML's jit ``owner`` goes to directly (None: PhiML's own path, for
+    auxiliary arguments, which PhiML keys by reference, and gradient functions)."""
+    if owner in _DIRECT:
+        return _DIRECT[owner]
+    from phiml.math._functional import GradientFunction
+
+    f = getattr(owner, "f", None)
+    eligible = callable(f) and not owner.auxiliary_args and not isinstance(f, GradientFunction)
+    direct = JitFunction(f, label=_user_label(owner)) if eligible else None
+    _DIRECT[owner] = direct
+    return direct
+
+
+def _call_through_phi_torch_jit(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Replacement of PhiML's ``JitFunction.__call__`` while installed: on the torch backend,
+    a call of ``phi_torch_jit.jit`` of the function (PhiML's keying, buffer bookkeeping and
+    output assembly, with PhiFlow's shape checks, cost 10-20% of a smoke step)."""
+    from phiml.backend import default_backend
+    from phiml.math._lin_trace import LinearTraceInProgress
+
+    direct = _direct(self)
+    if direct is None or default_backend().name != "torch":
+        return _ORIGINAL["__call__"](self, *args, **kwargs)
+    try:
+        return direct(*args, **kwargs)
+    except LinearTraceInProgress:  # called inside PhiML's linear tracing, as PhiML does
+        return self.f(*args, **kwargs)
+
+
 def install() -> None:
     """Make PhiML's ``jit_compile`` use phi_torch_jit on the torch backend."""
     backend = _torch_backend_class()
     if "jit_compile" not in _ORIGINAL:
         _ORIGINAL["jit_compile"] = backend.__dict__["jit_compile"]
         backend.jit_compile = _compile_with_phi_torch_jit
+    phiml_jit = _phiml_jit_class()
+    if "__call__" not in _ORIGINAL:
+        _ORIGINAL["__call__"] = phiml_jit.__dict__["__call__"]
+        phiml_jit.__call__ = _call_through_phi_torch_jit
 
 
 def uninstall() -> None:
     """Restore PhiML's own torch tracer (functions compiled meanwhile keep their compilation)."""
     if "jit_compile" in _ORIGINAL:
         _torch_backend_class().jit_compile = _ORIGINAL.pop("jit_compile")
+    if "__call__" in _ORIGINAL:
+        _phiml_jit_class().__call__ = _ORIGINAL.pop("__call__")
+
+
+def compiled_by_phi_torch_jit(phiml_jit: Any) -> JitFunction[..., Any] | None:
+    """The phi_torch_jit function that serves the calls of PhiML's jit ``phiml_jit`` while
+    installed (for ``explain()``, ``num_traces``); None if its calls take PhiML's path (then
+    ``phiml_jit.traces`` hold phi_torch_jit functions as native functions)."""
+    return _direct(phiml_jit)
 
 
 def installed() -> bool:

@@ -400,10 +400,10 @@ def test_rotating_obstacle_under_install_equals_eager_without_retracing() -> Non
             with phiml_eager():
                 eager = step(*eager)
             assert _max_diff(state[0], eager[0]) < 1e-4
-        ours = [t.__wrapped__ for traces in jitted.traces.values() for t in traces]
-        assert all(isinstance(t, ptj.JitFunction) for t in ours)
-        assert sum(t.num_traces for t in ours) <= 3  # per structure, not per angle
-        assert "bar_step" in repr(ours[0]) and "install()" in repr(ours[0])
+        ours = integration.compiled_by_phi_torch_jit(jitted)
+        assert isinstance(ours, ptj.JitFunction) and not jitted.traces  # PhiML's path unused
+        assert ours.num_traces <= 3  # per structure, not per angle
+        assert "bar_step" in repr(ours) and "install()" in repr(ours)
     finally:
         integration.uninstall()
 
@@ -424,6 +424,9 @@ def test_jit_compile_with_auxiliary_arguments_under_install() -> None:
                 want = step(v, s, dt)
             assert _max_diff(got[0], want[0]) < 1e-5 and _max_diff(got[1], want[1]) < 1e-5
         assert len(jitted.traces) == 2  # PhiML keys on the auxiliary value
+        assert integration.compiled_by_phi_torch_jit(jitted) is None  # PhiML's path
+        natives = [t.__wrapped__ for traces in jitted.traces.values() for t in traces]
+        assert all(isinstance(t, ptj.JitFunction) for t in natives)
     finally:
         integration.uninstall()
 
@@ -609,3 +612,36 @@ def test_a_solve_tape_around_the_jitted_call_gets_one_entry_per_call_like_eager(
         assert _tape_values(got[0]) == pytest.approx(_tape_values(want[0]), rel=1e-5)
         assert got[0].msg == want[0].msg  # "Converged within 81 iterations."
     assert jitted.num_traces == 1
+
+
+def test_install_serves_a_jit_compiled_step_as_ptj_jit_does() -> None:
+    """Under install(), a jit_compile'd step without auxiliary arguments is called as
+    ptj.jit of it: no PhiML keying or output assembly with PhiFlow's shape checks (10-20% of
+    a smoke step), so both paths cost the same."""
+    from unittest import mock
+
+    import phi_torch_jit.phiflow as integration
+    from phi.field import Field
+
+    v, s = initial()
+    integration.install()
+    try:
+        installed = math.jit_compile(smoke_step)
+        mine = ptj.jit(smoke_step)
+        for f in (installed, mine):
+            f(v, s)
+        checks = []
+        for f in (installed, mine):
+            with mock.patch.object(Field, "__post_init__", autospec=True) as post_init:
+                got = f(v, s)
+            checks.append(post_init.call_count)
+            with phiml_eager():
+                want = smoke_step(v, s)
+            assert _max_diff(got[1], want[1]) < 1e-5 and _max_diff(got[0], want[0]) < 1e-5
+        assert checks[0] == checks[1]
+        ours = integration.compiled_by_phi_torch_jit(installed)
+        assert ours is not None and ours.num_traces == 1 and not installed.traces
+    finally:
+        integration.uninstall()
+    with phiml_eager():
+        math.jit_compile(smoke_step)(v, s)  # PhiML's own path again
