@@ -620,8 +620,9 @@ def test_install_serves_a_jit_compiled_step_as_ptj_jit_does() -> None:
     a smoke step), so both paths cost the same."""
     from unittest import mock
 
-    import phi_torch_jit.phiflow as integration
     from phi.field import Field
+
+    import phi_torch_jit.phiflow as integration
 
     v, s = initial()
     integration.install()
