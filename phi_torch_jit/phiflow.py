@@ -112,8 +112,9 @@ def _direct(owner: Any) -> JitFunction[..., Any] | None:
     from phiml.math._functional import GradientFunction
 
     f = getattr(owner, "f", None)
-    eligible = callable(f) and not owner.auxiliary_args and not isinstance(f, GradientFunction)
-    direct = JitFunction(f, label=_user_label(owner)) if eligible else None
+    direct = None
+    if callable(f) and not owner.auxiliary_args and not isinstance(f, GradientFunction):
+        direct = JitFunction(f, label=_user_label(owner))
     _DIRECT[owner] = direct
     return direct
 
