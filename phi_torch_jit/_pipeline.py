@@ -116,7 +116,12 @@ def specialize(
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:
         target.report.side_effects(recording.side_effects)
-    program_spec = _program_spec(target.owner, traced.output_spec, output_spec)
+    try:
+        program_spec = _program_spec(target.owner, traced.output_spec, output_spec)
+    except TraceError as error:  # the trace returned other structures: NOTE [eager, never a crash]
+        message = str(error).removeprefix("phi_torch_jit: ").removeprefix(target.owner)
+        eager_reason = eager_reason or _cannot_trace(target, message.strip().rstrip("."))
+        program_spec = output_spec
     timings = Timings(record_s, compile_s, traced.seconds)
     n_outputs = count_program_outputs(program_spec)
     parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard, written)

@@ -560,3 +560,26 @@ def test_non_contiguous_and_channels_last_inputs_equal_eager() -> None:
     y = torch.randn(6, 4).t()
     for a in (y, y.contiguous(), y):
         _assert_equal(columns(a), a * 2 + a.sum(0))
+
+
+# Found by the PhiFlow programs: a trace that returns another structure than its record pass -
+
+
+def test_a_trace_returning_another_structure_runs_eagerly_with_one_warning() -> None:
+    import itertools
+
+    ticks = itertools.count()  # Python state the guards cannot see, read once per pass
+
+    def step(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
+        return x * 2, {"tick": next(ticks)}
+
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [jitted(torch.ones(2)) for _ in range(3)]
+    ours = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(ours) == 1 and "returned a different structure while tracing" in ours[0]
+    first, *later = [r[1]["tick"] for r in results]
+    assert later == [first + 2, first + 3]  # eager from the second call: one read per call
+    for got, _ in results:
+        _assert_equal(got, torch.full((2,), 2.0))

@@ -1,0 +1,90 @@
+"""PhiFlow programs in the style of its demos (tests/phiflow_programs.py), each run for a few
+steps eagerly, under ``ptj.jit`` and under ``install()`` (``math.jit_compile``): every field
+equal to eager's, and compiled (trace counts)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+pytest.importorskip("phi")
+pytest.importorskip("phiml")
+
+from helpers import phiml_eager
+from phi.torch.flow import math
+from phiflow_programs import PROGRAMS
+
+import phi_torch_jit as ptj
+import phi_torch_jit.phiflow as integration
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.torchscript_bodies,  # PhiML's solves script (torch.jit.script) even eagerly
+    pytest.mark.filterwarnings("ignore::UserWarning"),  # PhiML: sparse CSR beta, from_numpy
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+]
+
+STEPS = 3
+SIZE = 12
+
+KNOWN_EAGER = {"reaction_diffusion": "returned a different structure while tracing"}
+"""Open (closing note): the record pass returns the first field with its native dims in
+another order than the trace (PhiML layouts ('y', 'x') vs ('x', 'y')) when the state was made
+under a warnings filter; the step then runs eagerly with one JitWarning, equal to eager."""
+
+MAX_TRACES = {"particles": STEPS}
+"""A point cloud's locations stay in PhiML's structure (PhiFlow does not list a Field's
+geometry among its variable attributes), compared by identity: each step retraces (results
+are eager's). Others: the first state's structure, then the steady one."""
+
+
+def _values(state: tuple[Any, ...]) -> list[Any]:
+    out = []
+    for x in state:
+        if hasattr(x, "values"):
+            out.append(x.values)
+        if hasattr(x, "geometry") and not hasattr(x.geometry, "resolution"):
+            out.append(x.geometry.center)  # a point cloud's locations
+    return out
+
+
+def _assert_like(got: tuple[Any, ...], want: tuple[Any, ...]) -> None:
+    for g, w in zip(_values(got), _values(want), strict=True):
+        scale = max(float(math.max(abs(w))), 1.0)
+        assert float(math.max(abs(g - w))) <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("path", ["ptj.jit", "install()"])
+def test_phiflow_program_equals_eager(name: str, path: str) -> None:
+    with phiml_eager():
+        step, state = PROGRAMS[name](SIZE)
+    if path == "ptj.jit":
+        jitted: Any = ptj.jit(step)
+        ours = jitted
+    else:
+        integration.install()
+        jitted = math.jit_compile(step)
+        ours = integration.compiled_by_phi_torch_jit(jitted)
+    try:
+        got, want = state, state
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(STEPS):
+                got = jitted(*got)
+                with phiml_eager():
+                    want = step(*want)
+                _assert_like(got, want)
+    finally:
+        if path == "install()":
+            integration.uninstall()
+    ours_warned = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    if name in KNOWN_EAGER:
+        assert len(ours_warned) <= 1 and all(KNOWN_EAGER[name] in m for m in ours_warned)
+    else:
+        assert not ours_warned, ours_warned
+    assert ours is not None and 1 <= ours.num_traces <= MAX_TRACES.get(name, 2)
