@@ -54,13 +54,23 @@ def _compiled(clock: FakeClock, seconds: float) -> Any:
     return run
 
 
-def test_a_fast_compiled_program_is_kept_without_eager_runs(clock: FakeClock) -> None:
-    meter, switches = _meter_for(clock, eager_s=1.0, record_s=1.5)
-    served = [
-        meter.serve(_compiled(clock, 0.5), []) for _ in range(_meter.WARM_UP + _meter.SAMPLES)
-    ]
-    assert served == ["compiled"] * len(served) and meter.done and not switches
+def test_a_fast_compiled_program_is_kept_after_honest_eager_runs(clock: FakeClock) -> None:
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=40.0)  # a slow first call
+    compiled = _compiled(clock, 0.5)
+    served = [meter.serve(compiled, []) for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES)]
+    assert served.count("eager") == _meter.SAMPLES and meter.done and not switches
+    assert not meter.eager_wins  # done: the specialization calls its program directly now
     assert "serves the compiled program" in meter.describe()
+
+
+def test_a_compiled_program_faster_than_the_record_pass_but_slower_than_eager_is_dropped(
+    clock: FakeClock,
+) -> None:
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=40.0)
+    compiled = _compiled(clock, 1.8)  # a complex-valued step: 1.8x eager, 0.05x its record
+    for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES):
+        meter.serve(compiled, [])
+    assert meter.eager_wins and len(switches) == 1
 
 
 def test_a_slow_compiled_program_is_dropped_after_honest_eager_runs(clock: FakeClock) -> None:
@@ -134,7 +144,7 @@ def test_a_fast_specialization_is_kept_and_the_decision_is_per_specialization(
 ) -> None:
     jitted = ptj.jit(lambda x: x * 2)  # compiled calls advance no fake time: fast
     for n in (2, 3):
-        for _ in range(_meter.WARM_UP + _meter.SAMPLES + 1):
+        for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES + 1):
             jitted(torch.ones(n))
     assert all(s.meter is not None and s.meter.done for s in jitted.specializations)
     assert len(jitted.specializations) == 2
