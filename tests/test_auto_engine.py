@@ -517,3 +517,29 @@ def test_ctrl_c_inside_a_compile_on_the_callers_thread_keeps_the_fast_tier() -> 
         jitted(x)
     assert torch.equal(jitted(x), x + 2) and jitted.wait_compiled(0)
     assert "the compile was interrupted (KeyboardInterrupt)" in jitted.explain()
+
+
+def test_a_loop_unrolled_by_values_stays_on_the_fast_tier() -> None:
+    """Like engine "compile": the backend never compiles a path unrolled by more than
+    UNROLLED tensor values (its compile held the capture lock for minutes)."""
+    from phi_torch_jit.engines.compile import UNROLLED
+
+    def until(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(UNROLLED + 10):
+            if bool(x.abs().max() < 1e-3):
+                break
+            x = x * 0.9
+        return x
+
+    compiles: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        compiles.append(gm)
+        return gm.forward
+
+    jitted = ptj.jit(until, engine="auto", backend=backend, compile_on="caller", fallback="off")
+    x = torch.ones(3)
+    for _ in range(4):
+        assert torch.equal(jitted(x), until(x))
+    assert compiles == [] and jitted.num_traces == 1
+    assert "a loop unrolled by values" in jitted.explain()

@@ -40,6 +40,7 @@ from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
 from .compile import (
     _CAPTURE_LOCK,
+    UNROLLED,
     Backend,
     Compilable,
     CompileEngine,
@@ -117,6 +118,7 @@ class AutoEngine(CompileEngine):
             program.wait,
             program.keep_alive,
             program.close,
+            defer=program.start_for_values,
         )
 
 
@@ -160,6 +162,8 @@ class TieredProgram:
         self._queued_at: float | None = None
         self._state_grads: tuple[bool, ...] = ()
         self._compiled: Callable[..., Any] = graph.forward
+        self._unrolled = 0
+        """Value guards of a loop unrolled by values (:meth:`start_for_values`); 0 if not."""
         self.fast_calls_after_switch = 0
         """Calls the fast tier served after the switch, because a parameter's
         ``requires_grad`` differed from the compile's."""
@@ -242,7 +246,20 @@ class TieredProgram:
         self._unsubmitted = True
         return ()
 
+    def start_for_values(self, guards: int) -> tuple[str, ...]:
+        """:meth:`start` for a program whose traced Python branched on ``guards`` tensor
+        values: more than ``UNROLLED`` is a loop unrolled by values, which stays on the fast
+        tier (the backend's compile of one such path took minutes, and held the capture lock
+        that every other compile waits for)."""
+        self._unrolled = guards if guards > UNROLLED else 0
+        return self.start()
+
     def _stays_fast(self) -> str:
+        if self._unrolled:
+            return (
+                f"its traced Python branched on {self._unrolled} tensor values (a loop "
+                "unrolled by values, a path that rarely repeats)"
+            )
         if self.target.disabled:
             return "disable=True"
         if any_autocast():
