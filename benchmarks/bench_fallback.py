@@ -95,9 +95,10 @@ def measure(fn: Callable[..., Any], data: Callable[[], torch.Tensor], engine: st
             for _ in range(warm):
                 jitted(data())
         times: dict[str, list[float]] = {"jit": [], "eager": []}
-        for _ in range(reps):
+        for rep in range(reps):
             x = data()
             for name, f in (("jit", jitted), ("eager", fn)):
+                torch.manual_seed(rep)  # the same random choices (random_depth) for both
                 start = time.perf_counter()
                 f(x)
                 times[name].append(time.perf_counter() - start)

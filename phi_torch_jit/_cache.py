@@ -37,7 +37,7 @@ class SpecializationCache:
 
     def touch(self, key: Key) -> None:
         """Mark ``key`` as the most recently used."""
-        if len(self._entries) > 1:
+        if len(self._entries) > 1 and next(reversed(self._entries)) is not key:  # not newest
             with self.lock:
                 if key in self._entries:
                     self._entries.move_to_end(key)

@@ -30,6 +30,9 @@ class Upgradable(Protocol):
 
 _IDLE_EXIT_S = 1.0
 
+EXIT_WAIT_S = 10.0
+"""How long interpreter exit waits for a compile that is running (queued ones are skipped)."""
+
 _YIELD_EVERY_CALLS = 1000
 _YIELD_S = 0.0002
 _calls_since_yield = 0
@@ -101,8 +104,12 @@ class _Worker:
         return thread is not None and thread.is_alive()
 
     def close(self) -> None:
+        """At interpreter exit: no new compile starts; a running one gets ``EXIT_WAIT_S`` to
+        finish. Abandoned inside inductor, it aborted the process ("terminate called without
+        an active exception", exit code 134, found by ``bench_fallback.py``)."""
         with self._lock:
             self.closing = True
+            self._settled.wait_for(lambda: self._pending == 0, EXIT_WAIT_S)
 
 
 _WORKER = _Worker()
