@@ -151,47 +151,38 @@ class Specialization:
     def _run_compiled(self, tensors: list[torch.Tensor]) -> Any:
         if self.python_guard is not None and self.python_guard.tensors:
             tensors = [*tensors, *self.python_guard.captured()]
-        written = self.written
-        if not self.value_guards and written is None:
+        if not self.value_guards and self.written is None:
             return self._commit(self._execute(tensors))
-        arguments = written.save(tensors) if written is not None else []
-        if not self.value_guards:
-            return self._commit(self._execute_undoing(tensors, written, arguments))
-        rng = capture_rng() if self.uses_rng else None
-        saved = [b.clone() for b in self.buffers]
+        # The result may be discarded (a value guard fails) or the program may raise: what
+        # it changes is saved first (``buffers`` are only kept with value guards).
+        before = _Before(
+            capture_rng() if self.value_guards and self.uses_rng else None,
+            [b.clone() for b in self.buffers],
+            self.written.save(tensors) if self.written is not None else [],
+        )
         try:
-            flat = self._execute_undoing(tensors, written, arguments)
+            flat = self._execute(tensors)
         except BaseException:
-            self._undo(rng, saved)
+            self._undo(before, tensors)
             raise
         for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
             if not guard.holds(tensor):
-                self._undo(rng, saved)
-                if written is not None:
-                    written.restore(tensors, arguments)
+                self._undo(before, tensors)
                 return GuardFailure(guard.describe(tensor))
         if self.served is not None:
             self.served()
         return self._commit(flat)
 
-    def _undo(self, rng: Any, buffers: list[torch.Tensor]) -> None:
-        """Rewind the RNG and the buffers to before a call whose result is discarded."""
-        if rng is not None:
-            restore_rng(rng)
+    def _undo(self, before: _Before, tensors: list[torch.Tensor]) -> None:
+        """Rewind the RNG, the buffers and the written arguments to ``before`` a call whose
+        result is discarded."""
+        if before.rng is not None:
+            restore_rng(before.rng)
         with torch.no_grad():
-            for buffer, value in zip(self.buffers, buffers):
+            for buffer, value in zip(self.buffers, before.buffers):
                 buffer.copy_(value)
-
-    def _execute_undoing(
-        self, tensors: list[torch.Tensor], written: WrittenInputs | None, saved: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        """Run the program; if it raises, the arguments it wrote are restored first."""
-        try:
-            return self._execute(tensors)
-        except BaseException:
-            if written is not None:
-                written.restore(tensors, saved)
-            raise
+        if self.written is not None:
+            self.written.restore(tensors, before.arguments)
 
     def after_failure(self, error: Exception, tensors: list[torch.Tensor]) -> Any:
         """The compiled program raised ``error`` (its writes to arguments, buffers and RNG
@@ -237,6 +228,18 @@ class Specialization:
             if error is None:
                 raise
             raise error.with_traceback(error.__traceback__) from None
+
+
+@dataclass(frozen=True)
+class _Before:
+    """What a compiled call may change, saved before it runs (:meth:`Specialization._undo`)."""
+
+    rng: Any
+    """The RNG state (None: the program draws nothing, or has no value guards)."""
+    buffers: list[torch.Tensor]
+    """Copies of the specialization's buffers (value guards only)."""
+    arguments: list[torch.Tensor]
+    """Copies of the arguments it writes (:attr:`Specialization.written`)."""
 
 
 @dataclass(frozen=True)

@@ -457,16 +457,24 @@ def _scatter_hits(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def test_a_program_that_raises_where_eager_runs_runs_eagerly_with_one_warning() -> None:
-    jitted = ptj.jit(_scatter_hits)
-    v = torch.randn(4, 3)
+def _like_eager_on(
+    fn: Step, inputs: list[list[float]], v: torch.Tensor
+) -> tuple[ptj.JitFunction[..., Any], list[str]]:
+    """``jit(fn)`` called on each of ``inputs`` (with ``v``), equal to ``fn``, the written
+    argument too; the JitWarning messages it gave."""
+    jitted = ptj.jit(fn)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for hits in ([1.0, 0, 0, 0], [1.0, 0, 0, 0], [1.0, 1, 0, 0], [1.0, 1, 1, 0]):
-            ours, theirs = torch.tensor(hits), torch.tensor(hits)
-            _assert_equal(jitted(ours, v), _scatter_hits(theirs, v))
-            _assert_equal(ours, theirs)  # the program's write was undone before eager ran
-    ours_warned = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+        for values in inputs:
+            ours, theirs = torch.tensor(values), torch.tensor(values)
+            _assert_equal(jitted(ours, v), fn(theirs, v))
+            _assert_equal(ours, theirs)  # a program's write was undone before eager ran
+    return jitted, [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+
+
+def test_a_program_that_raises_where_eager_runs_runs_eagerly_with_one_warning() -> None:
+    hits = [[1.0, 0, 0, 0], [1.0, 0, 0, 0], [1.0, 1, 0, 0], [1.0, 1, 1, 0]]
+    jitted, ours_warned = _like_eager_on(_scatter_hits, hits, torch.randn(4, 3))
     assert len(ours_warned) <= 1, ours_warned  # capturing engines: eager from the trace on
     assert jitted.num_traces == 1
 
@@ -481,14 +489,9 @@ def _scatter_if_any(t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_program_with_value_guards_that_raises_is_a_miss() -> None:
-    jitted = ptj.jit(_scatter_if_any)
-    v = torch.randn(3, 3)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for t in ([1.0, -1, -1], [-1.0, -1, -1], [1.0, -1, -1], [-1.0, -1, -1]):
-            x = torch.tensor(t)
-            _assert_equal(jitted(x, v), _scatter_if_any(x, v))
-    assert len([w for w in caught if issubclass(w.category, ptj.JitWarning)]) <= 1
+    paths = [[1.0, -1, -1], [-1.0, -1, -1], [1.0, -1, -1], [-1.0, -1, -1]]
+    jitted, ours_warned = _like_eager_on(_scatter_if_any, paths, torch.randn(3, 3))
+    assert len(ours_warned) <= 1
     assert jitted.num_traces <= 2  # one per path, reused
 
 

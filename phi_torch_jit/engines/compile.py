@@ -253,11 +253,7 @@ class _Program:
             # a program can compile and still fail when it runs (AOTAutograd on an LSTM).
             self._compiled(*example, *self.state)
         except Exception as error:  # any backend failure: the graph itself is fine
-            failure = describe_error(error)
-            logger.warning(
-                "phi_torch_jit: %s of %s failed, the captured graph runs uncompiled: %s",
-                what, self.owner, failure,
-            )  # fmt: skip
+            failure = self._uncompiled_after(error, what)
             return (f"{what}: failed ({failure}); the captured graph runs uncompiled",)
         self._state_grads = grads_of(self.state)
         # The compiled autograd graph fixed which parameters get gradients; without state
@@ -301,31 +297,39 @@ class _Program:
         with _CAPTURE_LOCK:
             if self.serve == self._serve_until_reused:  # not compiled by another thread
                 self.serve = self._compile_for_reuse()
-        try:
-            return self.serve(*inputs)
+        program = self.serve
+        if program == self.graph.forward:  # the compile failed: nothing to check
+            return program(*inputs)
+        try:  # the first compiled call: a program can compile and still fail when it runs
+            return program(*inputs)
         except JitError:
             raise
-        except Exception as error:  # compiled, then failed when it ran: the graph serves
-            if self.serve == self.graph.forward:
-                raise
+        except Exception as error:
+            try:
+                result = self.graph.forward(*inputs)
+            except Exception:
+                raise error from None  # the graph raises too: the error is the user's
             self.serve = self.graph.forward
-            logger.warning(
-                "phi_torch_jit: %s program for %s failed, the captured graph runs uncompiled: %s",
-                self.target.backend_name, self.owner, describe_error(error),
-            )  # fmt: skip
-            return self.serve(*inputs)
+            self._uncompiled_after(error, f"{self.target.backend_name} program")
+            return result
 
     def _compile_for_reuse(self) -> Callable[..., Any]:
         try:
             self._compiled = self.target.compile()
         except Exception as error:
-            logger.warning(
-                "phi_torch_jit: %s of %s failed, the captured graph runs uncompiled: %s",
-                self.target.backend_name, self.owner, describe_error(error),
-            )  # fmt: skip
+            self._uncompiled_after(error, self.target.backend_name)
             return self.graph.forward
         self._state_grads = grads_of(self.state)
         return self._serve_checked if self.state else self._compiled
+
+    def _uncompiled_after(self, error: Exception, what: str) -> str:
+        """Log once that ``what`` failed and the captured graph runs uncompiled."""
+        failure = describe_error(error)
+        logger.warning(
+            "phi_torch_jit: %s of %s failed, the captured graph runs uncompiled: %s",
+            what, self.owner, failure,
+        )  # fmt: skip
+        return failure
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
