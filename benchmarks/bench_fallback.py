@@ -97,7 +97,8 @@ def measure(fn: Callable[..., Any], data: Callable[[], torch.Tensor], engine: st
         times: dict[str, list[float]] = {"jit": [], "eager": []}
         for rep in range(reps):
             x = data()
-            for name, f in (("jit", jitted), ("eager", fn)):
+            pair = (("jit", jitted), ("eager", fn))
+            for name, f in pair if rep % 2 else pair[::-1]:  # neither always runs first
                 torch.manual_seed(rep)  # the same random choices (random_depth) for both
                 start = time.perf_counter()
                 f(x)
@@ -116,7 +117,7 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["torchscript", "compile", "auto"])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--warm", type=int, default=40)
-    parser.add_argument("--reps", type=int, default=21)
+    parser.add_argument("--reps", type=int, default=101)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.reps}")
     print(f"| workload | eager | {' | '.join(args.engines)} |")

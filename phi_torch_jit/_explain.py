@@ -164,6 +164,15 @@ class Reporter:
         )
         logger.warning("phi_torch_jit: %s runs eagerly: %s", self.owner, self.gave_up_reason)
 
+    def all_eager(self, specializations: int, calls: int) -> None:
+        """Log that the function runs its Python directly: every specialization is eager."""
+        self.gave_up_reason = (
+            f"each of its {specializations} specialization(s) runs eagerly and served its last "
+            f"{calls} calls, so calls skip the signature lookup and run the Python function "
+            "(jit(fallback='off') keeps compiling)"
+        )
+        logger.warning("phi_torch_jit: %s runs eagerly: %s", self.owner, self.gave_up_reason)
+
     def switched(self, figures: str) -> None:
         """Log that a specialization serves eager code: its compiled step is slower."""
         logger.warning("phi_torch_jit: %s: a specialization %s", self.owner, figures)

@@ -85,6 +85,8 @@ class JitFunction(Generic[P, R]):
         self._gave_up = False
         """The calls keep missing the cache: every call runs the Python function (NOTE
         [never slower than eager]); kept by ``clear_cache()``."""
+        self._eager_streak = 0
+        """Consecutive calls served by eager specializations (:meth:`_served_eagerly`)."""
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
         else:
@@ -130,7 +132,12 @@ class JitFunction(Generic[P, R]):
         result = serve(seen, tensors) if seen else Miss(None)
         if not isinstance(result, Miss):
             self._cache.touch(seen[0].key)  # the stored key: found by identity, not compared
+            if seen[0].eager is not None:
+                self._served_eagerly()
+            else:
+                self._eager_streak = 0
             return result  # type: ignore[no-any-return]
+        self._eager_streak = 0
         if type(result) is Scanned:  # served after other paths' programs ran: count it
             self._cache.touch(seen[0].key)
             self._scanned(key, result)
@@ -167,6 +174,20 @@ class JitFunction(Generic[P, R]):
                 self._gave_up = True
                 self._report.gave_up(MISSES, WINDOW)
             return value
+
+    def _served_eagerly(self) -> None:
+        """A call was served by an eager specialization. Once ``WINDOW`` calls in a row were
+        and every cached specialization is eager, the function runs its Python directly: the
+        signature lookup cost 2-4% of a 0.3 ms step that only runs eagerly (NOTE [values
+        that never repeat])."""
+        self._eager_streak += 1
+        if self._eager_streak < WINDOW or self._options.fallback != "measure":
+            return
+        specializations = self.specializations
+        if specializations and all(s.eager is not None for s in specializations):
+            self._gave_up = True
+            self._report.all_eager(len(specializations), WINDOW)
+        self._eager_streak = 0
 
     def _values_never_repeat(self, key: Key, seen: tuple[Specialization, ...], miss: Miss) -> bool:
         """Whether a signature's tensor values changed its path too often to compile each

@@ -12,7 +12,8 @@ Two rules, NOTE [never slower than eager] in docs/design.md:
   fast when it was compared with it.
 * **Per function** (:class:`HitRate`): a function whose calls keep missing (at least
   ``MISSES`` of the last ``WINDOW`` calls started a new specialization: shapes, static values
-  or branches that never repeat) stops compiling; its calls run the Python function.
+  or branches that never repeat) stops compiling; its calls run the Python function. So does
+  a function whose cached specializations all run eagerly and served ``WINDOW`` calls in a row.
 
 ``jit(fallback="off")`` keeps every compiled program; ``engine="eager"`` forces eager code.
 The decisions live on the jitted function and its specializations: ``clear_caches()`` drops
@@ -76,9 +77,25 @@ class Meter:
         """Timed eager calls (only when the compiled ones looked slow)."""
         self._skipped = 0
         self._on_switch = on_switch
+        self._stale = False
+        """Another program serves the calls now: what was measured no longer holds."""
+        self.restarts = 0
+        """How often the measurement started afresh (:meth:`restart`)."""
+
+    def restart(self) -> None:
+        """Another program serves calls from now on (engine "auto" switched to its compiled
+        tier, which may be slower than the fast tier measured): measure afresh. May be called
+        from another thread; the next call on the caller's thread starts over."""
+        self._stale = True
+        self.done = False
 
     def serve(self, compiled: Run, tensors: list[torch.Tensor]) -> Any:
         """One call while undecided (or decided for eager): run and time a path."""
+        if self._stale:
+            self._stale = False
+            self.restarts += 1
+            self.eager_wins = False
+            self.compiled_s, self.eager_s, self._skipped = [], [], 0
         if self.eager_wins:
             return self.eager(tensors)
         if self._skipped < WARM_UP:
@@ -88,7 +105,7 @@ class Meter:
         start = _now(tensors)
         result = self.eager(tensors) if timing_eager else compiled(tensors)
         seconds = _now(tensors) - start
-        if type(result).__name__ == "GuardFailure":  # a value guard failed: not a step
+        if type(result).__name__ == "GuardFailure" or self._stale:  # not a step of this path
             return result
         (self.eager_s if timing_eager else self.compiled_s).append(seconds)
         self._decide()
@@ -121,7 +138,10 @@ class Meter:
             if self.done
             else "measuring"
         )
-        return f"step time, median of {SAMPLES}: {', '.join(parts)}; {verdict}"
+        again = f" (measured afresh {self.restarts}x: another program took over)" * bool(
+            self.restarts
+        )
+        return f"step time, median of {SAMPLES}{again}: {', '.join(parts)}; {verdict}"
 
 
 def _now(tensors: list[torch.Tensor]) -> float:

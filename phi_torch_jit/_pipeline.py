@@ -171,7 +171,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         buffer_writes=traced.buffer_writes,
         deferred=traced.deferred,
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
-        meter=_meter(target, parts) if live and target.options.fallback == "measure" else None,
+        meter=_meter(target, parts, traced.module) if live and target.options.fallback == "measure" else None,
         written=parts.written,
         python=_EagerCall(target.fn, parts.key[0]),
         served=traced.module.served,
@@ -179,9 +179,13 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
     )
 
 
-def _meter(target: Target, parts: _Parts) -> Meter:
-    """Times the compiled calls against the record pass's (NOTE [never slower than eager])."""
-    return Meter(_EagerCall(target.fn, parts.key[0]), parts.timings.record, target.report.switched)
+def _meter(target: Target, parts: _Parts, module: CompiledModule) -> Meter:
+    """Times the compiled calls against eager's (NOTE [never slower than eager]), afresh when
+    another program takes over (engine "auto"'s compiled tier)."""
+    meter = Meter(_EagerCall(target.fn, parts.key[0]), parts.timings.record, target.report.switched)
+    if module.on_new_program is not None:
+        module.on_new_program(meter.restart)
+    return meter
 
 
 def eager_specialization(target: Target, key: Key, reason: str) -> Specialization:

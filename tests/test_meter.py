@@ -13,6 +13,7 @@ from torch import nn
 
 import phi_torch_jit as ptj
 from phi_torch_jit import _meter
+from phi_torch_jit._signature import flatten_arguments
 from phi_torch_jit.engines import CompiledModule, Engine, FunctionTarget, get_engine
 from phi_torch_jit.engines.base import CompiledFunction
 
@@ -139,6 +140,59 @@ def test_end_to_end_a_slow_specialization_serves_eager_code_and_says_so(
     assert kept.specializations[0].meter is None  # forced: always the compiled program
 
 
+class TieredEngine(SlowEngine):
+    """TorchScript's programs, free until :meth:`switch` puts a slow one in their place, as
+    engine "auto" puts its compiled tier in place of the fast one."""
+
+    name = "tiered"
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.slow = False
+        self.listeners: list[Any] = []
+
+    def compile_module(
+        self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
+    ) -> CompiledModule:
+        compiled = self.inner.compile_module(module, example_inputs, label)
+        inner = compiled.run
+
+        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            self.clock.now += 10.0 * self.slow
+            return inner(*tensors)
+
+        return dataclasses.replace(compiled, run=run, on_new_program=self.listeners.append)
+
+    def switch(self) -> None:
+        self.slow = True
+        for listener in self.listeners:
+            listener()
+
+
+def test_a_specialization_is_measured_afresh_when_another_program_takes_over(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        clock.now += 1.0
+        return x * 2
+
+    engine = TieredEngine(clock)
+    jitted = ptj.jit(step, engine=engine)
+    calls = _meter.WARM_UP + 2 * _meter.SAMPLES + 2
+    for _ in range(calls):
+        jitted(torch.ones(2))
+    (specialization,) = jitted.specializations
+    meter = specialization.meter
+    assert meter is not None and meter.done  # the fast program won
+    engine.switch()  # a slower one serves from now on: measured again, then dropped
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        for _ in range(calls):
+            assert torch.equal(jitted(torch.ones(2)), torch.full((2,), 2.0))
+    assert meter.eager_wins and meter.restarts == 1
+    assert "measured afresh 1x" in jitted.explain()
+    assert sum("serves eager code" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_a_fast_specialization_is_kept_and_the_decision_is_per_specialization(
     clock: FakeClock,
 ) -> None:
@@ -219,3 +273,56 @@ def test_a_path_that_holds_first_is_never_counted() -> None:
     for _ in range(3 * _meter.SCANNED):
         jitted(torch.full((2,), 0.1))
     assert jitted.num_traces == 1 and "runs eagerly" not in jitted.explain()
+
+
+def _random_depth(x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    for _ in range(int(depth)):  # a path per value: NOTE [values that never repeat]
+        x = torch.tanh(x)
+    return x
+
+
+@pytest.mark.parametrize("fallback", ["measure", "off"])
+def test_a_function_whose_specializations_all_run_eagerly_skips_the_lookup(
+    fallback: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A depth that never repeats makes its signature's specialization eager; once it served
+    ``WINDOW`` calls in a row the calls run the Python function without flattening the
+    arguments (the lookup cost 2-4% of such a step, pushing it past 1.1x eager)."""
+    jitted = ptj.jit(_random_depth, fallback=fallback)
+    x = torch.linspace(-1, 1, 5)
+    calls = 0
+
+    def call() -> None:
+        nonlocal calls
+        depth = torch.tensor(calls % 7 + 1)
+        calls += 1
+        torch.testing.assert_close(jitted(x, depth), _random_depth(x, depth))
+
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        while not any(s.eager is not None for s in jitted.specializations):
+            call()
+            assert calls < 20
+        for _ in range(_meter.WINDOW + 2):
+            call()
+    with mock.patch("phi_torch_jit._jit.flatten_arguments", wraps=flatten_arguments) as flatten:
+        call()
+    skipped = "skip the signature lookup"
+    if fallback == "off":  # the user asked to keep compiling: no such specialization either
+        assert flatten.call_count == 1 and skipped not in jitted.explain()
+        return
+    assert flatten.call_count == 0
+    assert skipped in jitted.explain()
+    assert sum(skipped in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_function_with_one_compiled_specialization_keeps_the_lookup() -> None:
+    jitted = ptj.jit(_random_depth)
+    x = torch.linspace(-1, 1, 5)
+    jitted(x[:2], torch.tensor(3))  # a compiled program for another shape, kept
+    for k in range(2 * _meter.WINDOW):
+        jitted(x, torch.tensor(k % 7 + 1))
+    assert any(s.eager is not None for s in jitted.specializations)
+    assert "skip the signature lookup" not in jitted.explain()
+    with mock.patch("phi_torch_jit._jit.flatten_arguments", wraps=flatten_arguments) as flatten:
+        jitted(x[:2], torch.tensor(3))
+    assert flatten.call_count == 1

@@ -119,6 +119,7 @@ class AutoEngine(CompileEngine):
             program.keep_alive,
             program.close,
             defer=program.start_for_values,
+            on_new_program=program.listeners.append,
         )
 
 
@@ -167,6 +168,8 @@ class TieredProgram:
         self.fast_calls_after_switch = 0
         """Calls the fast tier served after the switch, because a parameter's
         ``requires_grad`` differed from the compile's."""
+        self.listeners: list[Callable[[], None]] = []
+        """Told when the compiled tier takes over (:attr:`CompiledModule.on_new_program`)."""
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
@@ -291,6 +294,8 @@ class TieredProgram:
             self._compiled = compiled
             self.serve = self._serve_first_compiled
             self.tier = self.target.backend_name
+            for listener in self.listeners:
+                listener()
         except Exception as error:  # any backend failure: the fast tier is right, only slower
             self.failure = describe_error(error)
             logger.warning(

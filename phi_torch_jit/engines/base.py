@@ -90,6 +90,10 @@ class CompiledModule:
     served: Callable[[], None] | None = None
     """With :attr:`defer`: told after each call whose value guards held (a call whose guards
     failed took another path, and does not count as a reuse)."""
+    on_new_program: Callable[[Callable[[], None]], None] | None = None
+    """Registers a callback, called when another program starts serving calls after the first
+    (engine "auto"'s switch to its compiled tier, engine "compile"'s compile on reuse): what
+    was measured of the old one no longer holds (NOTE [never slower than eager])."""
 
 
 class Engine(abc.ABC):

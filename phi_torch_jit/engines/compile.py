@@ -160,6 +160,7 @@ class CompileEngine(Engine):
         return CompiledModule(
             program, (), _uses_rng(graph), (), program.warm_up,
             defer=program.compile_on_reuse, served=program.served,
+            on_new_program=program.listeners.append,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -238,6 +239,8 @@ class _Program:
         self._compiled: Callable[..., Any] = graph.forward
         self._state_grads: tuple[bool, ...] = ()
         self._uncompiled_calls = 0
+        self.listeners: list[Callable[[], None]] = []
+        """Told when the compile on reuse takes over (:attr:`CompiledModule.on_new_program`)."""
 
     def warm_up(self) -> tuple[str, ...]:
         what = f"{self.target.backend_name}, called on the captured graph"
@@ -320,6 +323,8 @@ class _Program:
             self._uncompiled_after(error, self.target.backend_name)
             return self.graph.forward
         self._state_grads = grads_of(self.state)
+        for listener in self.listeners:
+            listener()
         return self._serve_checked if self.state else self._compiled
 
     def _uncompiled_after(self, error: Exception, what: str) -> str:
