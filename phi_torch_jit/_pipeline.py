@@ -182,7 +182,8 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
 def _meter(target: Target, parts: _Parts, module: CompiledModule) -> Meter:
     """Times the compiled calls against eager's (NOTE [never slower than eager]), afresh when
     another program takes over (engine "auto"'s compiled tier)."""
-    meter = Meter(_EagerCall(target.fn, parts.key[0]), parts.timings.record, target.report.switched)
+    eager = _EagerCall(target.fn, parts.key[0])
+    meter = Meter(eager, parts.timings.record, target.report.switched)
     if module.on_new_program is not None:
         module.on_new_program(meter.restart)
     return meter
