@@ -147,6 +147,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
     """Stage 5: the specialization and its guards."""
     traced, modules = parts.traced, parts.modules
     live = not parts.eager_reason  # eager code reads every state live: nothing to guard
+    measured = target.options.fallback == "measure"
     if traced.module.keep_alive is not None:  # engine "auto" compiles after this call
         traced.module.keep_alive(parts.calls)
     return Specialization(
@@ -171,7 +172,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         buffer_writes=traced.buffer_writes,
         deferred=traced.deferred,
         eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
-        meter=_meter(target, parts, traced.module) if live and target.options.fallback == "measure" else None,
+        meter=_meter(target, parts, traced.module) if live and measured else None,
         written=parts.written,
         python=_EagerCall(target.fn, parts.key[0]),
         served=traced.module.served,
