@@ -129,7 +129,7 @@ class CompiledCall:
         self.info_recorded = tuple(t.detach().clone() for t in self.checks.tensors)
         """Those values for the recorded inputs (the compile ran the forward on them)."""
         # A compiled forward runs no Python, so its context is the one of the compile run.
-        self.static_context = call_state().last_context if self.forward.mode != "python" else None
+        self.static_context = call_state().last_context if not self.forward.runs_python else None
         if self.forward.mode == "python":
             function.note_python_fallback("forward", self.forward.reason)
         self.backward = LazyBackward(function, template, self.n_outputs, engine, self.nested)
@@ -212,7 +212,7 @@ class CompiledCall:
             except BaseException as error:  # re-raised unchanged by Specialization.run
                 state.last_error = error
                 raise
-            python = self.forward.mode == "python"
+            python = self.forward.runs_python
             state.pending_context = state.last_context if python else self.static_context
             if python and self.graph_captured and state.pending_context != self.recorded_context:
                 raise TraceError(
@@ -292,7 +292,7 @@ class CompiledCall:
         self, saved: list[torch.Tensor], grad_outputs: list[torch.Tensor], pattern: list[bool]
     ) -> list[torch.Tensor]:
         inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
-        context = self.recorded_context if self.forward.mode == "python" else self.static_context
+        context = self.recorded_context if self.forward.runs_python else self.static_context
         grads = self.backward(tuple(pattern), inputs, outputs, grad_outputs, context)
         flat = (*saved, *grad_outputs)
         return [

@@ -24,7 +24,7 @@ __all__ = [
     "captured_tensor_message",
 ]
 
-Mode = Literal["traced", "scripted", "python"]
+Mode = Literal["traced", "scripted", "looped", "python"]
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,16 @@ class CompiledFunction:
     run: Callable[..., Any]
     """Call with the flat tensors; returns a tuple of tensors."""
     mode: Mode
-    """``traced``: a faithful trace; ``scripted``: control flow kept; ``python``: runs as Python."""
+    """``traced``: a faithful trace; ``scripted``: control flow kept; ``looped``: Python whose
+    loops run as compiled blocks (``phi_torch_jit._loops``); ``python``: runs as Python."""
     reason: str = ""
     """Why it is not ``traced``, if it is not."""
+
+    @property
+    def runs_python(self) -> bool:
+        """Whether each call runs the user's Python (``looped`` too: around its loops), so
+        what it leaves on ``ctx`` is that call's."""
+        return self.mode in ("looped", "python")
 
 
 @dataclass(frozen=True)

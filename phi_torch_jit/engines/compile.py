@@ -53,6 +53,7 @@ from ..errors import (
     ValueNotCaptured,
     describe_error,
 )
+from ._looped import with_captured_loops
 from ._twice import TwiceDifferentiable, needs_twice
 from .base import (
     RANDOM_OPS,
@@ -107,7 +108,9 @@ class CompileEngine(Engine):
         **options: ``mode`` and ``options`` (inductor settings, merged as torch.compile
             does), ``disable=True`` (run the captured graph uncompiled), ``fullgraph`` (no
             effect: a captured graph is always one graph) and ``dynamic`` (only False: every
-            specialization has the fixed shapes of its cache key). With inductor,
+            specialization has the fixed shapes of its cache key); ``loops=False`` keeps
+            loops in custom functions as the ``functions`` engine made them (default True:
+            captured as compiled blocks where they can be, docs/loops.md). With inductor,
             ``options["fallback_random"]`` defaults to True so that random numbers are eager's.
     """
 
@@ -122,11 +125,11 @@ class CompileEngine(Engine):
     ) -> None:
         check_backend(backend)
         _import_inductor_quietly()
-        unknown = set(options) - {"mode", "options", "fullgraph", "dynamic", "disable"}
+        unknown = set(options) - {"mode", "options", "fullgraph", "dynamic", "disable", "loops"}
         if unknown:
             raise UsageError(
                 f"phi_torch_jit: unknown torch.compile option(s) {sorted(unknown)}; accepted: "
-                "mode, options, fullgraph, dynamic, disable."
+                "mode, options, fullgraph, dynamic, disable, loops."
             )
         if options.get("dynamic"):
             raise ConfigurationError(
@@ -147,7 +150,15 @@ class CompileEngine(Engine):
         return {**settings, **(self.options.get("options") or {})}
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
-        return self.functions.compile_function(target)
+        compiled = self.functions.compile_function(target)
+        if compiled.mode == "traced" or not self.options.get("loops", True):
+            return compiled
+        looped = with_captured_loops(target, None if self.options.get("disable") else self._block)
+        return looped if looped is not None else compiled
+
+    def _block(self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> Any:
+        """The backend's program for a block of loop iterations (``phi_torch_jit._loops``)."""
+        return Compilable(graph, inputs, self, len(inputs)).compile()
 
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str

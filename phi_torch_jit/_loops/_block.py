@@ -1,0 +1,267 @@
+"""Loop capture, step 3: a captured loop runs as blocks of ``K`` predicated iterations.
+
+A block is ``K`` calls of the iteration function (NOTE in :mod:`._rewrite`), then the next
+iteration's first exit check, traced once per input signature (``make_fx``) and compiled by the
+engine's backend (inductor: the iteration body fused into a few kernels). The host reads the
+block's ``go`` flag once per block, not once per iteration; iterations after the exit change
+nothing (``where(go, new, old)``), so values and iteration counts equal the Python loop's.
+This is device-agnostic: on the CPU it saves the Python dispatch of each op (a CG iteration
+is a dozen ops), on CUDA it saves ``K - 1`` host synchronizations of every ``K``.
+
+Python ``int``/``float``/``bool`` values the loop carries (an iteration counter) are 0-d
+tensors inside the block and Python values again after it. Anything the block cannot take
+(another carried type, a non-scalar invariant that is not a tensor, a trace that fails: a
+``float(x)`` in the body, a shape that changes) makes that signature run the same iteration
+function eagerly, one iteration per host check (what the Python loop does), said once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+__all__ = ["CapturedLoop", "HELPERS", "BLOCK_CPU", "BLOCK_CUDA", "CaptureFailed"]
+
+logger = logging.getLogger("phi_torch_jit")
+
+BLOCK_CPU = 4
+"""Iterations per block on the CPU. Measured on a CG (a 5-point Laplacian) at N=32/128/512,
+2 threads, inductor: per solve 1.31/6.2/60 ms with K=1, 0.82/4.7/61 with K=4, 0.72/4.6/66
+with K=8, 1.29/4.8/67 with K=16 (eager 3.9/16.7/99, TorchScript's scripted loop
+2.5/12.2/84); compile time grows with K (2.0, 2.8, 4.7, 8.5 s)."""
+BLOCK_CUDA = 16
+"""Iterations per block on CUDA (one host check per 16 iterations: ../shared/GPU.md)."""
+MAX_BLOCKS = 8
+"""Compiled blocks kept per loop (one per input signature); more run eagerly."""
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+class CaptureFailed(Exception):
+    """The block cannot be traced or compiled faithfully for these inputs."""
+
+
+class Unfaithful(CaptureFailed):
+    """Neither blocks nor the eager iteration function would equal the Python loop (a write
+    in place the syntax does not show): the loop must not be captured at all."""
+
+
+def _truth(value: Any) -> torch.Tensor:
+    """``bool(value)`` as a 0-d bool tensor (on the value's device)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise CaptureFailed(f"a loop condition has {value.numel()} elements")
+        value = value.reshape(())
+        truth: torch.Tensor = value if value.dtype == torch.bool else value != 0
+        return truth
+    return torch.tensor(bool(value))
+
+
+def _stay(go: Any, leave: Any) -> torch.Tensor:
+    return torch.logical_and(_truth(go), torch.logical_not(_truth(leave)))
+
+
+def _and(*values: Any) -> torch.Tensor:
+    result = _truth(values[0])
+    for value in values[1:]:
+        result = torch.logical_and(result, _truth(value))
+    return result
+
+
+def _or(*values: Any) -> torch.Tensor:
+    result = _truth(values[0])
+    for value in values[1:]:
+        result = torch.logical_or(result, _truth(value))
+    return result
+
+
+def _not(value: Any) -> torch.Tensor:
+    return torch.logical_not(_truth(value))
+
+
+def _clone(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in values)
+
+
+def _merge(
+    go: Any,
+    new: tuple[Any, ...],
+    old: tuple[Any, ...],
+    copies: tuple[Any, ...],
+    in_place: tuple[bool, ...],
+) -> tuple[Any, ...]:
+    """A segment's results where ``go`` holds, the values before it elsewhere. ``copies``:
+    what the segment started from; one written in place where the syntax shows no in-place
+    write (``torch.add(a, b, out=x)``) would not be written back: refused."""
+    merged = []
+    for n, o, c, known in zip(new, old, copies, in_place):
+        if n is c and isinstance(c, torch.Tensor) and c._version and not known:
+            raise Unfaithful("its body writes a carried tensor in place by a call it cannot see")
+        if isinstance(n, torch.Tensor) and isinstance(o, torch.Tensor):
+            if n.shape != o.shape or n.dtype != o.dtype:
+                raise CaptureFailed("a carried tensor changes its shape or dtype in the loop")
+            merged.append(torch.where(_truth(go), n, o))
+        elif isinstance(n, torch.Tensor) or isinstance(o, torch.Tensor):
+            raise CaptureFailed("a carried value changes between a tensor and a Python value")
+        else:
+            merged.append(n if bool(go) else o)
+    return tuple(merged)
+
+
+HELPERS = (_merge, _stay, _truth, _clone, _and, _or, _not)
+"""In the order of ``_rewrite._HELPERS``."""
+
+_KINDS = {bool: torch.bool, int: torch.int64, float: torch.float64}
+
+
+class CapturedLoop:
+    """The runtime of one captured loop: blocks per input signature, and the host loop."""
+
+    def __init__(
+        self,
+        label: str,
+        iterate: Callable[..., Any],
+        enter: Callable[..., Any],
+        in_place: tuple[bool, ...],
+        mixed: tuple[bool, ...],
+        compile_graph: Callable[[torch.fx.GraphModule, tuple[torch.Tensor, ...]], Any] | None,
+        block: int | None = None,
+    ) -> None:
+        self.label = label
+        self.line = 0
+        """The loop's line in the user's file."""
+        self.iterate = iterate
+        self.enter = enter
+        self.in_place = in_place
+        """Per carried value: written in place, never rebound (``LoopPlan.in_place``)."""
+        self.mixed = mixed
+        """Per carried value: written in place and rebound (``LoopPlan.mixed``)."""
+        self.compile_graph = compile_graph
+        self.block = block
+        self.programs: dict[Any, Callable[..., Any] | str] = {}
+        """Per input signature: the compiled block, or why that signature runs eagerly."""
+        self.blocks_run = 0
+        """Blocks run (host checks), for tests and ``explain()``."""
+
+    def __call__(self, carried: tuple[Any, ...], invariants: tuple[Any, ...]) -> tuple[Any, ...]:
+        kinds = tuple(type(v) for v in carried)
+        for value, mixed in zip(carried, self.mixed):
+            if mixed and isinstance(value, torch.Tensor):
+                raise CaptureFailed("it writes a carried tensor in place and also rebinds it")
+        tensors = [v for v in (*carried, *invariants) if isinstance(v, torch.Tensor)]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        state = tuple(
+            torch.tensor(v, dtype=_KINDS[type(v)], device=device) if type(v) in _KINDS else v
+            for v in carried
+        )
+        program = self._program(state, invariants, device)
+        if isinstance(program, str):
+            final = self._eagerly(state, invariants)
+        else:
+            final = self._in_blocks(program, state, invariants)
+        return tuple(
+            kind(v) if kind in _KINDS else _written_back(original, v, in_place)
+            for kind, original, v, in_place in zip(kinds, carried, final, self.in_place)
+        )
+
+    def _eagerly(self, state: tuple[Any, ...], invariants: tuple[Any, ...]) -> tuple[Any, ...]:
+        go = self.enter(*state, *invariants)
+        while bool(go):
+            go, *rest = self.iterate(go, *state, *invariants)
+            state = tuple(rest)
+        return state
+
+    def _in_blocks(
+        self, program: Callable[..., Any], state: tuple[Any, ...], invariants: tuple[Any, ...]
+    ) -> tuple[Any, ...]:
+        inputs = [v for v in invariants if isinstance(v, torch.Tensor)]
+        go = self.enter(*state, *invariants)
+        flat = (go, *state)
+        while bool(flat[0]):
+            flat = tuple(program(*flat, *inputs))
+            self.blocks_run += 1
+        return flat[1:]
+
+    def _program(
+        self, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
+    ) -> Callable[..., Any] | str:
+        key = _signature(state, invariants)
+        if key is None:
+            return "it carries or reads a value that is neither a tensor nor a Python scalar"
+        program = self.programs.get(key)
+        if program is not None:
+            return program
+        if len(self.programs) >= MAX_BLOCKS:
+            return f"more than {MAX_BLOCKS} input signatures"
+        try:
+            program = self._compile(state, invariants, device)
+        except Unfaithful:
+            raise
+        except Exception as error:  # a trace the block cannot take: this signature runs eagerly
+            program = f"{type(error).__name__}: {error}".splitlines()[0]
+            logger.info(
+                "phi_torch_jit: the loop of %s runs eagerly for these inputs: %s",
+                self.label, program,
+            )  # fmt: skip
+        self.programs[key] = program
+        return program
+
+    def _compile(
+        self, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
+    ) -> Callable[..., Any]:
+        size = self.block or (BLOCK_CUDA if device.type == "cuda" else BLOCK_CPU)
+        slots = [isinstance(v, torch.Tensor) for v in invariants]
+        constants = [None if s else v for s, v in zip(slots, invariants)]
+        iterate, enter, n = self.iterate, self.enter, len(state)
+
+        def block(go: torch.Tensor, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            tensors = iter(flat[n:])
+            reads = [next(tensors) if s else c for s, c in zip(slots, constants)]
+            carried = flat[:n]
+            for _ in range(size):
+                go, *rest = iterate(go, *carried, *reads)
+                carried = tuple(rest)
+            return (torch.logical_and(go, enter(*carried, *reads)), *carried)
+
+        inputs = tuple(
+            v.detach().clone()
+            for v in (torch.ones((), dtype=torch.bool, device=device), *state, *invariants)
+            if isinstance(v, torch.Tensor)
+        )
+        if any(not isinstance(v, torch.Tensor) for v in state):
+            raise CaptureFailed("it carries a value that is neither a tensor nor a scalar")
+        versions = [t._version for t in inputs]
+        with torch.no_grad():
+            graph = make_fx(block)(*inputs)
+        if any(t._version != v for t, v in zip(inputs, versions)):
+            raise Unfaithful("its body writes a value in place that it does not assign")
+        if self.compile_graph is None:
+            return graph  # type: ignore[no-any-return]
+        return self.compile_graph(graph, inputs)  # type: ignore[no-any-return]
+
+
+def _signature(state: Sequence[Any], invariants: Sequence[Any]) -> Any:
+    key: list[Any] = []
+    for value in (*state, *invariants):
+        if isinstance(value, torch.Tensor):
+            key.append((value.shape, value.dtype, value.device, value.requires_grad))
+        elif isinstance(value, _SCALARS):
+            key.append((type(value), value))
+        else:
+            return None
+    return tuple(key)
+
+
+def _written_back(original: Any, final: Any, in_place: bool) -> Any:
+    """The loop's final value; written into the carried tensor the loop started from when the
+    loop writes that tensor in place (``x += d``): whoever holds it (the caller, a view) sees
+    the write, as with the Python loop. Blocks work on copies: the original is untouched
+    until here."""
+    if in_place and isinstance(original, torch.Tensor) and original is not final:
+        with torch.no_grad():
+            original.copy_(final)
+        return original
+    return final

@@ -1,0 +1,180 @@
+"""Loop capture, step 2: the function again, each planned loop replaced by a call of its
+:class:`~._block.CapturedLoop`, plus per loop an *iteration* and an *enter* function.
+
+``iterate(go, *carried, *invariants) -> (go, *carried)`` runs one iteration under the predicate
+``go`` (a 0-d bool tensor): carried values are copied before each segment (so in-place writes
+touch copies) and merged back by ``where(go, new, old)``; each exit check turns ``go`` off.
+Run eagerly with ``go`` true it computes what the loop body computes; traced ``K`` times in a
+row it is a block whose iterations after the exit change nothing. ``enter(*carried,
+*invariants)`` is the first exit check (``while test``): whether an iteration runs at all.
+
+Exit tests become tensor expressions: ``bool(x)`` is ``x``, ``and``/``or``/``not`` are logical
+ops on 0-d tensors. The new functions share the user's globals and closure cells (a closure
+variable rebound later is seen, as in the original).
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._analysis import Exit, FunctionPlan, LoopPlan, Segment
+
+__all__ = ["Rewritten", "rewrite"]
+
+_HELPERS = ("__ptj_merge__", "__ptj_stay__", "__ptj_truth__", "__ptj_clone__", "__ptj_and__",
+            "__ptj_or__", "__ptj_not__")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """The rewritten function and, per loop, its iteration and enter functions."""
+
+    function: types.FunctionType
+    iterations: tuple[tuple[Callable[..., Any], Callable[..., Any]], ...]
+
+
+def rewrite(
+    fn: types.FunctionType, plan: FunctionPlan, loops: list[Any], helpers: tuple[Any, ...]
+) -> Rewritten:
+    """``loops``: a list the caller fills with one runtime object per planned loop (called as
+    ``loop(carried_tuple, invariant_tuple)``, returning the new carried tuple)."""
+    tree = plan.tree
+    body: list[ast.stmt] = []
+    by_position = {loop.position: (k, loop) for k, loop in enumerate(plan.loops)}
+    for position, statement in enumerate(tree.body):
+        if position not in by_position:
+            body.append(statement)
+            continue
+        k, loop = by_position[position]
+        body.extend(loop.preamble)
+        carried = _tuple(loop.carried)
+        call = f"{carried} = __ptj_loops__[{k}]({carried}, {_tuple(loop.invariants)})"
+        body.extend(_located(ast.parse(call).body, statement))
+    function = ast.FunctionDef(
+        tree.name, tree.args, body or [ast.Pass()], [], tree.returns, type_comment=None
+    )
+    inner: list[ast.stmt] = [function]
+    for k, loop in enumerate(plan.loops):
+        inner.extend(_iteration_functions(k, loop))
+    names = ", ".join(f"__ptj_iter{k}__, __ptj_enter{k}__" for k in range(len(plan.loops)))
+    inner.extend(ast.parse(f"__ptj_result__ = ({tree.name}, ({names},))").body)
+    unpack = ast.parse(f"{', '.join(_HELPERS)}, = __ptj_helpers__").body
+    free = fn.__code__.co_freevars
+    factory = ast.FunctionDef(
+        "__ptj_factory__",
+        ast.arguments(
+            [],
+            [ast.arg(a) for a in ("__ptj_helpers__", "__ptj_loops__", *free)],
+            None,
+            [],
+            [],
+            None,
+            [],
+        ),
+        [*unpack, *inner, ast.Return(ast.Name("__ptj_result__", ast.Load()))],
+        [],
+        None,
+        type_comment=None,
+    )
+    module = ast.fix_missing_locations(ast.Module([factory], []))
+    code = compile(module, fn.__code__.co_filename, "exec")
+    factory_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    cells = {name: types.CellType(value) for name, value in zip(_HELPERS, helpers)}
+    cells["__ptj_loops__"] = types.CellType(loops)
+    cells.update(zip(free, fn.__closure__ or ()))  # the user's own cells: live values
+
+    def make(code_name: str) -> types.FunctionType:
+        found = next(
+            c for c in factory_code.co_consts
+            if isinstance(c, types.CodeType) and c.co_name == code_name
+        )  # fmt: skip
+        closure = tuple(cells[name] for name in found.co_freevars)
+        return types.FunctionType(found, fn.__globals__, code_name, None, closure)
+
+    function_object = make(tree.name)
+    function_object.__defaults__ = fn.__defaults__
+    function_object.__kwdefaults__ = fn.__kwdefaults__
+    iterations = tuple(
+        (make(f"__ptj_iter{k}__"), make(f"__ptj_enter{k}__")) for k in range(len(plan.loops))
+    )
+    return Rewritten(function_object, iterations)
+
+
+def _tuple(names: tuple[str, ...]) -> str:
+    return f"({', '.join(names)},)" if names else "()"
+
+
+def _located(nodes: list[ast.stmt], where: ast.stmt) -> list[ast.stmt]:
+    for node in nodes:
+        for child in ast.walk(node):
+            ast.copy_location(child, where)
+    return nodes
+
+
+def _iteration_functions(k: int, loop: LoopPlan) -> list[ast.stmt]:
+    carried = _tuple(loop.carried)
+    params = ", ".join((*loop.carried, *loop.invariants))
+    lines = [f"def __ptj_iter{k}__(__ptj_go__, {params}):"]
+    flags = repr(tuple(name in loop.in_place for name in loop.carried))
+    body: list[ast.stmt] = []
+    for item in loop.items:
+        if isinstance(item, Exit):
+            body.extend(ast.parse("__ptj_go__ = __ptj_stay__(__ptj_go__, 0)").body)
+            assign = body[-1]
+            assert isinstance(assign, ast.Assign) and isinstance(assign.value, ast.Call)
+            assign.value.args[1] = _Tensorize().visit(_copy(item.test))
+            continue
+        assert isinstance(item, Segment)
+        start = f"__ptj_old__ = {carried}\n__ptj_new__ = {carried} = __ptj_clone__(__ptj_old__)"
+        body.extend(ast.parse(start).body)
+        body.extend(_copy(s) for s in item.body)
+        merge = (
+            f"{carried} = __ptj_merge__(__ptj_go__, {carried}, __ptj_old__, __ptj_new__, {flags})"
+        )
+        body.extend(ast.parse(merge).body)
+    body.extend(ast.parse(f"return (__ptj_go__, *{carried})").body)
+    iterate = ast.parse("\n".join(lines) + "\n    pass").body[0]
+    assert isinstance(iterate, ast.FunctionDef)
+    iterate.body = body
+    first = loop.items[0]
+    test = _Tensorize().visit(_copy(first.test)) if isinstance(first, Exit) else ast.Constant(False)
+    enter = ast.parse(f"def __ptj_enter{k}__({params}):\n    return __ptj_stay__(True, 0)").body[0]
+    assert isinstance(enter, ast.FunctionDef)
+    ret = enter.body[0]
+    assert isinstance(ret, ast.Return) and isinstance(ret.value, ast.Call)
+    ret.value.args[1] = test
+    return [iterate, enter]
+
+
+def _copy(node: Any) -> Any:
+    return (
+        ast.parse(ast.unparse(node), mode="exec").body[0]
+        if isinstance(node, ast.stmt)
+        else ast.parse(ast.unparse(node), mode="eval").body
+    )
+
+
+class _Tensorize(ast.NodeTransformer):
+    """An exit test as a tensor expression: no ``bool()`` or Python ``and``/``or``/``not``,
+    which would read the value on the host."""
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "bool" and len(node.args) == 1:
+            return ast.Call(ast.Name("__ptj_truth__", ast.Load()), node.args, [])
+        return node
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        self.generic_visit(node)
+        helper = "__ptj_and__" if isinstance(node.op, ast.And) else "__ptj_or__"
+        return ast.Call(ast.Name(helper, ast.Load()), node.values, [])
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            return ast.Call(ast.Name("__ptj_not__", ast.Load()), [node.operand], [])
+        return node

@@ -1,0 +1,64 @@
+"""Engines "compile" and "auto": custom-function bodies whose loops run as compiled blocks.
+
+A body that TorchScript cannot trace faithfully (its loop exits on tensor values) goes to
+loop capture (``phi_torch_jit._loops``, docs/loops.md): each capturable loop runs as blocks of
+predicated iterations compiled by the engine's backend. The captured function is run once on
+the recorded inputs and must reproduce the recorded outputs; otherwise, or when no loop can be
+captured, the body keeps what the ``functions`` engine made of it, and the reason is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._loops import Captured, capture_loops
+from .base import CompiledFunction, FunctionTarget
+from .torchscript import _AsTuple, _reproduces
+
+__all__ = ["with_captured_loops"]
+
+logger = logging.getLogger("phi_torch_jit")
+
+
+def with_captured_loops(
+    target: FunctionTarget,
+    compile_graph: Callable[[torch.fx.GraphModule, tuple[torch.Tensor, ...]], Any] | None,
+) -> CompiledFunction | None:
+    """The body with its loops captured, checked against the recording; None if it cannot be
+    (logged at INFO with the reason)."""
+    if target.scriptable is None or target.expected is None:
+        return None
+    captured = capture_loops(target.scriptable, target.label, compile_graph)
+    if isinstance(captured, str):
+        _not_captured(target, captured)
+        return None
+    run = _AsTuple(captured.function)
+    try:
+        with torch.no_grad():
+            actual = run(*target.example_inputs)
+    except Exception as error:  # the captured function cannot run these inputs
+        _not_captured(target, f"{type(error).__name__}: {error}".splitlines()[0])
+        return None
+    if not _reproduces(actual, target.expected):
+        _not_captured(target, "the captured loop did not reproduce the recorded outputs")
+        return None
+    return CompiledFunction(run, "looped", _describe(captured))
+
+
+def _describe(captured: Captured) -> str:
+    eager = [
+        reason
+        for loop in captured.loops
+        for reason in loop.programs.values()
+        if isinstance(reason, str)
+    ]
+    text = captured.describe()
+    return text + (f"; runs eagerly for the recorded inputs: {eager[0]}" if eager else "")
+
+
+def _not_captured(target: FunctionTarget, reason: str) -> None:
+    logger.info("phi_torch_jit: %s: loops not captured: %s", target.label, reason)

@@ -1,0 +1,237 @@
+"""Loop capture (``phi_torch_jit._loops``, docs/loops.md): loops in custom functions run as
+blocks of predicated iterations. Results, iteration counts, in-place writes, states at rest,
+NaN and gradients equal the Python loop's; loops it cannot capture keep the Python path."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+import phi_torch_jit as ptj
+from phi_torch_jit._loops import Captured, capture_loops
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _captured(fn: Any, block: int = 4) -> Captured:
+    captured = capture_loops(fn, fn.__name__, None, block=block)
+    assert isinstance(captured, Captured), captured
+    return captured
+
+
+def laplace(d: torch.Tensor) -> torch.Tensor:
+    neighbours = torch.roll(d, 1, -1) + torch.roll(d, -1, -1) + torch.roll(d, 1, -2)
+    return 0.01 * d - (neighbours + torch.roll(d, -1, -2) - 4 * d)
+
+
+def cg(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.zeros_like(b)
+    r = b.clone()
+    d = r.clone()
+    rs = (r * r).sum()
+    tol = 1e-10 * (b * b).sum() + 1e-30
+    it = 0
+    while bool(rs > tol) and it < 300:
+        ad = laplace(d)
+        alpha = rs / (d * ad).sum()
+        x += alpha * d  # in place, as solvers are often written
+        r -= alpha * ad
+        rs_new = (r * r).sum()
+        d = r + rs_new / rs * d
+        rs = rs_new
+        it += 1
+    return x, torch.tensor(it)
+
+
+def _rhs(n: int = 16, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randn(1, n, n, generator=g, dtype=torch.float64)
+    return b - b.mean()
+
+
+def test_a_while_loop_with_bool_and_an_int_counter_equals_the_python_loop() -> None:
+    captured = _captured(cg)
+    b = _rhs()
+    x, it = captured.function(b)
+    x_eager, it_eager = cg(b)
+    assert torch.equal(x, x_eager) and int(it) == int(it_eager) > 4
+    (loop,) = captured.loops
+    assert loop.blocks_run == -(-int(it_eager) // 4)  # one host check per block of 4
+
+
+def test_states_at_rest_nan_and_max_iterations_equal_the_python_loop() -> None:
+    captured = _captured(cg)
+    loop = captured.loops[0]
+    zero = torch.zeros(1, 8, 8, dtype=torch.float64)  # at rest: no iteration, no block
+    x, it = captured.function(zero)
+    assert int(it) == 0 and torch.equal(x, zero) and loop.blocks_run == 0
+    nan = _rhs(8)
+    nan[0, 0, 0] = float("nan")  # rs > tol is False for NaN: no iteration, as eagerly
+    x, it = captured.function(nan)
+    x_eager, it_eager = cg(nan)
+    assert int(it) == int(it_eager) and torch.equal(x, x_eager)
+
+    def capped(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.zeros_like(b)
+        r = b.clone()
+        it = 0
+        while bool((r * r).sum() > 1e-30) and it < 7:  # never converges: max_iter
+            x = x + 0.1 * r
+            r = r - 0.1 * laplace(r)
+            it += 1
+        return x, torch.tensor(it)
+
+    x, it = _captured(capped, block=3).function(_rhs())
+    assert int(it) == 7 and torch.equal(x, capped(_rhs())[0])  # 7 is no multiple of 3
+
+
+def test_for_range_with_a_break_and_while_true_with_a_break() -> None:
+    def damped(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        steps = torch.zeros((), dtype=torch.int64)
+        for _ in range(50):
+            if bool(x.abs().max() < 0.01):
+                break
+            x = 0.7 * x
+            steps = steps + 1
+        return x, steps
+
+    def halving(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = 0
+        while True:
+            x = x / 2
+            n += 1
+            if bool(x.abs().max() < 1) or n >= 40:
+                break
+        return x, torch.tensor(n)
+
+    for fn in (damped, halving):
+        captured = _captured(fn)
+        for scale in (0.001, 3.0, 1e6):
+            x = torch.linspace(-1, 1, 9, dtype=torch.float64) * scale
+            got, want = captured.function(x), fn(x)
+            assert torch.equal(got[0], want[0]) and int(got[1]) == int(want[1])
+
+
+def test_a_carried_tensor_written_in_place_is_written_like_the_python_loop() -> None:
+    def relax(x: torch.Tensor) -> torch.Tensor:
+        n = 0
+        while n < 5:
+            x.mul_(0.5)  # the caller's tensor, written in place
+            n += 1
+        return x * 1
+
+    captured = _captured(relax)
+    x, x_eager = torch.ones(3), torch.ones(3)
+    out = captured.function(x)
+    relax(x_eager)
+    assert torch.equal(x, x_eager) and torch.equal(out, x_eager)
+
+
+def test_a_closure_rebound_later_is_seen() -> None:
+    factor = 0.5
+
+    def shrink(x: torch.Tensor) -> torch.Tensor:
+        while bool(x.abs().max() > 1):
+            x = x * factor
+        return x
+
+    captured = _captured(shrink, block=2)
+    x = torch.full((2,), 10.0)
+    assert torch.equal(captured.function(x), shrink(x))
+    factor = 0.25
+    assert torch.equal(captured.function(x), shrink(x))
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("while bool(x.sum() > 0):\n        return x", "return"),
+        ("while bool(x.sum() > 0):\n        x = x - 1\n        continue", "continue"),
+        ("for v in x:\n        x = x - v", "range"),
+        ("while bool(x.sum() > 0):\n        x = x - 1\n    else:\n        pass", "else"),
+        ("while True:\n        x = x - 1", "no exit"),
+        ("while bool(y.sum() > 0):\n        y = y - 1", "unbound"),
+    ],
+)
+def test_loops_it_cannot_capture_say_why(source: str, reason: str) -> None:
+    namespace: dict[str, Any] = {}
+    text = f"def f(x):\n    {source}\n    return x\n"
+    path = f"/tmp/phi_torch_jit_loops_{abs(hash(text))}.py"
+    with open(path, "w") as file:
+        file.write(text)
+    exec(compile(text, path, "exec"), namespace)
+    import linecache
+
+    linecache.checkcache(path)
+    result = capture_loops(namespace["f"], "f", None)
+    assert isinstance(result, str) and reason in result, result
+
+
+def test_a_body_the_block_cannot_trace_runs_the_iterations_eagerly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def stepwise(x: torch.Tensor) -> torch.Tensor:
+        while bool(x.max() > 1):
+            x = x - float(x.max()) / 4  # float(): a value read on the host
+        return x
+
+    captured = _captured(stepwise)
+    x = torch.tensor([5.0, 3.0])
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        assert torch.equal(captured.function(x), stepwise(x))
+    assert captured.loops[0].blocks_run == 0
+    assert any("runs eagerly for these inputs" in r.getMessage() for r in caplog.records)
+
+
+def solve(b: torch.Tensor) -> torch.Tensor:
+    """CG for a custom gradient: the loop is in the forward itself (loops in functions it
+    calls are not captured)."""
+    x, r = torch.zeros_like(b), b.clone()
+    d, rs = r.clone(), (r * r).sum()
+    for _ in range(200):
+        if bool(rs < 1e-20 * (b * b).sum() + 1e-30):
+            break
+        ad = laplace(d)
+        alpha = rs / (d * ad).sum()
+        x, r = x + alpha * d, r - alpha * ad
+        rs, rs_old = (r * r).sum(), rs
+        d = r + rs / rs_old * d
+    return x
+
+
+cg_solve = ptj.custom_gradient(
+    solve, lambda inputs, outputs, grads: (cg_grad(grads[0]),), name="cg"
+)
+
+
+def cg_grad(g: torch.Tensor) -> torch.Tensor:
+    return cg_solve(g)  # symmetric operator: the adjoint is the same solve
+
+
+def _step(v: torch.Tensor) -> torch.Tensor:
+    return cg_solve(v * 2)
+
+
+@pytest.mark.parametrize("engine", ["aot_eager", "inductor"])
+def test_a_jitted_cg_step_is_looped_and_equals_eager_with_gradients(engine: str) -> None:
+    jitted = ptj.jit(_step, engine="compile", backend=engine, fallback="off")
+    for seed in range(3):
+        v = _rhs(12, seed).requires_grad_(True)
+        v_eager = v.detach().clone().requires_grad_(True)
+        out, out_eager = jitted(v), _step(v_eager)
+        torch.testing.assert_close(out, out_eager, rtol=1e-6, atol=1e-9)
+        out.square().sum().backward()
+        out_eager.square().sum().backward()
+        torch.testing.assert_close(v.grad, v_eager.grad, rtol=1e-6, atol=1e-9)
+    assert jitted.num_traces == 1
+    report = jitted.explain()
+    assert "forward: looped" in report
+
+
+def test_loops_false_keeps_the_functions_engine() -> None:
+    jitted = ptj.jit(_step, engine="compile", backend="aot_eager", loops=False)
+    jitted(_rhs(6))
+    assert "forward: looped" not in jitted.explain()
