@@ -49,8 +49,10 @@ def test_data_dependent_loop_is_scripted_not_baked() -> None:
     k = torch.tensor(0.5)
     step(torch.randn(16), k)
     (call,) = step.specializations[0].calls
-    assert call.forward.mode == "scripted"
-    assert "control flow depends on tensor values" in call.forward.reason
+    # engines compile and auto capture the loop as compiled blocks (tests/test_loops.py)
+    assert call.forward.mode in ("scripted", "looped")
+    if call.forward.mode == "scripted":
+        assert "control flow depends on tensor values" in call.forward.reason
     at_rest = step(torch.zeros(16), k)  # a traced CG gives NaN here
     assert torch.equal(at_rest, torch.zeros(16))
     new = torch.randn(16) * 10
@@ -86,7 +88,7 @@ def test_identical_calls_share_one_compiled_op() -> None:
     u, k = torch.randn(8), torch.tensor(0.2)
     out = four_steps(u, k)
     (call,) = four_steps.specializations[0].calls
-    assert call.forward.mode == "scripted"
+    assert call.forward.mode in ("scripted", "looped")
     assert torch.allclose(four_steps(u, k), out)
 
 
@@ -119,7 +121,7 @@ def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op(jit_engine: str)
     (call,) = step.specializations[0].calls
     assert call.backward.specializations[(True, True)].mode == "traced"
     (adjoint,) = call.nested.calls.values()
-    assert adjoint.forward.mode == "scripted" and adjoint.function is solve
+    assert adjoint.forward.mode in ("scripted", "looped") and adjoint.function is solve
     assert torch.equal(step(torch.zeros_like(b), k), torch.zeros_like(b))
     assert gradcheck(step, (b, k))
 

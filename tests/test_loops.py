@@ -235,3 +235,17 @@ def test_loops_false_keeps_the_functions_engine() -> None:
     jitted = ptj.jit(_step, engine="compile", backend="aot_eager", loops=False)
     jitted(_rhs(6))
     assert "forward: looped" not in jitted.explain()
+
+
+def _removed(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("TorchScript is unavailable")
+
+
+def test_without_torchscript_the_loop_is_still_captured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.jit, "trace", _removed)
+    monkeypatch.setattr(torch.jit, "script", _removed)
+    jitted = ptj.jit(_step, engine="compile", backend="aot_eager", fallback="off")
+    for seed in range(2):
+        v = _rhs(8, seed)
+        torch.testing.assert_close(jitted(v), _step(v), rtol=1e-6, atol=1e-9)
+    assert "forward: looped" in jitted.explain() and jitted.num_traces == 1

@@ -18,6 +18,7 @@ function eagerly, one iteration per host check (what the Python loop does), said
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ BLOCK_CUDA = 16
 """Iterations per block on CUDA (one host check per 16 iterations: ../shared/GPU.md)."""
 MAX_BLOCKS = 8
 """Compiled blocks kept per loop (one per input signature); more run eagerly."""
+_COMPILE_LOCK = threading.RLock()
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
@@ -178,11 +180,12 @@ class CapturedLoop:
         self, program: Callable[..., Any], state: tuple[Any, ...], invariants: tuple[Any, ...]
     ) -> tuple[Any, ...]:
         inputs = [v for v in invariants if isinstance(v, torch.Tensor)]
-        go = self.enter(*state, *invariants)
-        flat = (go, *state)
-        while bool(flat[0]):
-            flat = tuple(program(*flat, *inputs))
-            self.blocks_run += 1
+        with torch.no_grad():  # a custom function's forward: its gradient is the user's
+            go = self.enter(*state, *invariants)
+            flat = (go, *state)
+            while bool(flat[0]):
+                flat = tuple(program(*flat, *inputs))
+                self.blocks_run += 1
         return flat[1:]
 
     def _program(
@@ -194,8 +197,18 @@ class CapturedLoop:
         program = self.programs.get(key)
         if program is not None:
             return program
+        with _COMPILE_LOCK:  # make_fx and the backends keep process-wide state
+            program = self.programs.get(key)
+            if program is None:
+                program = self._compile_or_why(key, state, invariants, device)
+        return program
+
+    def _compile_or_why(
+        self, key: Any, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
+    ) -> Callable[..., Any] | str:
         if len(self.programs) >= MAX_BLOCKS:
             return f"more than {MAX_BLOCKS} input signatures"
+        program: Callable[..., Any] | str
         try:
             program = self._compile(state, invariants, device)
         except Unfaithful:
@@ -247,7 +260,7 @@ def _signature(state: Sequence[Any], invariants: Sequence[Any]) -> Any:
     key: list[Any] = []
     for value in (*state, *invariants):
         if isinstance(value, torch.Tensor):
-            key.append((value.shape, value.dtype, value.device, value.requires_grad))
+            key.append((value.shape, value.dtype, value.device))  # blocks run without grad
         elif isinstance(value, _SCALARS):
             key.append((type(value), value))
         else:
