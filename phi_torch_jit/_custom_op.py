@@ -41,6 +41,7 @@ from ._compat import (
 )
 from ._context import Replaying, call_state, current_frame, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
+from ._graph_safety import backward_tags, forward_tags
 from ._phases import compiling
 from ._phiml import ForwardChecks, add_to_tapes, deferred_checks, solve_infos, tapes_set_aside
 from ._record import RecordedCall
@@ -150,7 +151,8 @@ class CompiledCall:
         inputs = ", ".join(f"Tensor x{i}" for i in range(self.n_inputs))
         total = self.n_outputs + self.n_info
         returns = "Tensor" if total == 1 else f"({', '.join(['Tensor'] * total)})"
-        self._library.define(f"{name}({inputs}) -> {returns}")
+        tags = forward_tags(self.forward.mode, bool(self.checks.checks))
+        self._library.define(f"{name}({inputs}) -> {returns}", tags=tags)
         # torch's registry is C++ and would keep strong references alive forever: register
         # weak ones, and remove the op when this object is collected (NOTE [custom calls as ops]).
         self._library.impl(name, _weak(self._impl), "CompositeExplicitAutograd")
@@ -280,7 +282,8 @@ class CompiledCall:
         """
         name = f"{self.op_name}_bwd"
         self._library.define(
-            f"{name}(Tensor[] saved, Tensor[] grad_outputs, bool[] pattern) -> Tensor[]"
+            f"{name}(Tensor[] saved, Tensor[] grad_outputs, bool[] pattern) -> Tensor[]",
+            tags=backward_tags(),
         )
         self._library.impl(name, _weak(self._backward_impl), "CompositeExplicitAutograd")
         torch.library.register_fake(

@@ -147,6 +147,10 @@ class CompileEngine(Engine):
         """The inductor settings this engine compiles with (mode and options merged)."""
         mode = self.options.get("mode")
         settings = mode_options(mode) if isinstance(mode, str) else {}
+        if settings.get("triton.cudagraphs") and _has_graph_partition():
+            # custom ops that read values on the host split the graph, instead of failing
+            # the capture (phi_torch_jit._graph_safety)
+            settings["graph_partition"] = True
         return {**settings, **(self.options.get("options") or {})}
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
@@ -180,6 +184,12 @@ class CompileEngine(Engine):
 
 
 _CAPTURE_LOCK = threading.Lock()
+
+
+def _has_graph_partition() -> bool:
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config, "graph_partition")
 
 
 class Compilable:
