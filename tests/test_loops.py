@@ -249,3 +249,24 @@ def test_without_torchscript_the_loop_is_still_captured(monkeypatch: pytest.Monk
         v = _rhs(8, seed)
         torch.testing.assert_close(jitted(v), _step(v), rtol=1e-6, atol=1e-9)
     assert "forward: looped" in jitted.explain() and jitted.num_traces == 1
+
+
+def test_a_tensor_valued_if_inside_the_body_is_captured() -> None:
+    def bisect(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = 0
+        while bool(hi - lo > 1e-9) and n < 100:
+            mid = (lo + hi) / 2
+            if bool(mid * mid > 2):  # a branch on a value: where() in a block
+                hi = mid
+            else:
+                lo = mid
+            n += 1
+        return lo, torch.tensor(n)
+
+    captured = _captured(bisect)
+    lo, hi = torch.tensor(0.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)
+    got, want = captured.function(lo, hi), bisect(lo, hi)
+    assert torch.equal(got[0], want[0]) and int(got[1]) == int(want[1]) > 20
+    assert captured.loops[0].blocks_run > 0 and not any(
+        isinstance(p, str) for p in captured.loops[0].programs.values()
+    )  # traced as blocks, not run eagerly

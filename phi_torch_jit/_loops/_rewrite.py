@@ -16,6 +16,7 @@ variable rebound later is seen, as in the original).
 from __future__ import annotations
 
 import ast
+import itertools
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +122,8 @@ def _iteration_functions(k: int, loop: LoopPlan) -> list[ast.stmt]:
     lines = [f"def __ptj_iter{k}__(__ptj_go__, {params}):"]
     flags = repr(tuple(name in loop.in_place for name in loop.carried))
     body: list[ast.stmt] = []
+    bound = {*loop.carried, *loop.invariants}
+    """Names bound at this point of an iteration (an ``if`` may only assign those)."""
     for item in loop.items:
         if isinstance(item, Exit):
             body.extend(ast.parse("__ptj_go__ = __ptj_stay__(__ptj_go__, 0)").body)
@@ -131,7 +134,9 @@ def _iteration_functions(k: int, loop: LoopPlan) -> list[ast.stmt]:
         assert isinstance(item, Segment)
         start = f"__ptj_old__ = {carried}\n__ptj_new__ = {carried} = __ptj_clone__(__ptj_old__)"
         body.extend(ast.parse(start).body)
-        body.extend(_copy(s) for s in item.body)
+        for statement in item.body:
+            body.extend(_predicated(_copy(statement), bound))
+            bound |= _assigned_names(statement)
         merge = (
             f"{carried} = __ptj_merge__(__ptj_go__, {carried}, __ptj_old__, __ptj_new__, {flags})"
         )
@@ -148,6 +153,63 @@ def _iteration_functions(k: int, loop: LoopPlan) -> list[ast.stmt]:
     assert isinstance(ret, ast.Return) and isinstance(ret.value, ast.Call)
     ret.value.args[1] = test
     return [iterate, enter]
+
+
+_IF_NUMBERS = itertools.count()
+
+
+def _predicated(statement: ast.stmt, bound: set[str]) -> list[ast.stmt]:
+    """An ``if`` inside the body whose branches only assign names bound before it, as both
+    branches computed on copies and merged by ``where(test, then, else)``: a tensor-valued
+    test is then no value read on the host. Other statements are kept as they are."""
+    if not isinstance(statement, ast.If) or not _only_assignments(statement):
+        return [statement]
+    names = tuple(sorted(_assigned_names(statement)))
+    if not names or not set(names) <= bound:
+        return [statement]
+    k = next(_IF_NUMBERS)
+    values = _tuple(names)
+    flags = repr((True,) * len(names))
+    test = _Tensorize().visit(statement.test)
+    then_branch = [_predicated(s, bound) for s in statement.body]
+    else_branch = [_predicated(s, bound) for s in statement.orelse]
+    code = [
+        f"__ptj_if{k}__ = __ptj_truth__(0)",
+        f"__ptj_keep{k}__ = {values}",
+        f"{values} = __ptj_clone__(__ptj_keep{k}__)",
+    ]
+    result = ast.parse("\n".join(code)).body
+    call = result[0]
+    assert isinstance(call, ast.Assign) and isinstance(call.value, ast.Call)
+    call.value.args[0] = test
+    result.extend(s for part in then_branch for s in part)
+    result.extend(
+        ast.parse(f"__ptj_then{k}__ = {values}\n{values} = __ptj_clone__(__ptj_keep{k}__)").body
+    )
+    result.extend(s for part in else_branch for s in part)
+    merged = (
+        f"{values} = __ptj_merge__(__ptj_if{k}__, __ptj_then{k}__, {values}, {values}, {flags})"
+    )
+    result.extend(ast.parse(merged).body)
+    return result
+
+
+def _only_assignments(statement: ast.If) -> bool:
+    for child in (*statement.body, *statement.orelse):
+        if isinstance(child, ast.If):
+            if not _only_assignments(child):
+                return False
+        elif not isinstance(child, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Pass):
+            return False
+    return True
+
+
+def _assigned_names(statement: ast.stmt) -> set[str]:
+    return {
+        n.id
+        for n in ast.walk(statement)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
 
 
 def _copy(node: Any) -> Any:
