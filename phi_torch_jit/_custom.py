@@ -133,19 +133,29 @@ class CustomFunction:
 
     # -- the contract, shared by eager and compiled calls ------------------------------
 
-    def run_forward(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...], bool]:
+    def run_forward(
+        self, args: Sequence[Any], source: Callable[..., Any] | None = None
+    ) -> tuple[tuple[torch.Tensor, ...], bool]:
         """Run ``f``; return (outputs as a tuple of tensors, whether it was a bare tensor).
+        ``source``: a function to run in place of :attr:`loop_source` (the same function with
+        its loops captured, ``phi_torch_jit._loops``).
 
         The call context it leaves is this thread's ``call_state().last_context``.
         """
         with inside_custom_function():
-            out, context = self._forward(tuple(args))
+            out, context = self._forward(tuple(args), source)
         call_state().last_context = context
         return self.check_outputs(out)
 
-    def _forward(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
+    def _forward(self, args: tuple[Any, ...], source: Any = None) -> tuple[Any, Any]:
         """``f``'s raw result and the call context it leaves (None for plain functions)."""
-        return self.f(*args), None
+        return (source or self.f)(*args), None
+
+    @property
+    def loop_source(self) -> Callable[..., Any]:
+        """The user's function whose loops an engine may capture (its source is read); the
+        forward calls it with the call's arguments."""
+        return self.f
 
     def check_outputs(self, out: Any) -> tuple[tuple[torch.Tensor, ...], bool]:
         """Validate what ``f`` returned; return (outputs as tuple, whether it was a bare tensor)."""

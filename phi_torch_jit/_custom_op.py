@@ -57,9 +57,13 @@ _OP_NUMBERS = itertools.count()
 class _FlatForward:
     """``f`` as a flat function: tensor inputs in, tuple of tensor outputs out."""
 
-    def __init__(self, function: CustomFunction, template: tuple[Any, ...]) -> None:
+    def __init__(
+        self, function: CustomFunction, template: tuple[Any, ...], source: Any = None
+    ) -> None:
         self.function = function
         self.template = template
+        self.source = source
+        """Runs in place of the function's ``loop_source`` (its loops captured)."""
         self.checks = ForwardChecks()
         """PhiML convergence checks met by the latest traced run; their tensors follow the
         outputs (none when values were available: the checks then ran)."""
@@ -67,7 +71,7 @@ class _FlatForward:
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args = merge_tensors(self.template, tensors)
         if get_tracing_state() is None:  # run as Python (every call): checks see real values
-            return self.function.run_forward(args)[0]
+            return self.function.run_forward(args, self.source)[0]
         with deferred_checks() as checks, tapes_set_aside():  # traced once, by the compile
             outputs = self.function.run_forward(args)[0]
         if checks.checks:
@@ -119,6 +123,8 @@ class CompiledCall:
             f"forward of {function.label}",
             scriptable=function.scriptable if all_tensors else None,
             expected=recorded.outputs,
+            loop_source=function.loop_source,
+            with_loop_source=lambda source: _FlatForward(function, template, source),
         )
         with compiling(function.label, self.nested):
             self.forward = engine.compile_function(target)

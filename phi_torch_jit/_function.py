@@ -35,7 +35,7 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,17 +209,17 @@ def _has_setup_context(cls: type) -> bool:
 
 
 def run_forward(
-    cls: Any, args: tuple[Any, ...], needs: tuple[bool, ...]
+    cls: Any, args: tuple[Any, ...], needs: tuple[bool, ...], source: Any = None
 ) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
-    """Run ``cls.forward`` with a :class:`FunctionContext` whose ``needs_input_grad`` is
-    ``needs``; return (outputs + residuals, layout)."""
+    """Run ``cls.forward`` (or ``source`` in its place) with a :class:`FunctionContext` whose
+    ``needs_input_grad`` is ``needs``; return (outputs + residuals, layout)."""
     ctx = FunctionContext(tuple(needs))
     with torch.no_grad():
         if _has_setup_context(cls):
-            out = cls.forward(*args)
+            out = (source or cls.forward)(*args)
             cls.setup_context(ctx, args, out)
         else:
-            out = _forward_of(cls)(ctx, *args)
+            out = (source or _forward_of(cls))(ctx, *args)
     single = isinstance(out, torch.Tensor)
     outs = (out,) if single else tuple(out) if isinstance(out, (tuple, list)) else None
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
@@ -299,8 +299,15 @@ class _AdapterFunction(CustomFunction):
         pattern = needs_input_grad if needs_input_grad is not None else _needs_grad(inputs)
         return self.adapter.gradient(inputs, outputs, grad_outputs, pattern, context)
 
-    def _forward(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
-        return self.adapter.forward(*args)
+    def _forward(self, args: tuple[Any, ...], source: Any = None) -> tuple[Any, Any]:
+        return self.adapter.forward(*args, source=source)
+
+    @property
+    def loop_source(self) -> Callable[..., Any]:
+        """``forward`` (with its ctx argument unless the class has ``setup_context``)."""
+        cls = self.adapter.cls
+        forward = cls.forward if _has_setup_context(cls) else _forward_of(cls)  # type: ignore[attr-defined]
+        return forward  # type: ignore[no-any-return]
 
     def matches(self, other: CustomFunction) -> bool:
         """Same Function code, even if a factory made a new class for the trace pass (PhiML
@@ -346,14 +353,17 @@ class FunctionAdapter:
         """Layout per call signature, from the latest forward run."""
         self.custom = _AdapterFunction(self)
 
-    def forward(self, *args: Any) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
+    def forward(
+        self, *args: Any, source: Callable[..., Any] | None = None
+    ) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
         """Run the Function's forward: (outputs + residuals, the ctx layout as call context).
 
-        ``args`` end with the call's :class:`NeedsInputGrad`."""
+        ``args`` end with the call's :class:`NeedsInputGrad`; ``source`` replaces the forward
+        function (its loops captured)."""
         *inputs, needs = args
         # PhiML scripts inside its forwards: NOTE [TorchScript notices].
         with torchscript_notices_hidden():
-            outputs, layout = run_forward(self.cls, tuple(inputs), needs)
+            outputs, layout = run_forward(self.cls, tuple(inputs), needs, source)
         self.layouts[_layout_key(args)] = layout
         return outputs, layout
 

@@ -270,3 +270,40 @@ def test_a_tensor_valued_if_inside_the_body_is_captured() -> None:
     assert captured.loops[0].blocks_run > 0 and not any(
         isinstance(p, str) for p in captured.loops[0].programs.values()
     )  # traced as blocks, not run eagerly
+
+
+class NewtonSqrt(torch.autograd.Function):
+    """A Newton iteration in an autograd.Function forward, as users write one."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+        x = torch.ones_like(a)
+        n = 0
+        while bool((x * x - a).abs().max() > 1e-12) and n < 60:
+            x = (x + a / x) / 2
+            n += 1
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad / (2 * x)
+
+
+def _sqrt_step(a: torch.Tensor) -> torch.Tensor:
+    return NewtonSqrt.apply(a * 1.5) + 1  # type: ignore[no-any-return]
+
+
+def test_a_loop_in_an_autograd_function_forward_is_captured() -> None:
+    jitted = ptj.jit(_sqrt_step, engine="compile", backend="aot_eager", fallback="off")
+    for scale in (1.0, 100.0, 1e-3):
+        a = (torch.rand(5, dtype=torch.float64) + 0.1) * scale
+        a.requires_grad_(True)
+        a_eager = a.detach().clone().requires_grad_(True)
+        out, want = jitted(a), _sqrt_step(a_eager)
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(
+            *torch.autograd.grad(out.sum(), a), *torch.autograd.grad(want.sum(), a_eager)
+        )
+    assert "forward: looped" in jitted.explain() and jitted.num_traces == 1

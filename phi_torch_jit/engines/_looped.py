@@ -30,13 +30,19 @@ def with_captured_loops(
 ) -> CompiledFunction | None:
     """The body with its loops captured, checked against the recording; None if it cannot be
     (logged at INFO with the reason)."""
-    if target.scriptable is None or target.expected is None:
+    if target.expected is None:
         return None
-    captured = capture_loops(target.scriptable, target.label, compile_graph)
+    if target.loop_source is not None and target.with_loop_source is not None:
+        source, wrap = target.loop_source, target.with_loop_source
+    elif target.scriptable is not None:
+        source, wrap = target.scriptable, _AsTuple
+    else:
+        return None
+    captured = capture_loops(source, target.label, compile_graph)
     if isinstance(captured, str):
         _not_captured(target, captured)
         return None
-    run = _AsTuple(captured.function)
+    run = wrap(captured.function)
     try:
         with torch.no_grad():
             actual = run(*target.example_inputs)

@@ -41,6 +41,10 @@ class FunctionTarget:
     """The user's own function if it takes exactly the flat tensors; an engine may script it."""
     expected: tuple[torch.Tensor, ...] | None = None
     """Outputs recorded for ``example_inputs``; an alternative compilation must reproduce them."""
+    loop_source: Callable[..., Any] | None = None
+    """The user's function inside ``fn`` whose loops an engine may capture."""
+    with_loop_source: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+    """Given a function behaving like ``loop_source``, ``fn`` with it in its place."""
 
 
 @dataclass(frozen=True)
