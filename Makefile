@@ -21,7 +21,7 @@ TORCH_VERSIONS ?= $(sort $(patsubst requirements/torch-%.txt,%,$(wildcard requir
 # The environment that tests a torch version: .venv for the demo's torch, else its own.
 venv_of = $(if $(filter $(DEMO_TORCH),$(1)),$(VENV),$(VENV)-torch$(1))
 
-.PHONY: demo test envs test-no-torchscript lint docs bench bench-peers bench-phiflow bench-warm-start fuzz clean
+.PHONY: demo test envs test-no-torchscript test-cuda lint docs bench bench-peers bench-phiflow bench-warm-start fuzz clean
 .SECONDEXPANSION:
 
 $(VENV)/.ready: pyproject.toml Makefile requirements/torch-$(DEMO_TORCH).txt
@@ -40,6 +40,11 @@ $(VENV)-torch%/.ready: pyproject.toml Makefile
 
 demo: $(VENV)/.ready
 	$(PY) demos/smoke_plume.py
+
+# The shared suite and the device tests on CUDA (a GPU machine; not part of `make test`):
+# tensors the tests create are made on CUDA (tests/conftest.py, PHI_TORCH_JIT_TEST_DEVICE).
+test-cuda: $(VENV)/.ready
+	PHI_TORCH_JIT_TEST_DEVICE=cuda $(PY) -m pytest -m "all_engines or devices or cuda" -q -p no:cacheprovider
 
 lint: $(VENV)/.ready
 	$(PY) -m ruff check phi_torch_jit tests demos benchmarks

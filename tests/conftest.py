@@ -13,9 +13,49 @@ from phi_torch_jit.engines.auto import AutoEngine
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+DEVICE_ENV = "PHI_TORCH_JIT_TEST_DEVICE"
+"""``cuda`` (``make test-cuda``): tensors the tests create without naming a device are made on
+CUDA (``torch.set_default_device``), and PhiML's default device follows; default ``cpu``, where
+PhiML is pinned to the CPU too (it makes the GPU its default when one exists)."""
+
+TEST_DEVICE = torch.device(os.environ.get(DEVICE_ENV, "cpu"))
+
+if TEST_DEVICE.type == "cuda":
+    if not torch.cuda.is_available():
+        raise pytest.UsageError(f"{DEVICE_ENV}=cuda, but torch sees no CUDA device")
+    torch.set_default_device(TEST_DEVICE)
+
+
+def _pin_phiml() -> None:
+    try:
+        from phiml.backend import torch as phiml_torch
+    except ImportError:
+        return
+    backend = phiml_torch.TORCH
+    kind = "GPU" if TEST_DEVICE.type == "cuda" else "CPU"
+    devices = backend.list_devices(kind)
+    if devices:
+        backend.set_default_device(devices[0])
+
+
+if torch.cuda.is_available():  # without CUDA PhiML stays on the CPU anyway
+    _pin_phiml()
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device the suite runs on (``PHI_TORCH_JIT_TEST_DEVICE``, default the CPU)."""
+    return TEST_DEVICE
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("cuda") and not torch.cuda.is_available():
+        pytest.skip("needs CUDA (none here); runs in make test-cuda on a GPU machine")
 
 
 NO_TORCHSCRIPT_ENV = "PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT"

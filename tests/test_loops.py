@@ -13,7 +13,7 @@ import torch
 import phi_torch_jit as ptj
 from phi_torch_jit._loops import Captured, capture_loops
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.devices]
 
 
 def _captured(fn: Any, block: int = 4) -> Captured:
@@ -47,9 +47,9 @@ def cg(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _rhs(n: int = 16, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    b = torch.randn(1, n, n, generator=g, dtype=torch.float64)
-    return b - b.mean()
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b = torch.randn(1, n, n, generator=g, dtype=torch.float64, device="cpu")
+    return (b - b.mean()).to(torch.get_default_device())
 
 
 def test_a_while_loop_with_bool_and_an_int_counter_equals_the_python_loop() -> None:
@@ -307,3 +307,17 @@ def test_a_loop_in_an_autograd_function_forward_is_captured() -> None:
             *torch.autograd.grad(out.sum(), a), *torch.autograd.grad(want.sum(), a_eager)
         )
     assert "forward: looped" in jitted.explain() and jitted.num_traces == 1
+
+
+@pytest.mark.cuda
+def test_on_cuda_blocks_of_16_keep_the_loop_on_the_device() -> None:
+    from phi_torch_jit._loops import BLOCK_CUDA
+
+    captured = capture_loops(cg, "cg", None)  # the device's block size
+    assert isinstance(captured, Captured)
+    b = _rhs(32).cuda()
+    x, it = captured.function(b)
+    x_eager, it_eager = cg(b)
+    torch.testing.assert_close(x, x_eager)
+    assert int(it) == int(it_eager)
+    assert captured.loops[0].blocks_run == -(-int(it_eager) // BLOCK_CUDA)  # host checks
