@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_peers as peers_bench  # noqa: E402
+import bench_peers as peers_bench
 
-import phi_torch_jit as ptj  # noqa: E402
+import phi_torch_jit as ptj
 
 
 def _sync(device: torch.device) -> None:
@@ -132,9 +132,10 @@ def main() -> None:
                            (v, s), device, args.reps, grad=False)  # fmt: skip
         if "c" in args.workloads:
             training = peers_bench.make_training(net, peers_bench.cg_solve)
-            rows += _bench(f"(c) training N={n}", training,
-                           peers_bench.make_training(net, phiml_cg),
-                           (v.clone().requires_grad_(), s), device, args.reps, grad=True)  # fmt: skip
+            phiml_training = peers_bench.make_training(net, phiml_cg)
+            state = (v.clone().requires_grad_(), s)
+            rows += _bench(f"(c) training N={n}", training, phiml_training, state, device,
+                           args.reps, grad=True)  # fmt: skip
     if args.phiflow:
         from phiml.backend.torch import TORCH
 
