@@ -229,6 +229,9 @@ def test_a_jitted_cg_step_is_looped_and_equals_eager_with_gradients(engine: str)
     assert jitted.num_traces == 1
     report = jitted.explain()
     assert "forward: looped" in report
+    (call,) = jitted.specializations[0].calls
+    (adjoint,) = call.nested.calls.values()  # the solve inside the gradient: captured too
+    assert adjoint.forward.mode == "looped"
 
 
 def test_loops_false_keeps_the_functions_engine() -> None:
