@@ -324,3 +324,30 @@ def test_on_cuda_blocks_of_16_keep_the_loop_on_the_device() -> None:
     torch.testing.assert_close(x, x_eager)
     assert int(it) == int(it_eager)
     assert captured.loops[0].blocks_run == -(-int(it_eager) // BLOCK_CUDA)  # host checks
+
+
+def _make_plain_cg(operator: Any) -> Any:
+    def plain_cg(b: torch.Tensor, *, max_iter: int = 300) -> torch.Tensor:
+        """Not scriptable (a closure operator, a keyword-only argument): still captured."""
+        x, r = torch.zeros_like(b), b.clone()
+        d, rs = r.clone(), (r * r).sum()
+        it = 0
+        while bool(rs > 1e-20) and it < max_iter:
+            ad = operator(d)
+            alpha = rs / (d * ad).sum()
+            x, r = x + alpha * d, r - alpha * ad
+            rs, rs_old = (r * r).sum(), rs
+            d = r + rs / rs_old * d
+            it += 1
+        return x
+
+    return plain_cg
+
+
+def test_a_cg_with_a_closure_operator_runs_as_blocks_not_eagerly() -> None:
+    plain_cg = _make_plain_cg(laplace)
+    captured = _captured(plain_cg)
+    b = _rhs(10)
+    assert torch.equal(captured.function(b), plain_cg(b))
+    (loop,) = captured.loops
+    assert loop.blocks_run > 0 and not loop.eager_reasons

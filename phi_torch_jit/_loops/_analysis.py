@@ -89,8 +89,9 @@ def plan_function(fn: types.FunctionType) -> FunctionPlan | str:
     if not isinstance(tree, ast.FunctionDef) or tree.name != fn.__code__.co_name:
         return "its source is not a plain def statement"
     ast.increment_lineno(tree, fn.__code__.co_firstlineno - tree.lineno)
+    # Closure variables are read through the user's own cells by the rebuilt functions (live,
+    # never assigned in the function): not invariants passed in.
     local_names = set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
-    local_names |= set(fn.__code__.co_freevars)
     loops: list[LoopPlan] = []
     refused: list[str] = []
     assigned = {a.arg for a in (*tree.args.posonlyargs, *tree.args.args, *tree.args.kwonlyargs)}

@@ -145,6 +145,8 @@ class CapturedLoop:
         self.block = block
         self.programs: dict[Any, Callable[..., Any] | str] = {}
         """Per input signature: the compiled block, or why that signature runs eagerly."""
+        self.eager_reasons: set[str] = set()
+        """Why some inputs ran the iterations eagerly (for ``explain()``)."""
         self.blocks_run = 0
         """Blocks run (host checks), for tests and ``explain()``."""
 
@@ -193,7 +195,11 @@ class CapturedLoop:
     ) -> Callable[..., Any] | str:
         key = _signature(state, invariants)
         if key is None:
-            return "it carries or reads a value that is neither a tensor nor a Python scalar"
+            why = "it carries or reads a local value that is neither a tensor nor a Python scalar"
+            if not self.eager_reasons:
+                logger.info("phi_torch_jit: the loop of %s runs eagerly: %s", self.label, why)
+            self.eager_reasons.add(why)
+            return why
         program = self.programs.get(key)
         if program is not None:
             return program
@@ -215,6 +221,7 @@ class CapturedLoop:
             raise
         except Exception as error:  # a trace the block cannot take: this signature runs eagerly
             program = f"{type(error).__name__}: {error}".splitlines()[0]
+            self.eager_reasons.add(program)
             logger.info(
                 "phi_torch_jit: the loop of %s runs eagerly for these inputs: %s",
                 self.label, program,

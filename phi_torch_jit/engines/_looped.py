@@ -56,12 +56,7 @@ def with_captured_loops(
 
 
 def _describe(captured: Captured) -> str:
-    eager = [
-        reason
-        for loop in captured.loops
-        for reason in loop.programs.values()
-        if isinstance(reason, str)
-    ]
+    eager = [reason for loop in captured.loops for reason in sorted(loop.eager_reasons)]
     text = captured.describe()
     return text + (f"; runs eagerly for the recorded inputs: {eager[0]}" if eager else "")
 
