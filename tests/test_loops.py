@@ -351,3 +351,25 @@ def test_a_cg_with_a_closure_operator_runs_as_blocks_not_eagerly() -> None:
     assert torch.equal(captured.function(b), plain_cg(b))
     (loop,) = captured.loops
     assert loop.blocks_run > 0 and not loop.eager_reasons
+
+
+def _shrink_on_host(x: torch.Tensor) -> torch.Tensor:
+    while bool(x.max() > 1):
+        x = x - float(x.max()) / 4  # a value read on the host: no block can be traced
+    return x
+
+
+shrink_on_host = ptj.custom_gradient(_shrink_on_host, lambda i, o, g: (g[0],), name="shrink")
+
+
+def test_a_forward_whose_block_cannot_be_traced_keeps_the_functions_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Iterations run eagerly with copies and merges are slower than the Python loop: such a
+    forward is not served looped at all."""
+    jitted = ptj.jit(lambda x: shrink_on_host(x) + 1, engine="compile", backend="aot_eager")
+    x = torch.tensor([5.0, 3.0])
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        torch.testing.assert_close(jitted(x), _shrink_on_host(x) + 1)
+    assert "forward: looped" not in jitted.explain()
+    assert any("a block cannot be traced" in r.getMessage() for r in caplog.records)

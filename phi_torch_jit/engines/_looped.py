@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._loops import Captured, capture_loops
+from .._loops import capture_loops
 from .base import CompiledFunction, FunctionTarget
 from .torchscript import _AsTuple, _reproduces
 
@@ -52,13 +52,11 @@ def with_captured_loops(
     if not _reproduces(actual, target.expected):
         _not_captured(target, "the captured loop did not reproduce the recorded outputs")
         return None
-    return CompiledFunction(run, "looped", _describe(captured))
-
-
-def _describe(captured: Captured) -> str:
-    eager = [reason for loop in captured.loops for reason in sorted(loop.eager_reasons)]
-    text = captured.describe()
-    return text + (f"; runs eagerly for the recorded inputs: {eager[0]}" if eager else "")
+    eager = sorted(reason for loop in captured.loops for reason in loop.eager_reasons)
+    if eager:  # its iterations would run eagerly, with copies and merges: slower than Python
+        _not_captured(target, f"a block cannot be traced for the recorded inputs: {eager[0]}")
+        return None
+    return CompiledFunction(run, "looped", captured.describe())
 
 
 def _not_captured(target: FunctionTarget, reason: str) -> None:
