@@ -154,6 +154,8 @@ def test_a_closure_rebound_later_is_seen() -> None:
         ("while bool(x.sum() > 0):\n        x = x - 1\n    else:\n        pass", "else"),
         ("while True:\n        x = x - 1", "no exit"),
         ("while bool(y.sum() > 0):\n        y = y - 1", "unbound"),
+        ("while bool(x.sum() > 0):\n        x = x - 1\n        print(x)", "`print`"),
+        ("while bool(x.sum() > 0):\n        x = x - 1\n        seen.append(x)", "side effect"),
     ],
 )
 def test_loops_it_cannot_capture_say_why(source: str, reason: str) -> None:

@@ -146,6 +146,12 @@ def _plan_loop(
                 return f"its body has {type(node).__name__.lower()} statements or expressions"
             if isinstance(node, ast.Break) and not _inside_inner_loop(statement, node):
                 return "it leaves by a break that is not `if cond: break` at its top level"
+            effect = _called_for_effect(node)
+            if effect:
+                return (
+                    f"its body calls {effect} for its effect (a Python side effect: a traced "
+                    "block would run it once, when traced)"
+                )
         statements.append(statement)
     statements.extend(tail)
     if statements:
@@ -233,6 +239,22 @@ def _range_loop(
         ast.copy_location(node, loop)
         ast.fix_missing_locations(node)
     return preamble, head, tail
+
+
+def _called_for_effect(node: ast.AST) -> str:
+    """The call of an expression statement other than an in-place tensor method on a name
+    (``x.mul_(2)``): ``print(...)``, ``history.append(r)``, a logger, a callback."""
+    if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
+        return ""
+    func = node.value.func
+    if (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.attr.endswith("_")
+        and not func.attr.startswith("_")
+    ):
+        return ""
+    return f"`{ast.unparse(func)}`"
 
 
 def _is_true(test: ast.expr) -> bool:
