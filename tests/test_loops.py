@@ -375,3 +375,22 @@ def test_a_forward_whose_block_cannot_be_traced_keeps_the_functions_engine(
         torch.testing.assert_close(jitted(x), _shrink_on_host(x) + 1)
     assert "forward: looped" not in jitted.explain()
     assert any("a block cannot be traced" in r.getMessage() for r in caplog.records)
+
+
+def test_a_flag_set_by_bool_in_the_body_is_captured() -> None:
+    def relax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        done = False
+        n = 0
+        while not done:
+            x = 0.5 * x
+            n += 1
+            done = bool(x.abs().max() < 1e-3) or n >= 100
+        return x, torch.tensor(n)
+
+    captured = _captured(relax)
+    for scale in (0.0, 1.0, 1e9, float("inf")):
+        x = torch.full((3,), scale)
+        got, want = captured.function(x), relax(x)
+        assert torch.equal(got[0], want[0]) and int(got[1]) == int(want[1])
+    (loop,) = captured.loops
+    assert loop.blocks_run > 0 and not loop.eager_reasons

@@ -135,7 +135,7 @@ def _iteration_functions(k: int, loop: LoopPlan) -> list[ast.stmt]:
         start = f"__ptj_old__ = {carried}\n__ptj_new__ = {carried} = __ptj_clone__(__ptj_old__)"
         body.extend(ast.parse(start).body)
         for statement in item.body:
-            body.extend(_predicated(_copy(statement), bound))
+            body.extend(_predicated(_flags_as_tensors(_copy(statement)), bound))
             bound |= _assigned_names(statement)
         merge = (
             f"{carried} = __ptj_merge__(__ptj_go__, {carried}, __ptj_old__, __ptj_new__, {flags})"
@@ -192,6 +192,20 @@ def _predicated(statement: ast.stmt, bound: set[str]) -> list[ast.stmt]:
     )
     result.extend(ast.parse(merged).body)
     return result
+
+
+def _flags_as_tensors(statement: ast.stmt) -> ast.stmt:
+    """``done = bool(err < tol) or n >= 100`` as a 0-d bool tensor: a flag the loop tests
+    (``while not done``) is then no value read on the host. Only assignments whose value calls
+    ``bool()``; the flag is a Python bool again after the loop."""
+    if isinstance(statement, ast.Assign | ast.AugAssign | ast.AnnAssign) and statement.value:
+        calls_bool = any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "bool"
+            for n in ast.walk(statement.value)
+        )
+        if calls_bool:
+            statement.value = _Tensorize().visit(statement.value)
+    return statement
 
 
 def _only_assignments(statement: ast.If) -> bool:
