@@ -36,6 +36,7 @@ from torch import nn
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import phi_torch_jit as ptj
+from phi_torch_jit import _meter
 
 DT = 1.0
 
@@ -344,7 +345,9 @@ def _time_interleaved(
     # A jitted function's first calls measure its program against eager code (NOTE [never
     # slower than eager]): until that is decided, some of its calls run eagerly on purpose.
     for _, f in running:
-        while isinstance(f, ptj.JitFunction) and not _decided(f):
+        for _ in range(MEASURING_CALLS):
+            if not isinstance(f, ptj.JitFunction) or _decided(f):
+                break
             step(f)
     times: dict[str, list[float]] = {r["peer"]: [] for r, _ in running}
     for _ in range(reps):
@@ -352,6 +355,11 @@ def _time_interleaved(
             times[r["peer"]].append(timed(lambda: step(f)))  # noqa: B023 (called at once)
     for r, _ in running:
         r["step_s"] = statistics.median(times[r["peer"]])
+
+
+MEASURING_CALLS = 2 * (_meter.WARM_UP + 2 * _meter.SAMPLES)
+"""At most this many untimed calls until a jitted function decided (a specialization other
+calls made, for other inputs, is not called again and stays undecided)."""
 
 
 def _decided(f: ptj.JitFunction) -> bool:
