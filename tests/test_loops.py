@@ -394,3 +394,18 @@ def test_a_flag_set_by_bool_in_the_body_is_captured() -> None:
         assert torch.equal(got[0], want[0]) and int(got[1]) == int(want[1])
     (loop,) = captured.loops
     assert loop.blocks_run > 0 and not loop.eager_reasons
+
+
+def test_a_busy_tracing_lock_runs_the_call_eagerly_and_the_next_call_compiles() -> None:
+    import threading
+
+    lock = threading.Lock()
+    captured = capture_loops(cg, "cg", None, block=4, lock=lock)
+    assert isinstance(captured, Captured)
+    (loop,) = captured.loops
+    b = _rhs(8)
+    with lock:  # engine auto's thread compiling: never waited for
+        x, _ = captured.function(b)
+    assert torch.equal(x, cg(b)[0]) and loop.blocks_run == 0 and not loop.programs
+    x, _ = captured.function(b)
+    assert torch.equal(x, cg(b)[0]) and loop.blocks_run > 0

@@ -45,9 +45,14 @@ class Captured:
 
 
 def capture_loops(
-    fn: Any, label: str, compile_graph: CompileGraph | None, block: int | None = None
+    fn: Any,
+    label: str,
+    compile_graph: CompileGraph | None,
+    block: int | None = None,
+    lock: Any = None,
 ) -> Captured | str:
-    """``fn`` with its capturable loops replaced, or why none is (a sentence)."""
+    """``fn`` with its capturable loops replaced, or why none is (a sentence). ``lock``: taken
+    (without waiting) around each block's trace and compile: the engine's tracing lock."""
     if not isinstance(fn, types.FunctionType):
         return "it is not a Python function"
     plan = plan_function(fn)
@@ -66,6 +71,7 @@ def capture_loops(
             tuple(name in loop.mixed for name in loop.carried),
             compile_graph,
             block,
+            lock,
         )
         runtime.line = loop.line
         runtimes.append(runtime)

@@ -38,7 +38,10 @@ BLOCK_CUDA = 16
 """Iterations per block on CUDA (one host check per 16 iterations: ../shared/GPU.md)."""
 MAX_BLOCKS = 8
 """Compiled blocks kept per loop (one per input signature); more run eagerly."""
-_COMPILE_LOCK = threading.RLock()
+_OWN_LOCK = threading.Lock()
+"""Serializes block traces when the caller gives no lock (an engine gives the one all its FX
+tracing takes: NOTE [one tracing thread] in docs/design.md)."""
+BUSY = "another thread is tracing (this call runs the iterations eagerly; the next tries again)"
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
@@ -131,6 +134,7 @@ class CapturedLoop:
         mixed: tuple[bool, ...],
         compile_graph: Callable[[torch.fx.GraphModule, tuple[torch.Tensor, ...]], Any] | None,
         block: int | None = None,
+        lock: Any = None,
     ) -> None:
         self.label = label
         self.line = 0
@@ -143,6 +147,8 @@ class CapturedLoop:
         """Per carried value: written in place and rebound (``LoopPlan.mixed``)."""
         self.compile_graph = compile_graph
         self.block = block
+        self.lock = lock if lock is not None else _OWN_LOCK
+        """Taken (never waited for) around a block's trace and compile."""
         self.programs: dict[Any, Callable[..., Any] | str] = {}
         """Per input signature: the compiled block, or why that signature runs eagerly."""
         self.eager_reasons: set[str] = set()
@@ -203,10 +209,16 @@ class CapturedLoop:
         program = self.programs.get(key)
         if program is not None:
             return program
-        with _COMPILE_LOCK:  # make_fx and the backends keep process-wide state
+        # make_fx and the backends keep process-wide state: one trace at a time. A compile
+        # elsewhere (engine auto's thread, minutes) is not waited for.
+        if not self.lock.acquire(blocking=False):
+            return BUSY
+        try:
             program = self.programs.get(key)
             if program is None:
                 program = self._compile_or_why(key, state, invariants, device)
+        finally:
+            self.lock.release()
         return program
 
     def _compile_or_why(

@@ -27,6 +27,7 @@ logger = logging.getLogger("phi_torch_jit")
 def with_captured_loops(
     target: FunctionTarget,
     compile_graph: Callable[[torch.fx.GraphModule, tuple[torch.Tensor, ...]], Any] | None,
+    lock: Any,
 ) -> CompiledFunction | None:
     """The body with its loops captured, checked against the recording; None if it cannot be
     (logged at INFO with the reason)."""
@@ -38,7 +39,7 @@ def with_captured_loops(
         source, wrap = target.scriptable, _AsTuple
     else:
         return None
-    captured = capture_loops(source, target.label, compile_graph)
+    captured = capture_loops(source, target.label, compile_graph, lock=lock)
     if isinstance(captured, str):
         _not_captured(target, captured)
         return None

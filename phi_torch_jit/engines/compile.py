@@ -157,11 +157,13 @@ class CompileEngine(Engine):
         compiled = self.functions.compile_function(target)
         if compiled.mode == "traced" or not self.options.get("loops", True):
             return compiled
-        looped = with_captured_loops(target, None if self.options.get("disable") else self._block)
+        compile_graph = None if self.options.get("disable") else self._block
+        looped = with_captured_loops(target, compile_graph, _CAPTURE_LOCK)
         return looped if looped is not None else compiled
 
     def _block(self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> Any:
-        """The backend's program for a block of loop iterations (``phi_torch_jit._loops``)."""
+        """The backend's program for a block of loop iterations (``phi_torch_jit._loops``);
+        the caller holds the capture lock."""
         return Compilable(graph, inputs, self, len(inputs)).compile()
 
     def compile_module(
