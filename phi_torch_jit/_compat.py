@@ -575,6 +575,13 @@ def _rng_kept_off_this_thread() -> None:
     _RNG_PATCHED.append(True)
 
 
+def inductor_has_setting(name: str) -> bool:
+    """Whether this torch's inductor has the setting ``name`` (``graph_partition``: 2.8+)."""
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config, name)
+
+
 def mode_options(mode: str) -> dict[str, Any]:
     """The inductor settings of a torch.compile ``mode``."""
     return dict(MODE_OPTIONS.find()(mode))

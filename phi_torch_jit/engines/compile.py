@@ -42,7 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._compat import backend_exists, compile_captured, import_inductor, mode_options
+from .._compat import (
+    backend_exists,
+    compile_captured,
+    import_inductor,
+    inductor_has_setting,
+    mode_options,
+)
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import (
     ConfigurationError,
@@ -147,7 +153,7 @@ class CompileEngine(Engine):
         """The inductor settings this engine compiles with (mode and options merged)."""
         mode = self.options.get("mode")
         settings = mode_options(mode) if isinstance(mode, str) else {}
-        if settings.get("triton.cudagraphs") and _has_graph_partition():
+        if settings.get("triton.cudagraphs") and inductor_has_setting("graph_partition"):
             # custom ops that read values on the host split the graph, instead of failing
             # the capture (phi_torch_jit._graph_safety)
             settings["graph_partition"] = True
@@ -186,12 +192,6 @@ class CompileEngine(Engine):
 
 
 _CAPTURE_LOCK = threading.Lock()
-
-
-def _has_graph_partition() -> bool:
-    import torch._inductor.config as inductor_config
-
-    return hasattr(inductor_config, "graph_partition")
 
 
 class Compilable:
