@@ -10,6 +10,7 @@ record pass's outputs before it serves it.
 
 from __future__ import annotations
 
+import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from ._block import BLOCK_CPU, BLOCK_CUDA, HELPERS, CapturedLoop, CaptureFailed
 from ._rewrite import rewrite
 
 __all__ = ["Captured", "capture_loops", "CapturedLoop", "CaptureFailed", "BLOCK_CPU", "BLOCK_CUDA"]
+
+_AST_LOCK = threading.Lock()
 
 CompileGraph = Callable[[torch.fx.GraphModule, tuple[torch.Tensor, ...]], Any]
 
@@ -55,13 +58,17 @@ def capture_loops(
     (without waiting) around each block's trace and compile: the engine's tracing lock."""
     if not isinstance(fn, types.FunctionType):
         return "it is not a Python function"
-    plan = plan_function(fn)
-    if isinstance(plan, str):
-        return plan
-    if not plan.loops:
-        return "; ".join(plan.refused) if plan.refused else "it has no loop at its top level"
     runtimes: list[CapturedLoop] = []
-    rewritten = rewrite(fn, plan, runtimes, HELPERS)
+    # CPython 3.11 converts AST objects with a per-interpreter recursion counter: two threads
+    # parsing or compiling ASTs at once raise "SystemError: AST constructor recursion depth
+    # mismatch" (found by two threads jitting at once).
+    with _AST_LOCK:
+        plan = plan_function(fn)
+        if isinstance(plan, str):
+            return plan
+        if not plan.loops:
+            return "; ".join(plan.refused) if plan.refused else "it has no loop at its top level"
+        rewritten = rewrite(fn, plan, runtimes, HELPERS)
     for loop, (iterate, enter) in zip(plan.loops, rewritten.iterations):
         runtime = CapturedLoop(
             f"{label} (line {loop.line})",
