@@ -325,7 +325,9 @@ def jit(
         fn: a function, an nn.Module, or a method (``@jit`` on ``forward``). May be omitted to
             use ``jit(...)`` as a decorator factory.
         engine: ``"torchscript"`` (default; fastest first call), ``"compile"`` (``torch.compile``
-            of the captured graph: slower first call, fused steady state; see docs/engines.md),
+            of the captured graph: slower first call, fused steady state, and data-dependent
+            loops in custom functions run as compiled blocks, docs/loops.md; ``loops=False``
+            keeps them as TorchScript or Python; see docs/engines.md),
             ``"auto"`` (the captured graph runs at once on a fast tier while the backend
             compiles it on a background thread, then switches; :meth:`JitFunction.wait_compiled`
             waits for that), ``"eager"`` (no compilation, for debugging), or an
