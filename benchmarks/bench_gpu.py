@@ -90,7 +90,8 @@ def _bench(
             _sync(device)
             running[peer] = f
         except Exception as error:  # a peer that cannot run this workload
-            cells[peer] = f"fails: {type(error).__name__}: {str(error).splitlines()[0][:60]}"
+            message = (str(error).splitlines() or [""])[0][:60]
+            cells[peer] = f"fails: {type(error).__name__}: {message}"
             torch._dynamo.reset()
         print(f"  {name}: {peer} {'ready' if peer in running else cells[peer]}", flush=True)
     times: dict[str, list[float]] = {peer: [] for peer in running}
