@@ -409,3 +409,35 @@ def test_a_busy_tracing_lock_runs_the_call_eagerly_and_the_next_call_compiles() 
     assert torch.equal(x, cg(b)[0]) and loop.blocks_run == 0 and not loop.programs
     x, _ = captured.function(b)
     assert torch.equal(x, cg(b)[0]) and loop.blocks_run > 0
+
+
+class NotConverged(RuntimeError):
+    """A solver's own error after its loop."""
+
+
+def _strict(b: torch.Tensor) -> torch.Tensor:
+    x = torch.zeros_like(b)
+    it = 0
+    while bool((b - x).abs().max() > 1e-6) and it < 6:
+        x = x + 0.5 * (b - x)
+        it += 1
+    if bool((b - x).abs().max() > 1e-6):
+        raise NotConverged(f"no convergence within {it} iterations")
+    return x
+
+
+strict = ptj.custom_gradient(_strict, lambda i, o, g: (g[0],), name="strict")
+
+
+def test_a_solver_error_after_a_captured_loop_is_raised_as_eagerly() -> None:
+    jitted = ptj.jit(lambda b: strict(b) * 2, engine="compile", backend="aot_eager")
+    easy = torch.full((3,), 1e-6)
+    torch.testing.assert_close(jitted(easy), _strict(easy) * 2)
+    assert "forward: looped" in jitted.explain()
+    hard = torch.full((3,), 10.0)
+    with pytest.raises(NotConverged, match="within 6 iterations"):
+        _strict(hard)
+    with pytest.raises(NotConverged, match="within 6 iterations"):
+        jitted(hard)
+    torch.testing.assert_close(jitted(easy * 2), _strict(easy * 2) * 2)  # still compiled
+    assert jitted.num_traces == 1
