@@ -72,6 +72,7 @@ def capture_loops(
     for loop, (iterate, enter) in zip(plan.loops, rewritten.iterations):
         runtime = CapturedLoop(
             f"{label} (line {loop.line})",
+            loop.line,
             iterate,
             enter,
             tuple(name in loop.in_place for name in loop.carried),
@@ -80,6 +81,5 @@ def capture_loops(
             block,
             lock,
         )
-        runtime.line = loop.line
         runtimes.append(runtime)
     return Captured(rewritten.function, tuple(runtimes), plan.refused)

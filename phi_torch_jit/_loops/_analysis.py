@@ -125,15 +125,15 @@ def _plan_loop(
         counted = _range_loop(loop, position)
         if isinstance(counted, str):
             return counted
-        preamble, head, tail = counted
+        preamble, head, first, tail = counted
         hidden = {name for statement in preamble for name in _stores(statement)}
         assigned, local_names = assigned | hidden, local_names | hidden
     else:
         head = [] if _is_true(loop.test) else [Exit(_negated(loop.test))]
-        tail = []
+        first, tail = [], []
     items: list[Exit | Segment] = list(head)
     statements: list[ast.stmt] = []
-    for statement in loop.body:
+    for statement in [*first, *loop.body]:
         leave = _break_test(statement)
         if leave is not None:
             if statements:
@@ -211,9 +211,10 @@ def _in_place_and_rebound(items: list[Exit | Segment]) -> tuple[set[str], set[st
 
 def _range_loop(
     loop: ast.For, position: int
-) -> tuple[list[ast.stmt], list[Exit | Segment], list[ast.stmt]] | str:
+) -> tuple[list[ast.stmt], list[Exit | Segment], list[ast.stmt], list[ast.stmt]] | str:
     """``for name in range(stop)`` / ``range(start, stop)``: a hidden counter, the range's
-    bounds evaluated once before the loop."""
+    bounds evaluated once before the loop. Returns (preamble, the exit check, the statements
+    that start an iteration, those that end it)."""
     call = loop.iter
     if not (
         isinstance(call, ast.Call)
@@ -234,11 +235,10 @@ def _range_loop(
     name = loop.target.id
     first = ast.parse(f"{name} = {counter}").body
     tail = ast.parse(f"{counter} = {counter} + 1").body
-    loop.body = [*first, *loop.body]
     for node in (*preamble, *first, *tail):
         ast.copy_location(node, loop)
         ast.fix_missing_locations(node)
-    return preamble, head, tail
+    return preamble, head, first, tail
 
 
 def _called_for_effect(node: ast.AST) -> str:

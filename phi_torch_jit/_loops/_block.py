@@ -128,6 +128,7 @@ class CapturedLoop:
     def __init__(
         self,
         label: str,
+        line: int,
         iterate: Callable[..., Any],
         enter: Callable[..., Any],
         in_place: tuple[bool, ...],
@@ -137,7 +138,7 @@ class CapturedLoop:
         lock: Any = None,
     ) -> None:
         self.label = label
-        self.line = 0
+        self.line = line
         """The loop's line in the user's file."""
         self.iterate = iterate
         self.enter = enter

@@ -16,6 +16,7 @@ variable rebound later is seen, as in the original).
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 import types
 from collections.abc import Callable
@@ -119,7 +120,6 @@ def _located(nodes: list[ast.stmt], where: ast.stmt) -> list[ast.stmt]:
 def _iteration_functions(k: int, loop: LoopPlan) -> list[ast.stmt]:
     carried = _tuple(loop.carried)
     params = ", ".join((*loop.carried, *loop.invariants))
-    lines = [f"def __ptj_iter{k}__(__ptj_go__, {params}):"]
     flags = repr(tuple(name in loop.in_place for name in loop.carried))
     body: list[ast.stmt] = []
     bound = {*loop.carried, *loop.invariants}
@@ -142,7 +142,7 @@ def _iteration_functions(k: int, loop: LoopPlan) -> list[ast.stmt]:
         )
         body.extend(ast.parse(merge).body)
     body.extend(ast.parse(f"return (__ptj_go__, *{carried})").body)
-    iterate = ast.parse("\n".join(lines) + "\n    pass").body[0]
+    iterate = ast.parse(f"def __ptj_iter{k}__(__ptj_go__, {params}):\n    pass").body[0]
     assert isinstance(iterate, ast.FunctionDef)
     iterate.body = body
     first = loop.items[0]
@@ -227,11 +227,7 @@ def _assigned_names(statement: ast.stmt) -> set[str]:
 
 
 def _copy(node: Any) -> Any:
-    return (
-        ast.parse(ast.unparse(node), mode="exec").body[0]
-        if isinstance(node, ast.stmt)
-        else ast.parse(ast.unparse(node), mode="eval").body
-    )
+    return copy.deepcopy(node)
 
 
 class _Tensorize(ast.NodeTransformer):
