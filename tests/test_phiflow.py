@@ -532,6 +532,69 @@ def test_functional_gradient_of_a_jitted_loss_equals_eager() -> None:
             assert float(math.max(abs(got.values - want.values))) <= 1e-5
 
 
+def _wavy_loss(x: Any) -> Any:
+    return math.l2_loss(math.sin(x) * x)
+
+
+def _doubled(x: Any, y: Any, dy: Any) -> dict[str, Any]:
+    """A custom gradient that is not the true one (2 dy, not cos(x) dy): it shows which ran."""
+    return {"x": dy * 2}
+
+
+def _largest(a: Any, b: Any) -> float:
+    return float(math.max(abs(a - b)))
+
+
+def test_phiml_gradient_jacobian_and_custom_gradient_of_a_jitted_function_equal_eager() -> None:
+    """Issue 27, deliverable 1: PhiML's function transforms applied to a ``ptj.jit`` function
+    give eager's values and gradients, with one trace."""
+    with phiml_eager():
+        math.seed(0)
+        x = math.random_normal(spatial(x=8))
+        for transform in (math.gradient, math.jacobian):
+            want = transform(_wavy_loss, "x", get_output=True)(x)
+            jitted = ptj.jit(_wavy_loss)
+            for _ in range(3):
+                got = transform(jitted, "x", get_output=True)(x)
+                assert _largest(got[0], want[0]) <= 1e-6 and _largest(got[1], want[1]) <= 1e-6
+            assert jitted.num_traces == 1
+        eager_sine = math.custom_gradient(lambda x: math.sin(x), _doubled)
+        jitted_sine = ptj.jit(lambda x: math.sin(x))
+        custom = math.custom_gradient(jitted_sine, _doubled)
+        want = math.gradient(lambda x: math.sum(eager_sine(x)), "x", get_output=True)(x)
+        for _ in range(3):
+            got = math.gradient(lambda x: math.sum(custom(x)), "x", get_output=True)(x)
+            assert _largest(got[0], want[0]) <= 1e-6
+            assert _largest(got[1], want[1]) == 0  # the custom gradient ran: 2, not cos(x)
+        assert _largest(want[1], math.ones_like(x) * 2) == 0
+        assert jitted_sine.num_traces == 1
+
+
+def test_a_jitted_function_containing_phiml_gradients_equals_eager_with_one_warning() -> None:
+    """Issue 27, deliverable 1: ``math.gradient`` and ``custom_gradient`` inside the jitted
+    function. Autograd inside a program is not repeated faithfully by a compiled program, so
+    the function runs eagerly, said once (a JitWarning naming the call)."""
+    sine = math.custom_gradient(lambda x: math.sin(x), _doubled)
+
+    def descend(x: Any) -> tuple[Any, Any]:
+        loss, grad = math.gradient(_wavy_loss, "x", get_output=True)(x)
+        _, custom = math.gradient(lambda x: math.sum(sine(x)), "x", get_output=True)(x)
+        return x - 0.1 * grad + custom, loss
+
+    with phiml_eager():
+        math.seed(1)
+        x = math.random_normal(spatial(x=8))
+        want = descend(x)
+        jitted = ptj.jit(descend)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                got = jitted(x)
+                assert _largest(got[0], want[0]) <= 1e-6 and _largest(got[1], want[1]) <= 1e-6
+    said = [w for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(said) == 1 and "autograd inside the function" in str(said[0].message)
+
+
 def test_solver_errors_carry_eagers_message_on_record_and_compiled_calls() -> None:
     from phi.torch.flow import ZERO_GRADIENT
 
