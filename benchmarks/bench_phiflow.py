@@ -64,6 +64,8 @@ import phi_torch_jit.phiflow as ptj_phiflow
 
 Step = Callable[..., Any]
 
+RESTART = 10
+"""Steps after which every variant starts again from the initial state."""
 WARM = 12
 """Untimed steps per variant before the timed ones: phi_torch_jit's meter times its first 11
 calls of a specialization, 5 of them eager (NOTE [never slower than eager])."""
@@ -197,14 +199,15 @@ def bench(name: str, reps: int) -> list[dict[str, Any]]:
         rows[label]["first_call_s"] = time.perf_counter() - start
     times: dict[str, list[float]] = {k: [] for k in variants}
     current = {k: state for k in variants}
-    for _ in range(WARM):  # past the meter's timed calls (compiled and eager) of ptj.jit
-        for label, fn in variants.items():
-            current[label] = fn(*current[label])
-    for _ in range(reps):
+    for n in range(WARM + reps):  # WARM: past the meter's timed calls of ptj.jit
+        if n % RESTART == RESTART - 1:  # a long rollout diverges (3D smoke after ~25 steps):
+            # start again, with the first step (another structure: the first call's) untimed
+            current = {k: fn(*state) for k, fn in variants.items()}
         for label, fn in variants.items():
             start = time.perf_counter()
             current[label] = fn(*current[label])
-            times[label].append(time.perf_counter() - start)
+            if n >= WARM:
+                times[label].append(time.perf_counter() - start)
     for label in variants:
         rows[label]["step_ms"] = 1e3 * statistics.median(times[label])
     reference = rows["PhiML jit"]["step_ms"]
@@ -242,12 +245,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # PhiML's sparse-CSR beta notice, deprecations
-    rows = [row for name in args.sims for row in bench(name, args.reps)]
     meta = {"torch": torch.__version__, "python": platform.python_version(),
             "threads": torch.get_num_threads(), "reps": args.reps}  # fmt: skip
+    print(json.dumps(meta), flush=True)
+    rows: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}
+    for name in args.sims:  # each simulation's rows as it finishes: a long run keeps them
+        try:
+            rows.extend(bench(name, args.reps))
+        except Exception as error:  # one simulation failing must not lose the others
+            failed[name] = f"{type(error).__name__}: {error}".splitlines()[0]
+            print(f"{name}: failed: {failed[name]}", flush=True)
+            continue
+        print(_table([r for r in rows if r["simulation"] == name]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "phiflow.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(json.dumps(meta))
+    result = {"meta": meta, "rows": rows, "failed": failed}
+    (args.out / "phiflow.json").write_text(json.dumps(result, indent=2))
     print(_table(rows))
 
 

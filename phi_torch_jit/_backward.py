@@ -78,8 +78,11 @@ class _GradientProbe:
         template: tuple[object, ...],
         n_outputs: int,
         pattern: tuple[bool, ...],
+        source: Any = None,
     ) -> None:
         self.function = function
+        self.source = source
+        """Runs in place of the function's ``gradient_source`` (its loops captured)."""
         self.template = template
         self.n_inputs = len(pattern)
         self.n_outputs = n_outputs
@@ -100,13 +103,26 @@ class _GradientProbe:
         full_pattern = tuple(next(needs) if slot is TENSOR else False for slot in self.template)
         outputs, grad_outputs = tuple(flat[n : n + m]), tuple(flat[n + m :])
         context = self.context if context is None else context
-        grads = self.function.gradients(inputs, outputs, grad_outputs, full_pattern, context)
+        grads = self.function.gradients(
+            inputs, outputs, grad_outputs, full_pattern, context, self.source
+        )
         tensor_grads = [g for g, slot in zip(grads, self.template) if slot is TENSOR]
         return tuple(g if need else None for g, need in zip(tensor_grads, self.pattern))
 
     def __call__(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self.last_values, self.present = drop_none(self.masked(flat))
         return self.last_values
+
+    def with_source(self, source: Any) -> _GradientProbe:
+        """This backward with ``source`` run in place of the user's gradient function."""
+        probe = _GradientProbe(self.function, self.template, self.n_outputs, self.pattern, source)
+        probe.context = self.context
+        return probe
+
+    def reference(self, flat: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The Python backward's gradients for ``flat`` (what a captured one must equal), when
+        the engine's compile run did not leave them in :attr:`last_values`."""
+        return drop_none(self.masked(flat, self.context))[0]
 
 
 class LazyBackward:
@@ -170,7 +186,15 @@ class LazyBackward:
             return (None,) * len(pattern)
         label = f"backward of {self.function.label}"
         with compiling(self.function.label, self.nested):
-            compiled = self.engine.compile_function(FunctionTarget(probe, flat, label))
+            target = FunctionTarget(
+                probe,
+                flat,
+                label,
+                loop_source=self.function.gradient_source,
+                with_loop_source=probe.with_source,
+                reference=lambda: probe.last_values or probe.reference(flat),
+            )
+            compiled = self.engine.compile_function(target)
         if compiled.mode == "python":
             self.function.note_python_fallback("backward", compiled.reason)
         if probe.last_values is None:  # the compile run did not finish: run it as Python

@@ -182,14 +182,18 @@ class CustomFunction:
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...] | None = None,
         context: Any = None,
+        source: Callable[..., Any] | None = None,
     ) -> tuple[torch.Tensor | None, ...]:
         """Call ``gradient`` and validate its result: one entry per input, shaped like it.
 
         ``context`` is the call context the forward call these gradients are for left
-        (None for plain custom functions).
+        (None for plain custom functions). ``source``: a function to run in place of
+        :attr:`gradient_source` (the same function with its loops captured).
         """
         with inside_custom_function():
-            result = self._call_gradient(inputs, outputs, grad_outputs, needs_input_grad, context)
+            result = self._call_gradient(
+                inputs, outputs, grad_outputs, needs_input_grad, context, source
+            )
         with untraced():
             return self.check_gradients(result, inputs)
 
@@ -200,8 +204,15 @@ class CustomFunction:
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...] | None,
         context: Any,
+        source: Callable[..., Any] | None = None,
     ) -> Any:
-        return self.gradient(inputs, outputs, grad_outputs)
+        return (source or self.gradient)(inputs, outputs, grad_outputs)
+
+    @property
+    def gradient_source(self) -> Callable[..., Any]:
+        """The user's gradient function whose loops an engine may capture (its source is
+        read); the backward calls it as :meth:`gradients` does."""
+        return self.gradient
 
     def matches(self, other: CustomFunction) -> bool:
         """Whether a call of ``other`` in the trace pass replays a recorded call of ``self``."""

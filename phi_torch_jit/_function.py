@@ -253,8 +253,10 @@ def run_backward(
     outputs: tuple[torch.Tensor, ...],
     grad_outputs: tuple[torch.Tensor, ...],
     needs_input_grad: tuple[bool, ...],
+    source: Any = None,
 ) -> tuple[Any, ...]:
-    """Rebuild ctx from ``layout`` and call ``cls.backward``; trailing extra Nones are dropped."""
+    """Rebuild ctx from ``layout`` and call ``cls.backward`` (or ``source`` in its place);
+    trailing extra Nones are dropped."""
     own, residuals = outputs[: layout.n_outputs], outputs[layout.n_outputs :]
 
     def resolve(slot: Slot) -> torch.Tensor | None:
@@ -269,7 +271,7 @@ def run_backward(
         setattr(ctx, name, resolve(slot))
     for name, value in layout.static_attributes:
         setattr(ctx, name, value)
-    result = cls.backward(ctx, *grad_outputs[: layout.n_outputs])
+    result = (source or cls.backward)(ctx, *grad_outputs[: layout.n_outputs])
     grads = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     while len(grads) > len(inputs) and grads[-1] is None:
         grads = grads[:-1]
@@ -295,12 +297,18 @@ class _AdapterFunction(CustomFunction):
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...] | None,
         context: Any,
+        source: Callable[..., Any] | None = None,
     ) -> Any:
         pattern = needs_input_grad if needs_input_grad is not None else _needs_grad(inputs)
-        return self.adapter.gradient(inputs, outputs, grad_outputs, pattern, context)
+        return self.adapter.gradient(inputs, outputs, grad_outputs, pattern, context, source)
 
     def _forward(self, args: tuple[Any, ...], source: Any = None) -> tuple[Any, Any]:
         return self.adapter.forward(*args, source=source)
+
+    @property
+    def gradient_source(self) -> Callable[..., Any]:
+        """``backward``, called with a rebuilt ctx and the output gradients."""
+        return self.adapter.cls.backward  # type: ignore[attr-defined,no-any-return]
 
     @property
     def loop_source(self) -> Callable[..., Any]:
@@ -374,11 +382,13 @@ class FunctionAdapter:
         grad_outputs: tuple[torch.Tensor, ...],
         needs_input_grad: tuple[bool, ...],
         context: ContextLayout | None = None,
+        source: Callable[..., Any] | None = None,
     ) -> tuple[Any, ...]:
+        """``source``: runs in place of ``backward`` (its loops captured)."""
         layout = context if context is not None else self.layouts[_layout_key(inputs)]
         own, needs = inputs[:-1], tuple(needs_input_grad)[: len(inputs) - 1]  # last: the pattern
         with torchscript_notices_hidden():
-            grads = run_backward(self.cls, layout, own, outputs, grad_outputs, needs)
+            grads = run_backward(self.cls, layout, own, outputs, grad_outputs, needs, source)
         return (*grads, *(None,) * (len(inputs) - len(grads)))
 
     def __call__(self, *args: Any) -> Any:

@@ -23,6 +23,15 @@ def captures_graph(jit_engine: str) -> bool:
     return engine_name(jit_engine) in ("compile", "auto")
 
 
+def value_loop_mode(jitted: Any) -> str:
+    """How a jitted function's custom body runs whose loop exits on tensor values and that
+    TorchScript cannot script: as compiled blocks where the engine captures loops (engines
+    compile and auto, unless ``loops=False``: docs/loops.md), else as Python."""
+    engine = jitted.engine
+    loops = getattr(engine, "options", {}).get("loops", True)
+    return "looped" if engine.name in ("compile", "auto") and loops else "python"
+
+
 class Counter:
     """Counts calls of the Python functions under test. Slotted: test instrumentation, not
     state of the program under test, so attribute-path guards and the side-effect check

@@ -441,3 +441,155 @@ def test_a_solver_error_after_a_captured_loop_is_raised_as_eagerly() -> None:
         jitted(hard)
     torch.testing.assert_close(jitted(easy * 2), _strict(easy * 2) * 2)  # still compiled
     assert jitted.num_traces == 1
+
+
+# -- loops in the functions a custom function calls (``_loops._callees``) ---------------------
+
+
+def _solve_twice(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A forward whose solver loop is in a function it calls, two levels down."""
+    x, it = _refine(b)
+    return x * 1.0, it
+
+
+def _refine(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x, it = cg(b)  # the loop: in ``cg``, a module-level function
+    return x, it
+
+
+class LinearSolve(torch.autograd.Function):
+    """An implicit solve whose forward and backward call a module-level CG."""
+
+    @staticmethod
+    def forward(ctx: Any, b: torch.Tensor) -> torch.Tensor:
+        x, _ = cg(b)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return cg(grad)[0]  # the operator is symmetric
+
+
+def _solve_step(v: torch.Tensor) -> torch.Tensor:
+    return LinearSolve.apply(v * 2)  # type: ignore[no-any-return]
+
+
+def test_a_loop_in_a_called_function_is_captured_two_calls_down() -> None:
+    captured = _captured(_solve_twice)
+    (loop,) = captured.loops
+    assert loop.owner == "cg" and "cg line" in captured.describe()
+    b = _rhs(12, 3)
+    x, it = captured.function(b)
+    x_eager, it_eager = _solve_twice(b)
+    assert torch.equal(x, x_eager) and int(it) == int(it_eager) > 4
+    assert loop.blocks_run == -(-int(it_eager) // 4)  # one host check per block of 4
+
+
+def test_a_called_function_rebound_later_is_called_as_it_is_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    captured = _captured(_refine)
+    b = _rhs(8, 1)
+    captured.function(b)
+    runs = captured.loops[0].blocks_run
+    monkeypatch.setitem(globals(), "cg", lambda b: (b * 3, torch.tensor(0)))
+    x, it = captured.function(b)  # the new cg, as the original code would call it
+    assert torch.equal(x, b * 3) and int(it) == 0 and captured.loops[0].blocks_run == runs
+
+
+def test_a_called_function_with_a_side_effect_in_its_loop_is_not_captured() -> None:
+    def noisy(b: torch.Tensor) -> torch.Tensor:
+        while bool(b.abs().max() > 1):
+            b = b / 2
+            print("halved")
+        return b
+
+    def forward(b: torch.Tensor) -> torch.Tensor:
+        return noisy(b) + 1
+
+    result = capture_loops(forward, "forward", None)
+    assert isinstance(result, str) and "in noisy, line" in result and "print" in result
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_jitted_autograd_function_whose_solver_is_a_called_function_is_looped(
+    backend: str,
+) -> None:
+    jitted = ptj.jit(_solve_step, engine="compile", backend=backend, fallback="off")
+    for seed in range(3):
+        v = _rhs(10, seed).requires_grad_(True)
+        v_eager = v.detach().clone().requires_grad_(True)
+        out, out_eager = jitted(v), _solve_step(v_eager)
+        torch.testing.assert_close(out, out_eager, rtol=1e-6, atol=1e-9)
+        out.square().sum().backward()
+        out_eager.square().sum().backward()
+        torch.testing.assert_close(v.grad, v_eager.grad, rtol=1e-6, atol=1e-9)
+    assert jitted.num_traces == 1
+    assert "forward: looped" in jitted.explain() and "cg line" in jitted.explain()
+
+
+# -- loops in backward functions --------------------------------------------------------------
+
+
+class ImplicitSolve(torch.autograd.Function):
+    """``x = A^-1 b`` with the CG loops written in both forward and backward, as users do."""
+
+    @staticmethod
+    def forward(ctx: Any, b: torch.Tensor) -> torch.Tensor:
+        x, _ = cg(b)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        x = torch.zeros_like(grad)  # the adjoint solve, inline (A is symmetric)
+        r = grad.clone()
+        d = r.clone()
+        rs = (r * r).sum()
+        it = 0
+        while bool(rs > 1e-20 * (grad * grad).sum() + 1e-30) and it < 300:
+            ad = laplace(d)
+            alpha = rs / (d * ad).sum()
+            x = x + alpha * d
+            r = r - alpha * ad
+            rs, rs_old = (r * r).sum(), rs
+            d = r + rs / rs_old * d
+            it += 1
+        return x
+
+
+def _implicit_step(v: torch.Tensor) -> torch.Tensor:
+    return ImplicitSolve.apply(v.sin())  # type: ignore[no-any-return]
+
+
+def _adjoint(inputs: Any, outputs: Any, grads: Any) -> tuple[torch.Tensor]:
+    x, _ = cg(grads[0])  # a def gradient whose loop is in the function it calls
+    return (x,)
+
+
+def _forward_cg(b: torch.Tensor) -> torch.Tensor:
+    return cg(b)[0]
+
+
+solve_with_adjoint = ptj.custom_gradient(_forward_cg, _adjoint, name="solve_with_adjoint")
+
+
+def _adjoint_step(v: torch.Tensor) -> torch.Tensor:
+    return solve_with_adjoint(v * 3)
+
+
+@pytest.mark.parametrize("step", [_implicit_step, _adjoint_step], ids=["Function", "custom"])
+def test_a_loop_in_a_backward_is_captured_and_its_gradients_equal_eager(step: Any) -> None:
+    jitted = ptj.jit(step, engine="compile", backend="aot_eager", fallback="off")
+    for seed in range(3):
+        v = _rhs(10, seed).requires_grad_(True)
+        v_eager = v.detach().clone().requires_grad_(True)
+        out, out_eager = jitted(v), step(v_eager)
+        torch.testing.assert_close(out, out_eager, rtol=1e-6, atol=1e-9)
+        (out * out_eager.detach().cos()).sum().backward()
+        (out_eager * out_eager.detach().cos()).sum().backward()
+        torch.testing.assert_close(v.grad, v_eager.grad, rtol=1e-6, atol=1e-9)
+    assert jitted.num_traces == 1
+    (call,) = jitted.specializations[0].calls
+    (backward,) = call.backward.specializations.values()
+    assert backward.mode == "looped", backward
+    assert backward.compiled is not None and "captured" in backward.compiled.reason

@@ -136,8 +136,11 @@ class CapturedLoop:
         compile_graph: Callable[[torch.fx.GraphModule, tuple[torch.Tensor, ...]], Any] | None,
         block: int | None = None,
         lock: Any = None,
+        owner: str = "",
     ) -> None:
         self.label = label
+        self.owner = owner
+        """The function the loop is written in."""
         self.line = line
         """The loop's line in the user's file."""
         self.iterate = iterate

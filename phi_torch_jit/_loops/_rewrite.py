@@ -19,7 +19,7 @@ import ast
 import copy
 import itertools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,19 +40,28 @@ class Rewritten:
 
 
 def rewrite(
-    fn: types.FunctionType, plan: FunctionPlan, loops: list[Any], helpers: tuple[Any, ...]
+    fn: types.FunctionType,
+    plan: FunctionPlan,
+    loops: list[Any],
+    helpers: tuple[Any, ...],
+    callees: Mapping[str, Any] | None = None,
 ) -> Rewritten:
     """``loops``: a list the caller fills with one runtime object per planned loop (called as
-    ``loop(carried_tuple, invariant_tuple)``, returning the new carried tuple)."""
+    ``loop(carried_tuple, invariant_tuple)``, returning the new carried tuple). ``callees``:
+    functions called by name outside the planned loops, each replaced by the given callable
+    (``_callees.Callee``); calls inside a loop's body are left as they are (a block traces
+    them)."""
     tree = plan.tree
+    callees = dict(callees or {})
+    renamed = _Renamed({name: _callee_name(name) for name in callees})
     body: list[ast.stmt] = []
     by_position = {loop.position: (k, loop) for k, loop in enumerate(plan.loops)}
     for position, statement in enumerate(tree.body):
         if position not in by_position:
-            body.append(statement)
+            body.append(renamed.visit(_copy(statement)) if callees else statement)
             continue
         k, loop = by_position[position]
-        body.extend(loop.preamble)
+        body.extend(renamed.visit(_copy(s)) if callees else s for s in loop.preamble)
         carried = _tuple(loop.carried)
         call = f"{carried} = __ptj_loops__[{k}]({carried}, {_tuple(loop.invariants)})"
         body.extend(_located(ast.parse(call).body, statement))
@@ -62,15 +71,16 @@ def rewrite(
     inner: list[ast.stmt] = [function]
     for k, loop in enumerate(plan.loops):
         inner.extend(_iteration_functions(k, loop))
-    names = ", ".join(f"__ptj_iter{k}__, __ptj_enter{k}__" for k in range(len(plan.loops)))
-    inner.extend(ast.parse(f"__ptj_result__ = ({tree.name}, ({names},))").body)
+    names = "".join(f"__ptj_iter{k}__, __ptj_enter{k}__, " for k in range(len(plan.loops)))
+    inner.extend(ast.parse(f"__ptj_result__ = ({tree.name}, ({names}))").body)
     unpack = ast.parse(f"{', '.join(_HELPERS)}, = __ptj_helpers__").body
     free = fn.__code__.co_freevars
+    calls = tuple(_callee_name(name) for name in callees)
     factory = ast.FunctionDef(
         "__ptj_factory__",
         ast.arguments(
             [],
-            [ast.arg(a) for a in ("__ptj_helpers__", "__ptj_loops__", *free)],
+            [ast.arg(a) for a in ("__ptj_helpers__", "__ptj_loops__", *free, *calls)],
             None,
             [],
             [],
@@ -88,6 +98,7 @@ def rewrite(
     cells = {name: types.CellType(value) for name, value in zip(_HELPERS, helpers)}
     cells["__ptj_loops__"] = types.CellType(loops)
     cells.update(zip(free, fn.__closure__ or ()))  # the user's own cells: live values
+    cells.update((_callee_name(name), types.CellType(c)) for name, c in callees.items())
 
     def make(code_name: str) -> types.FunctionType:
         found = next(
@@ -104,6 +115,22 @@ def rewrite(
         (make(f"__ptj_iter{k}__"), make(f"__ptj_enter{k}__")) for k in range(len(plan.loops))
     )
     return Rewritten(function_object, iterations)
+
+
+def _callee_name(name: str) -> str:
+    return f"__ptj_call_{name}__"
+
+
+class _Renamed(ast.NodeTransformer):
+    """Reads of the given names read other names (a callee replaced by its captured form)."""
+
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if isinstance(node.ctx, ast.Load) and node.id in self.names:
+            return ast.copy_location(ast.Name(self.names[node.id], ast.Load()), node)
+        return node
 
 
 def _tuple(names: tuple[str, ...]) -> str:

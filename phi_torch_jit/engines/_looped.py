@@ -31,7 +31,7 @@ def with_captured_loops(
 ) -> CompiledFunction | None:
     """The body with its loops captured, checked against the recording; None if it cannot be
     (logged at INFO with the reason)."""
-    if target.expected is None:
+    if target.expected is None and target.reference is None:
         return None
     if target.loop_source is not None and target.with_loop_source is not None:
         source, wrap = target.loop_source, target.with_loop_source
@@ -44,13 +44,22 @@ def with_captured_loops(
         _not_captured(target, captured)
         return None
     run = wrap(captured.function)
+    expected = target.expected
+    try:
+        if expected is None:
+            assert target.reference is not None
+            with torch.no_grad():
+                expected = target.reference()
+    except Exception as error:  # the Python function itself fails on these inputs
+        _not_captured(target, f"{type(error).__name__}: {error}".splitlines()[0])
+        return None
     try:
         with torch.no_grad():
             actual = run(*target.example_inputs)
     except Exception as error:  # the captured function cannot run these inputs
         _not_captured(target, f"{type(error).__name__}: {error}".splitlines()[0])
         return None
-    if not _reproduces(actual, target.expected):
+    if not _reproduces(actual, expected):
         _not_captured(target, "the captured loop did not reproduce the recorded outputs")
         return None
     eager = sorted(reason for loop in captured.loops for reason in loop.eager_reasons)

@@ -45,6 +45,9 @@ class FunctionTarget:
     """The user's function inside ``fn`` whose loops an engine may capture."""
     with_loop_source: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
     """Given a function behaving like ``loop_source``, ``fn`` with it in its place."""
+    reference: Callable[[], tuple[torch.Tensor, ...]] | None = None
+    """Computes ``expected`` when it is None and an engine needs it (runs ``fn`` as Python on
+    ``example_inputs``: a backward, whose outputs no record pass kept)."""
 
 
 @dataclass(frozen=True)
