@@ -18,6 +18,7 @@ import functools
 import re
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -145,11 +146,19 @@ def _short(value: Any) -> str:
 
 
 def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:
-    """Append the torch tensors of ``obj`` to ``tensors``; return its static structure."""
+    """Append the torch tensors of ``obj`` to ``tensors``; return its static structure.
+
+    A value this module assembled (a program's output, passed to the next step) is not taken
+    apart again: its key and tensors are known (:func:`_remembered`)."""
+    known = _remembered(obj)
+    if known is not None:
+        key, natives = known
+        tensors.extend(natives)
+        return key
     from phiml.math._tensors import disassemble_tensors
     from phiml.math._tree import disassemble_tree
 
-    tree, values = disassemble_tree(obj, cache=False)
+    tree, values = disassemble_tree(obj, cache=False, attr_type=_traced_attributes)
     # expand: natives in PhiML's canonical layout (as PhiML's own jit keys them), so a state made
     # by eager code and one made by the program share a key (no retrace for a transposed or a
     # still-uniform field)
@@ -158,6 +167,79 @@ def disassemble(obj: Any, tensors: list[torch.Tensor]) -> PhiKey:
     converted = any(t is not n for t, n in zip(traced, natives))
     tensors.extend(n for n in traced if isinstance(n, torch.Tensor))
     return PhiKey(tree, tuple(shapes), tuple(specs), traced, converted)
+
+
+def _traced_attributes(obj: Any) -> tuple[str, ...]:
+    """The attributes of a PhiML value whose tensors are traced inputs: PhiML's variable
+    attributes and, for a dataclass (a ``Field``), any other attribute holding torch tensors.
+
+    Torch tensors are data a program computed: a point cloud advected by a step comes back as
+    a ``Field`` whose geometry (the points' locations) is not a variable attribute, and as a
+    constant of the key it differed on every call (a retrace per step, PhiML's own jit too).
+    Constants built from Python or numpy values (a grid's bounds) stay in the key."""
+    from phiml.math._tree import variable_attributes
+
+    names: tuple[str, ...] = variable_attributes(obj)
+    if not isinstance(obj, type) and hasattr(obj, "__dataclass_fields__"):
+        extra = tuple(
+            name for name in _all_attributes(obj)
+            if name not in names and _holds_torch(getattr(obj, name, None))
+        )  # fmt: skip
+        if extra:
+            return (*names, *extra)
+    return names
+
+
+_ALL_ATTRIBUTES: dict[type, tuple[str, ...]] = {}
+_BY_INSTANCE = ("__all_attrs__", "__variable_attrs__", "__value_attrs__")
+
+
+def _all_attributes(obj: Any) -> tuple[str, ...]:
+    """PhiML's ``all_attributes``, kept per class where the class decides them (its data
+    fields) rather than each instance."""
+    from phiml.math._tree import all_attributes
+
+    cls = type(obj)
+    names = _ALL_ATTRIBUTES.get(cls)
+    if names is None:
+        names = tuple(all_attributes(obj))
+        if not any(hasattr(cls, method) for method in _BY_INSTANCE):
+            _ALL_ATTRIBUTES[cls] = names
+    return names
+
+
+_HELD: dict[int, tuple[Any, bool]] = {}
+"""Recent answers of :func:`_holds_torch` by object: PhiML values are immutable, and a grid's
+geometry is the same object from step to step (the walk costs ~0.1 ms a field)."""
+_HELD_SIZE = 256
+
+
+def _holds_torch(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return False
+    known = _HELD.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
+    held = _walk_holds_torch(value)
+    if len(_HELD) >= _HELD_SIZE:
+        _HELD.clear()
+    _HELD[id(value)] = (value, held)  # keeps ``value`` alive while cached: its id stays its own
+    return held
+
+
+def _walk_holds_torch(value: Any) -> bool:
+    from phiml.math import Tensor
+    from phiml.math._tree import all_attributes, disassemble_tree
+
+    try:
+        _, tensors = disassemble_tree(value, cache=False, attr_type=all_attributes)
+    except Exception:  # not a PhiML tree: nothing PhiML would trace
+        return False
+    return any(
+        isinstance(native, torch.Tensor)
+        for tensor in tensors if isinstance(tensor, Tensor)
+        for native in tensor._natives()
+    )  # fmt: skip
 
 
 def _as_traced(native: Any) -> Any:
@@ -187,7 +269,41 @@ def assemble(key: PhiKey, tensors: Iterator[torch.Tensor]) -> Any:
 
     natives = [next(tensors) if slot is None else slot for slot in key.slots]
     values = assemble_tensors(natives, key.specs)
-    return _assemble(key.tree, values)
+    obj = _assemble(key.tree, values)
+    _remember(obj, key, tuple(n for n, slot in zip(natives, key.slots) if slot is None))
+    return obj
+
+
+_ASSEMBLED: dict[int, tuple[weakref.ref[Any], PhiKey, tuple[torch.Tensor, ...]]] = {}
+"""Values :func:`assemble` built, by object, with their key and torch tensors, while they live.
+Taking a staggered grid apart costs about 1 ms (PhiML stacks its components' shapes), more
+than many compiled steps; a rollout passes each step's outputs to the next step."""
+
+
+def _remember(obj: Any, key: PhiKey, natives: tuple[torch.Tensor, ...]) -> None:
+    ident = id(obj)
+    try:
+        ref = weakref.ref(obj, lambda dead: _forget(ident, dead))
+    except TypeError:  # not weakly referable: taken apart each time
+        return
+    _ASSEMBLED[ident] = (ref, key, natives)
+
+
+def _forget(ident: int, dead: weakref.ref[Any]) -> None:
+    entry = _ASSEMBLED.get(ident)
+    if entry is not None and entry[0] is dead:
+        del _ASSEMBLED[ident]
+
+
+def _remembered(obj: Any) -> tuple[PhiKey, tuple[torch.Tensor, ...]] | None:
+    """The key and tensors of a value :func:`assemble` built, if its tensors still have the
+    shape, dtype, device and requires_grad the key says (``requires_grad_()`` may change)."""
+    entry = _ASSEMBLED.get(id(obj))
+    if entry is None or entry[0]() is not obj:
+        return None
+    _, key, natives = entry
+    metas = tuple((tuple(n.shape), n.dtype, n.device, n.requires_grad) for n in natives)
+    return (key, natives) if metas == key.metas else None
 
 
 def _assemble(node: Any, values: list[Any]) -> Any:
