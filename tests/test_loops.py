@@ -531,13 +531,8 @@ def test_a_jitted_autograd_function_whose_solver_is_a_called_function_is_looped(
 # -- loops in backward functions --------------------------------------------------------------
 
 
-class ImplicitSolve(torch.autograd.Function):
-    """``x = A^-1 b`` with the CG loops written in both forward and backward, as users do."""
-
-    @staticmethod
-    def forward(ctx: Any, b: torch.Tensor) -> torch.Tensor:
-        x, _ = cg(b)
-        return x
+class ImplicitSolve(LinearSolve):
+    """``LinearSolve`` with the adjoint CG loop written in ``backward`` itself, as users do."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:

@@ -69,15 +69,20 @@ def _quiet_phiml() -> None:
     warnings.filterwarnings("ignore", message="Sparse CSR")
 
 
-def test_smoke_steps_equal_eager_and_compile_once_per_structure() -> None:
-    step = ptj.jit(smoke_step)
-    v, s = initial()
+def _steps_like_eager(step: Any, v: Any, s: Any, n: int) -> tuple[Any, Any]:
+    """``n`` steps of ``step`` from (v, s), each equal to eager's; the last state."""
     ve, se = v, s
-    for _ in range(4):
+    for _ in range(n):
         v, s = step(v, s)
         with phiml_eager():
             ve, se = smoke_step(ve, se)
         assert _max_diff(s, se) < 1e-5 and _max_diff(v, ve) < 1e-5
+    return v, s
+
+
+def test_smoke_steps_equal_eager_and_compile_once_per_structure() -> None:
+    step = ptj.jit(smoke_step)
+    _steps_like_eager(step, *initial(), 4)
     assert step.num_traces <= 2  # the initial fields' structure may differ from later states
     assert "TorchCustomFunction" in step.explain()  # the pressure solve is a captured op
 
@@ -102,12 +107,7 @@ def test_a_steps_outputs_passed_to_the_next_step_are_not_taken_apart_again(
 
     monkeypatch.setattr(phiml_tensors, "disassemble_tensors", counted)
     traces = step.num_traces
-    ve, se = v, s
-    for _ in range(2):
-        v, s = step(v, s)
-        with phiml_eager():
-            ve, se = smoke_step(ve, se)
-        assert _max_diff(s, se) < 1e-5 and _max_diff(v, ve) < 1e-5
+    v, s = _steps_like_eager(step, v, s, 2)
     assert not taken_apart and step.num_traces == traces
     # a tensor of a known value made to require grad: taken apart again, its own program
     (native,) = s.values._natives()  # the stored tensor itself, not a reordered view
