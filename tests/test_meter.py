@@ -248,24 +248,40 @@ def _three_paths(x: torch.Tensor) -> torch.Tensor:  # an exit that varies among 
 
 @pytest.mark.parametrize("fallback", ["measure", "off"])
 def test_a_signature_whose_calls_keep_running_other_paths_programs_ends_up_eager(
-    fallback: str, caplog: pytest.LogCaptureFixture
+    fallback: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its paths repeat, so it never misses; but most calls ran one or two programs whose value
-    guards failed before one held (until_converged ran at 2-6x eager's time)."""
+    guards failed before one held (until_converged ran at 2-6x eager's time). It ends up
+    running eagerly: by the rule for scanned calls, or because the program tried first was
+    measured slower than eager (this tiny step) and serves every call with eager code."""
+    from phi_torch_jit._specialization import Specialization
+
     jitted = ptj.jit(_three_paths, fallback=fallback)
     inputs = [torch.full((2,), v) for v in (0.1, 0.9, 1.5, 3.0)]  # 0, 1, 2, 3 halvings
+    programs: list[int] = []
+    run_compiled = Specialization._run_compiled
+
+    def counted(self: Specialization, tensors: list[torch.Tensor]) -> Any:
+        programs.append(1)
+        return run_compiled(self, tensors)
+
+    monkeypatch.setattr(Specialization, "_run_compiled", counted)
     with caplog.at_level("WARNING", logger="phi_torch_jit"):
-        for k in range(3 * _meter.SCANNED):
+        for k in range(6 * _meter.SCANNED):
+            if k == 4 * _meter.SCANNED:
+                programs.clear()
             x = inputs[k % len(inputs)]
             torch.testing.assert_close(jitted(x), _three_paths(x))
-    traces = jitted.num_traces
-    assert traces == len(inputs)  # each path compiled once, never again
+    assert jitted.num_traces == len(inputs)  # each path compiled once, never again
     reasons = [s.eager_reason for s in jitted.specializations]
     if fallback == "off":  # the user asked to keep the programs
-        assert not any(reasons)
+        assert not any(reasons) and programs
         return
-    assert reasons == [reasons[0]] and "ran the programs of other paths first" in reasons[0]
-    assert sum("ran the programs of other paths" in r.getMessage() for r in caplog.records) == 1
+    assert not programs  # the last calls ran no program: eager code served them
+    said = [r.getMessage() for r in caplog.records if r.name == "phi_torch_jit"]
+    scanned = [m for m in said if "ran the programs of other paths first" in m]
+    slower = [m for m in said if "serves eager code" in m]
+    assert len(scanned) + len(slower) >= 1 and len(scanned) <= 1
 
 
 def test_a_path_that_holds_first_is_never_counted() -> None:
