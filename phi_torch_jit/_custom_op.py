@@ -43,7 +43,14 @@ from ._context import Replaying, call_state, current_frame, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._graph_safety import backward_tags, forward_tags
 from ._phases import compiling
-from ._phiml import ForwardChecks, add_to_tapes, deferred_checks, solve_infos, tapes_set_aside
+from ._phiml import (
+    ForwardChecks,
+    add_to_tapes,
+    deferred_checks,
+    open_tapes,
+    solve_infos,
+    tapes_set_aside,
+)
 from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
@@ -215,7 +222,8 @@ class CompiledCall:
                 results = self.forward.run(*tensors)
                 if self.checks.checks:  # raises like eager PhiML (NotConverged, Diverged)
                     info = results[self.n_outputs :]
-                    add_to_tapes(solve_infos(self.checks.checks, info, real=True))  # outer
+                    if open_tapes():  # SolveInfo costs ~1 ms a call (PhiML formats it)
+                        add_to_tapes(solve_infos(self.checks.checks, info, real=True))  # outer
                     self.checks.run(info)
             except BaseException as error:  # re-raised unchanged by Specialization.run
                 state.last_error = error

@@ -711,6 +711,37 @@ def test_a_solve_tape_around_the_jitted_call_gets_one_entry_per_call_like_eager(
     assert jitted.num_traces == 1
 
 
+def test_a_converged_compiled_solve_builds_its_solve_info_only_for_a_tape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compiled solve that converged, with no tape open, passes its convergence check on
+    its flags alone: building PhiML's SolveInfo costs about 1 ms a call (a heat step is 6)."""
+    from phiml.math._optimize import SolveInfo
+
+    def project(v: Any) -> Any:
+        return fluid.make_incompressible(v, (), Solve("CG-adaptive", 1e-5, 1e-5))[0]
+
+    jitted = ptj.jit(project, fallback="off")
+    flows = _flows(3)
+    with phiml_eager():
+        wants = [project(v) for v in flows]
+    jitted(flows[0])
+    built: list[int] = []
+    init = SolveInfo.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(SolveInfo, "__init__", counted)
+    for v, want in zip(flows, wants):
+        assert _max_diff(jitted(v), want) < 1e-5
+    assert not built and jitted.num_traces == 1
+    with math.SolveTape() as tape:
+        jitted(flows[1])
+    assert built and len(tape) == 1 and tape[0].converged.all
+
+
 def test_install_serves_a_jit_compiled_step_as_ptj_jit_does() -> None:
     """Under install(), a jit_compile'd step without auxiliary arguments is called as
     ptj.jit of it: no PhiML keying or output assembly with PhiFlow's shape checks (10-20% of
