@@ -68,7 +68,8 @@ RESTART = 8
 """Steps after which every variant starts again from the initial state."""
 WARM = 12
 """Untimed steps per variant before the timed ones: phi_torch_jit's meter times its first 11
-calls of a specialization, 5 of them eager (NOTE [never slower than eager])."""
+calls of a specialization, 5 of them eager (21, 10 eager, where a first round finds the program
+slower: NOTE [never slower than eager])."""
 
 
 def karman() -> tuple[Step, tuple[Any, ...]]:

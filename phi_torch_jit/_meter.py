@@ -2,9 +2,11 @@
 
 Two rules, NOTE [never slower than eager] in docs/design.md:
 
-* **Per specialization** (:class:`Meter`): after a warm-up, ``SAMPLES`` compiled calls and
-  ``SAMPLES`` eager calls are timed, alternately (the clock read around each; nothing else
-  runs), for an honest comparison; the specialization then serves
+* **Per specialization** (:class:`Meter`): the first compiled calls after a warm-up are timed
+  (``SAMPLES`` of them, the clock read around each; nothing else runs), then ``SAMPLES`` calls
+  run eagerly and are timed, for an honest comparison. A program found slower is measured
+  again, ``SAMPLES`` calls of each path alternating (a burst of load then slows both), before
+  it is dropped (:data:`TO_DROP` calls in all); the specialization then serves
   whichever path is faster (more than 10% slower compiled: eager), said in one log line and in
   ``explain()`` with the figures. After the decision a call pays one attribute test. The
   record pass is no measure of eager's time: it was 44x eager's on a complex-valued step (a
@@ -31,7 +33,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["CLOCK", "FALLBACKS", "Meter", "HitRate", "SAMPLES", "SLOWER", "WINDOW", "MISSES"]
+__all__ = [
+    "CLOCK",
+    "FALLBACKS",
+    "Meter",
+    "HitRate",
+    "SAMPLES",
+    "SLOWER",
+    "TO_DROP",
+    "WINDOW",
+    "MISSES",
+]
 
 CLOCK: Callable[[], float] = time.perf_counter
 """Seconds; replaced by tests."""
@@ -42,6 +54,8 @@ WARM_UP = 1
 """Compiled calls not timed (allocations, lazy initialization)."""
 SAMPLES = 5
 """Timed calls per path."""
+TO_DROP = WARM_UP + 4 * SAMPLES
+"""Calls until a program measured slower than eager in two rounds is dropped."""
 SLOWER = 1.1
 """Compiled must not be more than this times eager's step time."""
 WINDOW = 24
@@ -79,6 +93,13 @@ class Meter:
         self._on_switch = on_switch
         self._stale = False
         """Another program serves the calls now: what was measured no longer holds."""
+        self.confirming = False
+        """The first round found the program slower: a second round, alternating compiled and
+        eager calls, decides (5 compiled then 5 eager calls once measured a heat step's
+        program, 8x faster than eager, at 1.1x eager's time: a burst of load on a shared
+        machine had slowed the compiled samples only)."""
+        self.first_round: tuple[float, float] | None = None
+        """(compiled, eager) medians of the first round, when a second one was needed."""
         self.restarts = 0
         """How often the measurement started afresh (:meth:`restart`)."""
 
@@ -94,19 +115,18 @@ class Meter:
         if self._stale:
             self._stale = False
             self.restarts += 1
-            self.eager_wins = False
+            self.eager_wins = self.confirming = False
+            self.first_round = None
             self.compiled_s, self.eager_s, self._skipped = [], [], 0
         if self.eager_wins:
             return self.eager(tensors)
         if self._skipped < WARM_UP:
             self._skipped += 1
             return compiled(tensors)
-        # alternate the paths: a burst of load on a shared machine (seconds long) then slows
-        # samples of both, not all of one (5 compiled, then 5 eager calls took a heat step's
-        # compiled program for 1.1x eager's time once, when it is 8x faster)
-        timing_eager = len(self.compiled_s) >= SAMPLES or (
-            len(self.eager_s) < len(self.compiled_s) and len(self.eager_s) < SAMPLES
-        )
+        if self.confirming:  # alternate: a burst of load slows samples of both paths
+            timing_eager = len(self.eager_s) < len(self.compiled_s)
+        else:
+            timing_eager = len(self.compiled_s) >= SAMPLES
         start = _now(tensors)
         result = self.eager(tensors) if timing_eager else compiled(tensors)
         seconds = _now(tensors) - start
@@ -125,6 +145,11 @@ class Meter:
         eager = statistics.median(self.eager_s)
         if compiled <= SLOWER * eager:
             self.done = True
+            return
+        if not self.confirming:  # measure again, alternating, before dropping the program
+            self.confirming = True
+            self.first_round = (compiled, eager)
+            self.compiled_s, self.eager_s = [], []
             return
         self.eager_wins = True
         self._on_switch(self.describe())
@@ -146,6 +171,12 @@ class Meter:
         again = f" (measured afresh {self.restarts}x: another program took over)" * bool(
             self.restarts
         )
+        if self.first_round is not None:
+            first_compiled, first_eager = self.first_round
+            parts.append(
+                f"first round compiled {first_compiled * 1e3:.3g} ms, eager "
+                f"{first_eager * 1e3:.3g} ms (then measured again, alternating)"
+            )
         return f"step time, median of {SAMPLES}{again}: {', '.join(parts)}; {verdict}"
 
 

@@ -69,7 +69,7 @@ def test_a_compiled_program_faster_than_the_record_pass_but_slower_than_eager_is
 ) -> None:
     meter, switches = _meter_for(clock, eager_s=1.0, record_s=40.0)
     compiled = _compiled(clock, 1.8)  # a complex-valued step: 1.8x eager, 0.05x its record
-    for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES):
+    for _ in range(_meter.TO_DROP):
         meter.serve(compiled, [])
     assert meter.eager_wins and len(switches) == 1
 
@@ -78,11 +78,31 @@ def test_a_slow_compiled_program_is_dropped_after_honest_eager_runs(clock: FakeC
     meter, switches = _meter_for(clock, eager_s=1.0, record_s=1.5)
     compiled = _compiled(clock, 3.0)
     served = [meter.serve(compiled, []) for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES)]
-    assert served.count("eager") == _meter.SAMPLES and meter.eager_wins and not meter.done
+    assert served.count("eager") == _meter.SAMPLES and not meter.eager_wins and not meter.done
+    assert meter.confirming  # found slower once: measured again before it is dropped
+    second = [meter.serve(compiled, []) for _ in range(2 * _meter.SAMPLES)]
+    assert second == ["compiled", "eager"] * _meter.SAMPLES  # alternating
+    assert meter.eager_wins and not meter.done
     assert meter.serve(compiled, []) == "eager"  # from now on
     (switch,) = switches  # one log line, with the figures
     assert "compiled 3e+03 ms" in switch and "eager 1e+03 ms" in switch
-    assert "serves eager code" in switch
+    assert "first round compiled 3e+03 ms" in switch and "serves eager code" in switch
+
+
+def test_a_program_slowed_by_a_burst_of_load_while_measured_is_kept(clock: FakeClock) -> None:
+    """The first round's compiled samples fell in a burst of load (10x slower); the second
+    round alternates the paths, and the program, 2x faster than eager, is kept."""
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=1.5)
+    load = iter([10.0] * (_meter.WARM_UP + _meter.SAMPLES))
+
+    def compiled(tensors: list[torch.Tensor]) -> str:
+        clock.now += 0.5 * next(load, 1.0)
+        return "compiled"
+
+    served = [meter.serve(compiled, []) for _ in range(_meter.TO_DROP)]
+    assert meter.done and not meter.eager_wins and not switches
+    assert served.count("eager") == 2 * _meter.SAMPLES
+    assert "first round compiled 5e+03 ms" in meter.describe()
 
 
 def test_a_compiled_program_slower_than_the_record_pass_but_not_than_eager_is_kept(
@@ -128,7 +148,7 @@ def test_end_to_end_a_slow_specialization_serves_eager_code_and_says_so(
 
     jitted = ptj.jit(step, engine=SlowEngine(clock))
     with caplog.at_level("WARNING", logger="phi_torch_jit"):
-        for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES + 3):
+        for _ in range(_meter.TO_DROP + 3):
             assert torch.equal(jitted(torch.ones(2)), torch.full((2,), 2.0))
     (specialization,) = jitted.specializations
     assert specialization.meter is not None and specialization.meter.eager_wins
@@ -186,7 +206,7 @@ def test_a_specialization_is_measured_afresh_when_another_program_takes_over(
     assert meter is not None and meter.done  # the fast program won
     engine.switch()  # a slower one serves from now on: measured again, then dropped
     with caplog.at_level("WARNING", logger="phi_torch_jit"):
-        for _ in range(calls):
+        for _ in range(_meter.TO_DROP + 2):
             assert torch.equal(jitted(torch.ones(2)), torch.full((2,), 2.0))
     assert meter.eager_wins and meter.restarts == 1
     assert "measured afresh 1x" in jitted.explain()
