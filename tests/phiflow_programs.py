@@ -10,6 +10,8 @@ step functions (``step(*state) -> state``), for ``tests/test_phiflow_programs.py
 * ``obstacle_flow``: a flow around a box obstacle with an inflow, 'CG-adaptive'.
 
 Each maker takes a resolution and returns the step and a state with the steady structure.
+:func:`smoke_match` is of another kind: optimization through a simulation (PhiFlow's
+differentiate demos), a loss to jit and differentiate, and its starting point.
 """
 
 from __future__ import annotations
@@ -117,6 +119,28 @@ def obstacle_flow(n: int) -> tuple[Step, tuple[Any, ...]]:
         return fluid.make_incompressible(v, (obstacle,), Solve("CG-adaptive", 1e-5, 1e-5, x0=p))
 
     return obstacle_step, obstacle_step(velocity, None)
+
+
+def smoke_match(n: int) -> tuple[Step, Any]:
+    """The loss of an initial velocity: smoke advected by it for two steps (each made
+    incompressible) against a target, as PhiFlow's differentiate demos write one; the loss is
+    what a user jits, ``field.functional_gradient`` of it what they call."""
+    bounds = Box(x=n, y=n)
+    smoke = CenteredGrid(Sphere(x=n / 2, y=n / 3, radius=n / 6), ZERO_GRADIENT, x=n, y=n,
+                         bounds=bounds)  # fmt: skip
+    target = CenteredGrid(Sphere(x=n / 2, y=n / 2, radius=n / 6), ZERO_GRADIENT, x=n, y=n,
+                          bounds=bounds)  # fmt: skip
+
+    def loss(v0: Any) -> Any:
+        v, s = v0, smoke
+        for _ in range(2):
+            s = advect.mac_cormack(s, v, 1.0)
+            v = advect.semi_lagrangian(v, v, 1.0)
+            v, _ = fluid.make_incompressible(v, (), Solve("CG", 1e-5, 1e-5))
+        return field.l2_loss(s - target)
+
+    start = StaggeredGrid(0, 0, x=n, y=n, bounds=bounds)
+    return loss, start
 
 
 PROGRAMS: dict[str, Program] = {

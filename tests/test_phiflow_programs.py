@@ -1,6 +1,7 @@
 """PhiFlow programs in the style of its demos (tests/phiflow_programs.py), each run for a few
 steps eagerly, under ``ptj.jit`` and under ``install()`` (``math.jit_compile``): every field
-equal to eager's, and compiled (trace counts)."""
+equal to eager's, and compiled (trace counts). Optimization through a simulation: gradient
+descent on a jitted loss, every iterate equal to eager's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytest.importorskip("phiml")
 
 from helpers import phiml_eager
 from phi.torch.flow import math
-from phiflow_programs import PROGRAMS
+from phiflow_programs import PROGRAMS, smoke_match
 
 import phi_torch_jit as ptj
 import phi_torch_jit.phiflow as integration
@@ -87,4 +88,43 @@ def test_phiflow_program_equals_eager(name: str, path: str) -> None:
         assert len(ours_warned) <= 1 and all(KNOWN_EAGER[name] in m for m in ours_warned)
     else:
         assert not ours_warned, ours_warned
+    assert ours is not None and 1 <= ours.num_traces <= MAX_TRACES
+
+
+@pytest.mark.parametrize("path", ["ptj.jit", "install()"])
+def test_optimization_through_a_simulation_equals_eager(path: str) -> None:
+    """PhiFlow's differentiate demos: the loss of an initial velocity through two simulated
+    steps, jitted, ``field.functional_gradient`` of it, gradient descent: every iterate equal
+    to eager's, the loss compiled once."""
+    from phi.torch.flow import field
+
+    with phiml_eager():
+        loss, start = smoke_match(SIZE)
+        eager_gradient = field.functional_gradient(loss, "v0", get_output=True)
+    if path == "ptj.jit":
+        jitted: Any = ptj.jit(loss)
+        ours = jitted
+    else:
+        integration.install()
+        jitted = math.jit_compile(loss)
+        ours = integration.compiled_by_phi_torch_jit(jitted)
+    gradient = field.functional_gradient(jitted, "v0", get_output=True)
+    got, want = start, start
+    losses = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                loss_got, grad_got = gradient(got)
+                with phiml_eager():
+                    loss_want, grad_want = eager_gradient(want)
+                assert abs(float(loss_got) - float(loss_want)) <= 1e-5 * abs(float(loss_want))
+                losses.append(float(loss_got))
+                _assert_like((grad_got,), (grad_want,))
+                got, want = got - grad_got, want - grad_want
+    finally:
+        if path == "install()":
+            integration.uninstall()
+    assert losses[-1] < losses[0]  # the descent works, as eagerly
+    assert not [w for w in caught if issubclass(w.category, ptj.JitWarning)]
     assert ours is not None and 1 <= ours.num_traces <= MAX_TRACES
