@@ -17,7 +17,8 @@ Each variant of a step gets its own function object: ``PhiML jit`` is
 ``install()`` is ``math.jit_compile(step)`` compiled while :func:`phi_torch_jit.phiflow.install`
 is in effect, ``ptj.jit`` is :func:`phi_torch_jit.jit`. Reported per simulation and variant:
 the first call (record/trace/compile), the median steady step with calls interleaved
-across variants in every repetition (machine noise hits all alike), and the largest
+across variants in every repetition, in an order that rotates (machine noise hits all alike,
+and no variant always follows another), and the largest
 difference to eager after a few steps from a *new* state (not the one compiled on) and from
 a fluid at rest (relative to the largest value; 0 where the state stays exactly zero).
 Ratios are to PhiML's own jit. Writes JSON to ``benchmarks/results/`` and
@@ -169,24 +170,41 @@ def _max_diff(a: tuple[Any, ...], b: tuple[Any, ...]) -> float:
     return max(diffs) / scale
 
 
-def _while_installed(fn: Step) -> Step:
-    """``fn`` called with :func:`phi_torch_jit.phiflow.install` in effect (as a script that
-    installed it at its start), and PhiML's own jit restored after the call."""
+class _WhileInstalled:
+    """``fn`` called with :func:`phi_torch_jit.phiflow.install` in effect (as in a script that
+    installed it at its start), and PhiML's own jit restored after the call, so the variants
+    can interleave. Timed calls leave the two out (:func:`_timed`): a script pays neither."""
 
-    def call(*state: Any) -> Any:
+    def __init__(self, fn: Step) -> None:
+        self.fn = fn
+
+    def __call__(self, *state: Any) -> Any:
         ptj_phiflow.install()
         try:
-            return fn(*state)
+            return self.fn(*state)
         finally:
             ptj_phiflow.uninstall()
 
-    return call
+
+def _timed(fn: Step, state: tuple[Any, ...]) -> tuple[Any, float]:
+    """``fn(*state)`` and the seconds it took."""
+    installed = isinstance(fn, _WhileInstalled)
+    if installed:
+        ptj_phiflow.install()
+    try:
+        call = fn.fn if isinstance(fn, _WhileInstalled) else fn
+        start = time.perf_counter()
+        result = call(*state)
+        return result, time.perf_counter() - start
+    finally:
+        if installed:
+            ptj_phiflow.uninstall()
 
 
 def _variants(make: Callable[[], tuple[Step, tuple[Any, ...]]]) -> dict[str, Step]:
     step, _ = make()
     phiml = math.jit_compile(make()[0])
-    installed = _while_installed(math.jit_compile(make()[0]))
+    installed = _WhileInstalled(math.jit_compile(make()[0]))
     return {"eager": step, "PhiML jit": phiml, "install()": installed, "ptj.jit": ptj.jit(step)}
 
 
@@ -205,11 +223,11 @@ def bench(name: str, reps: int) -> list[dict[str, Any]]:
         if n % RESTART == RESTART - 1:  # a long rollout diverges (3D smoke at its 11th step):
             # start again, with the first step (another structure: the first call's) untimed
             current = {k: fn(*state) for k, fn in variants.items()}
-        for label, fn in variants.items():
-            start = time.perf_counter()
-            current[label] = fn(*current[label])
+        labels = list(variants)
+        for label in labels[n % len(labels) :] + labels[: n % len(labels)]:  # no variant
+            current[label], seconds = _timed(variants[label], current[label])  # always first
             if n >= WARM:
-                times[label].append(time.perf_counter() - start)
+                times[label].append(seconds)
     for label in variants:
         rows[label]["step_ms"] = 1e3 * statistics.median(times[label])
     reference = rows["PhiML jit"]["step_ms"]

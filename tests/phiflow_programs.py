@@ -89,7 +89,8 @@ def smoke3d(n: int) -> tuple[Step, tuple[Any, ...]]:
         s = advect.mac_cormack(s, v, 1.0) + inflow * 0.2
         buoyancy = resample(s * (0, 0.1, 0), to=v)
         v = advect.semi_lagrangian(v, v, 1.0) + buoyancy
-        v, _ = fluid.make_incompressible(v, (), Solve("CG", 1e-5, 1e-5, x0=None))
+        # 1e-4: a float32 CG on 32^3 cells stalls near 1e-5 at some steps (NotConverged)
+        v, _ = fluid.make_incompressible(v, (), Solve("CG", 1e-4, 1e-4, x0=None))
         return v, s
 
     return smoke3d_step, smoke3d_step(velocity, smoke)
