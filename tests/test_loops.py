@@ -217,18 +217,25 @@ def _step(v: torch.Tensor) -> torch.Tensor:
     return cg_solve(v * 2)
 
 
-@pytest.mark.parametrize("engine", ["aot_eager", "inductor"])
-def test_a_jitted_cg_step_is_looped_and_equals_eager_with_gradients(engine: str) -> None:
-    jitted = ptj.jit(_step, engine="compile", backend=engine, fallback="off")
+def _like_eager_with_gradients(step: Any, backend: str, n: int) -> Any:
+    """``step`` jitted (engine compile, ``backend``) on three right-hand sides: values and
+    gradients equal eager's, one trace; the jitted function."""
+    jitted = ptj.jit(step, engine="compile", backend=backend, fallback="off")
     for seed in range(3):
-        v = _rhs(12, seed).requires_grad_(True)
+        v = _rhs(n, seed).requires_grad_(True)
         v_eager = v.detach().clone().requires_grad_(True)
-        out, out_eager = jitted(v), _step(v_eager)
+        out, out_eager = jitted(v), step(v_eager)
         torch.testing.assert_close(out, out_eager, rtol=1e-6, atol=1e-9)
         out.square().sum().backward()
         out_eager.square().sum().backward()
         torch.testing.assert_close(v.grad, v_eager.grad, rtol=1e-6, atol=1e-9)
     assert jitted.num_traces == 1
+    return jitted
+
+
+@pytest.mark.parametrize("engine", ["aot_eager", "inductor"])
+def test_a_jitted_cg_step_is_looped_and_equals_eager_with_gradients(engine: str) -> None:
+    jitted = _like_eager_with_gradients(_step, engine, 12)
     report = jitted.explain()
     assert "forward: looped" in report
     (call,) = jitted.specializations[0].calls
@@ -515,16 +522,7 @@ def test_a_called_function_with_a_side_effect_in_its_loop_is_not_captured() -> N
 def test_a_jitted_autograd_function_whose_solver_is_a_called_function_is_looped(
     backend: str,
 ) -> None:
-    jitted = ptj.jit(_solve_step, engine="compile", backend=backend, fallback="off")
-    for seed in range(3):
-        v = _rhs(10, seed).requires_grad_(True)
-        v_eager = v.detach().clone().requires_grad_(True)
-        out, out_eager = jitted(v), _solve_step(v_eager)
-        torch.testing.assert_close(out, out_eager, rtol=1e-6, atol=1e-9)
-        out.square().sum().backward()
-        out_eager.square().sum().backward()
-        torch.testing.assert_close(v.grad, v_eager.grad, rtol=1e-6, atol=1e-9)
-    assert jitted.num_traces == 1
+    jitted = _like_eager_with_gradients(_solve_step, backend, 10)
     assert "forward: looped" in jitted.explain() and "cg line" in jitted.explain()
 
 

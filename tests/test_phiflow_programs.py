@@ -59,18 +59,23 @@ def _assert_like(got: tuple[Any, ...], want: tuple[Any, ...]) -> None:
         assert float(math.max(abs(g - w))) <= 1e-5 * scale
 
 
+def _jitted(fn: Any, path: str) -> tuple[Any, Any]:
+    """(what the program calls, phi_torch_jit's function serving it): ``ptj.jit(fn)``, or
+    ``math.jit_compile(fn)`` with ``install()`` in effect (the caller uninstalls)."""
+    if path == "ptj.jit":
+        jitted = ptj.jit(fn)
+        return jitted, jitted
+    integration.install()
+    compiled = math.jit_compile(fn)
+    return compiled, integration.compiled_by_phi_torch_jit(compiled)
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
 @pytest.mark.parametrize("path", ["ptj.jit", "install()"])
 def test_phiflow_program_equals_eager(name: str, path: str) -> None:
     with phiml_eager():
         step, state = PROGRAMS[name](SIZE)
-    if path == "ptj.jit":
-        jitted: Any = ptj.jit(step)
-        ours = jitted
-    else:
-        integration.install()
-        jitted = math.jit_compile(step)
-        ours = integration.compiled_by_phi_torch_jit(jitted)
+    jitted, ours = _jitted(step, path)
     try:
         got, want = state, state
         with warnings.catch_warnings(record=True) as caught:
@@ -101,13 +106,7 @@ def test_optimization_through_a_simulation_equals_eager(path: str) -> None:
     with phiml_eager():
         loss, start = smoke_match(SIZE)
         eager_gradient = field.functional_gradient(loss, "v0", get_output=True)
-    if path == "ptj.jit":
-        jitted: Any = ptj.jit(loss)
-        ours = jitted
-    else:
-        integration.install()
-        jitted = math.jit_compile(loss)
-        ours = integration.compiled_by_phi_torch_jit(jitted)
+    jitted, ours = _jitted(loss, path)
     gradient = field.functional_gradient(jitted, "v0", get_output=True)
     got, want = start, start
     losses = []
