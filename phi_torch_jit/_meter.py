@@ -93,15 +93,18 @@ class Meter:
         self._on_switch = on_switch
         self._stale = False
         """Another program serves the calls now: what was measured no longer holds."""
-        self.confirming = False
-        """The first round found the program slower: a second round, alternating compiled and
-        eager calls, decides (5 compiled then 5 eager calls once measured a heat step's
-        program, 8x faster than eager, at 1.1x eager's time: a burst of load on a shared
-        machine had slowed the compiled samples only)."""
         self.first_round: tuple[float, float] | None = None
-        """(compiled, eager) medians of the first round, when a second one was needed."""
+        """(compiled, eager) medians of the first round, when it found the program slower and
+        a second round decides (:attr:`confirming`)."""
         self.restarts = 0
         """How often the measurement started afresh (:meth:`restart`)."""
+
+    @property
+    def confirming(self) -> bool:
+        """In the second round: compiled and eager calls alternate (5 compiled then 5 eager
+        calls once measured a heat step's program, 8x faster than eager, at 1.1x eager's time:
+        a burst of load on a shared machine had slowed the compiled samples only)."""
+        return self.first_round is not None
 
     def restart(self) -> None:
         """Another program serves calls from now on (engine "auto" switched to its compiled
@@ -115,7 +118,7 @@ class Meter:
         if self._stale:
             self._stale = False
             self.restarts += 1
-            self.eager_wins = self.confirming = False
+            self.eager_wins = False
             self.first_round = None
             self.compiled_s, self.eager_s, self._skipped = [], [], 0
         if self.eager_wins:
@@ -147,7 +150,6 @@ class Meter:
             self.done = True
             return
         if not self.confirming:  # measure again, alternating, before dropping the program
-            self.confirming = True
             self.first_round = (compiled, eager)
             self.compiled_s, self.eager_s = [], []
             return

@@ -208,22 +208,44 @@ def _all_attributes(obj: Any) -> tuple[str, ...]:
     return names
 
 
-_HELD: dict[int, tuple[Any, bool]] = {}
-"""Recent answers of :func:`_holds_torch` by object: PhiML values are immutable, and a grid's
-geometry is the same object from step to step (the walk costs ~0.1 ms a field)."""
-_HELD_SIZE = 256
+class _ByIdentity:
+    """Values kept for objects while those objects live (weak references, by identity):
+    PhiML values are immutable. Objects that cannot be weakly referenced are not kept."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
+
+    def get(self, obj: Any) -> Any:
+        """What :meth:`put` kept for ``obj`` (None: nothing)."""
+        entry = self._entries.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else None
+
+    def put(self, obj: Any, value: Any) -> None:
+        ident = id(obj)
+        try:
+            ref = weakref.ref(obj, lambda dead: self._forget(ident, dead))
+        except TypeError:
+            return
+        self._entries[ident] = (ref, value)
+
+    def _forget(self, ident: int, dead: weakref.ref[Any]) -> None:
+        entry = self._entries.get(ident)
+        if entry is not None and entry[0] is dead:
+            del self._entries[ident]
+
+
+_HELD = _ByIdentity()
+"""Answers of :func:`_holds_torch`: a grid's geometry is the same object from step to step
+(the walk costs ~0.1 ms a field)."""
 
 
 def _holds_torch(value: Any) -> bool:
     if value is None or isinstance(value, (bool, int, float, str)):
         return False
-    known = _HELD.get(id(value))
-    if known is not None and known[0] is value:
-        return known[1]
-    held = _walk_holds_torch(value)
-    if len(_HELD) >= _HELD_SIZE:
-        _HELD.clear()
-    _HELD[id(value)] = (value, held)  # keeps ``value`` alive while cached: its id stays its own
+    held: bool | None = _HELD.get(value)
+    if held is None:
+        held = _walk_holds_torch(value)
+        _HELD.put(value, held)
     return held
 
 
@@ -270,38 +292,23 @@ def assemble(key: PhiKey, tensors: Iterator[torch.Tensor]) -> Any:
     natives = [next(tensors) if slot is None else slot for slot in key.slots]
     values = assemble_tensors(natives, key.specs)
     obj = _assemble(key.tree, values)
-    _remember(obj, key, tuple(n for n, slot in zip(natives, key.slots) if slot is None))
+    _ASSEMBLED.put(obj, (key, tuple(n for n, slot in zip(natives, key.slots) if slot is None)))
     return obj
 
 
-_ASSEMBLED: dict[int, tuple[weakref.ref[Any], PhiKey, tuple[torch.Tensor, ...]]] = {}
-"""Values :func:`assemble` built, by object, with their key and torch tensors, while they live.
-Taking a staggered grid apart costs about 1 ms (PhiML stacks its components' shapes), more
-than many compiled steps; a rollout passes each step's outputs to the next step."""
-
-
-def _remember(obj: Any, key: PhiKey, natives: tuple[torch.Tensor, ...]) -> None:
-    ident = id(obj)
-    try:
-        ref = weakref.ref(obj, lambda dead: _forget(ident, dead))
-    except TypeError:  # not weakly referable: taken apart each time
-        return
-    _ASSEMBLED[ident] = (ref, key, natives)
-
-
-def _forget(ident: int, dead: weakref.ref[Any]) -> None:
-    entry = _ASSEMBLED.get(ident)
-    if entry is not None and entry[0] is dead:
-        del _ASSEMBLED[ident]
+_ASSEMBLED = _ByIdentity()
+"""Values :func:`assemble` built, with their key and torch tensors, while they live. Taking a
+staggered grid apart costs about 1 ms (PhiML stacks its components' shapes), more than many
+compiled steps; a rollout passes each step's outputs to the next step."""
 
 
 def _remembered(obj: Any) -> tuple[PhiKey, tuple[torch.Tensor, ...]] | None:
     """The key and tensors of a value :func:`assemble` built, if its tensors still have the
     shape, dtype, device and requires_grad the key says (``requires_grad_()`` may change)."""
-    entry = _ASSEMBLED.get(id(obj))
-    if entry is None or entry[0]() is not obj:
+    entry = _ASSEMBLED.get(obj)
+    if entry is None:
         return None
-    _, key, natives = entry
+    key, natives = entry
     metas = tuple((tuple(n.shape), n.dtype, n.device, n.requires_grad) for n in natives)
     return (key, natives) if metas == key.metas else None
 
