@@ -16,9 +16,11 @@ Each variant of a step gets its own function object: ``PhiML jit`` is
 ``math.jit_compile(step)`` with PhiML's own torch tracer (so it runs at its real speed),
 ``install()`` is ``math.jit_compile(step)`` compiled while :func:`phi_torch_jit.phiflow.install`
 is in effect, ``ptj.jit`` is :func:`phi_torch_jit.jit`. Reported per simulation and variant:
-the first call (record/trace/compile), the median steady step with calls interleaved
-across variants in every repetition, in an order that rotates (machine noise hits all alike,
-and no variant always follows another), and the largest
+the first call (record/trace/compile), the median steady step with the compiled variants'
+calls interleaved in every repetition, in an order that rotates (machine noise hits all
+alike, and no variant always follows another), eager's steps timed after them in a loop of
+their own (its long Python steps in between would leave the caches cold for the next
+variant), and the largest
 difference to eager after a few steps from a *new* state (not the one compiled on) and from
 a fluid at rest (relative to the largest value; 0 where the state stays exactly zero).
 Ratios are to PhiML's own jit. Writes JSON to ``benchmarks/results/`` and
@@ -222,16 +224,22 @@ def bench(name: str, reps: int) -> list[dict[str, Any]]:
         fn(*fn(*state))  # the first call and the one reaching the steady structure
         rows[label]["first_call_s"] = time.perf_counter() - start
     times: dict[str, list[float]] = {k: [] for k in variants}
-    current = {k: state for k in variants}
-    for n in range(WARM + reps):  # WARM: past the meter's timed calls of ptj.jit
-        if n % RESTART == RESTART - 1:  # a long rollout diverges (3D smoke at its 11th step):
-            # start again, with the first step (another structure: the first call's) untimed
-            current = {k: fn(*state) for k, fn in variants.items()}
-        labels = list(variants)
-        for label in labels[n % len(labels) :] + labels[: n % len(labels)]:  # no variant
-            current[label], seconds = _timed(variants[label], current[label])  # always first
-            if n >= WARM:
-                times[label].append(seconds)
+    compiled = [k for k in variants if k != "eager"]
+    # The compiled variants interleave, in an order that rotates; eager runs in a loop of its
+    # own after them. Interleaved, its 10-20x longer Python steps left the caches cold for
+    # whichever variant came next, and with four variants rotating, install() followed eager
+    # in one repetition of four and ptj.jit never did (install() / ptj.jit: 1.11-1.12 against
+    # 1.02-1.04 without eager in between).
+    for group, warm in ((compiled, WARM), (["eager"], 2)):
+        current = {k: state for k in group}
+        for n in range(warm + reps):  # WARM: past the meter's timed calls of ptj.jit
+            if n % RESTART == RESTART - 1:  # a long rollout diverges (3D smoke at its 11th
+                # step): start again, with the first step (another structure) untimed
+                current = {k: variants[k](*state) for k in group}
+            for label in group[n % len(group) :] + group[: n % len(group)]:  # no variant
+                current[label], seconds = _timed(variants[label], current[label])  # first
+                if n >= warm:
+                    times[label].append(seconds)
     for label in variants:
         rows[label]["step_ms"] = 1e3 * statistics.median(times[label])
     reference = rows["PhiML jit"]["step_ms"]
