@@ -54,6 +54,7 @@ from ._phiml import (
 from ._record import RecordedCall
 from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
+from .engines._looped import is_phiml
 from .errors import TraceError
 
 __all__ = ["CompiledCall", "NestedCalls", "compile_calls", "original_error"]
@@ -65,22 +66,31 @@ class _FlatForward:
     """``f`` as a flat function: tensor inputs in, tuple of tensor outputs out."""
 
     def __init__(
-        self, function: CustomFunction, template: tuple[Any, ...], source: Any = None
+        self,
+        function: CustomFunction,
+        template: tuple[Any, ...],
+        source: Any = None,
+        defer: bool = False,
     ) -> None:
         self.function = function
         self.template = template
         self.source = source
         """Runs in place of the function's ``loop_source`` (its loops captured)."""
+        self.defer = defer
+        """Run as Python, PhiML's checks still become outputs, as when traced: a PhiML solve
+        run around its captured CG in place of its traced forward."""
         self.checks = ForwardChecks()
         """PhiML convergence checks met by the latest traced run; their tensors follow the
         outputs (none when values were available: the checks then ran)."""
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args = merge_tensors(self.template, tensors)
-        if get_tracing_state() is None:  # run as Python (every call): checks see real values
+        tracing = get_tracing_state() is not None
+        if not tracing and not self.defer:  # run as Python (every call): checks see real values
             return self.function.run_forward(args, self.source)[0]
-        with deferred_checks() as checks, tapes_set_aside():  # traced once, by the compile
-            outputs = self.function.run_forward(args)[0]
+        # traced once, by the compile; or run as Python with the traced form's outputs
+        with deferred_checks(always=not tracing) as checks, tapes_set_aside():
+            outputs = self.function.run_forward(args, None if tracing else self.source)[0]
         if checks.checks:
             self.checks = checks
         return (*outputs, *checks.tensors)
@@ -124,6 +134,13 @@ class CompiledCall:
         all_tensors = self.n_inputs == len(template)
         self.nested = NestedCalls(engine)
         flat = _FlatForward(function, template)
+        looped: list[_FlatForward] = []
+
+        def with_loop_source(source: Any) -> _FlatForward:
+            defer = is_phiml(function.loop_source)  # returns PhiML's checks, as when traced
+            looped.append(_FlatForward(function, template, source, defer))
+            return looped[-1]
+
         target = FunctionTarget(
             flat,
             tuple(tensors),
@@ -131,11 +148,16 @@ class CompiledCall:
             scriptable=function.scriptable if all_tensors else None,
             expected=recorded.outputs,
             loop_source=function.loop_source,
-            with_loop_source=lambda source: _FlatForward(function, template, source),
+            with_loop_source=with_loop_source,
         )
         with compiling(function.label, self.nested):
             self.forward = engine.compile_function(target)
-        self.checks = flat.checks if self.forward.mode == "traced" else ForwardChecks()
+        if self.forward.mode == "traced":
+            self.checks = flat.checks
+        elif self.forward.mode == "looped" and looped and looped[-1].defer:
+            self.checks = looped[-1].checks
+        else:
+            self.checks = ForwardChecks()
         """Convergence checks the compiled forward returns the values of (NOTE [PhiML bridge])."""
         self.n_info = len(self.checks.tensors)
         """Outputs of the op after the function's own: the values of the checks' solves (for

@@ -387,6 +387,7 @@ def traceable_forward(cls: type) -> Callable[..., Any] | None:
         ctx.input_count = len(args)
         return outputs
 
+    forward.__module__ = cls.__module__  # PhiML's code: its CG loops may be captured
     return forward
 
 
@@ -395,9 +396,12 @@ class ForwardChecks:
 
     The tensors they need become extra outputs of the compiled forward; :meth:`run` calls the
     checks with the values of each compiled call, so ``NotConverged`` and ``Diverged`` are
-    raised on the same calls as in eager code."""
+    raised on the same calls as in eager code. ``always``: checks are deferred even where
+    values are available (a forward run as Python around a captured loop returns them as the
+    traced forward does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, always: bool = False) -> None:
+        self.always = always
         self.checks: list[Deferred] = []
         self.tensors: list[torch.Tensor] = []
 
@@ -416,9 +420,10 @@ _COLLECTING: ContextVar[ForwardChecks | None] = ContextVar("phi_torch_jit_checks
 
 
 @contextmanager
-def deferred_checks() -> Iterator[ForwardChecks]:
-    """Collect PhiML's convergence checks skipped under a trace while the block runs."""
-    checks = ForwardChecks()
+def deferred_checks(always: bool = False) -> Iterator[ForwardChecks]:
+    """Collect PhiML's convergence checks skipped under a trace while the block runs (all of
+    them, values available or not, if ``always``)."""
+    checks = ForwardChecks(always)
     if "phiml.math._optimize" not in sys.modules:
         yield checks
         return
@@ -455,7 +460,7 @@ class _ConvergenceCheck:
                     return original(formatted, only_warn)  # type: ignore[no-any-return]
                 finally:
                     _CHECKING.reset(token)
-            if all_available(info.diverged, info.converged):
+            if not collector.always and all_available(info.diverged, info.converged):
                 return original(info, only_warn)  # type: ignore[no-any-return]
             parts = (info.x, info.residual, info.iterations, info.function_evaluations,
                      info.converged, info.diverged)  # fmt: skip

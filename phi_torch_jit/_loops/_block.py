@@ -191,7 +191,7 @@ class CapturedLoop:
     def _in_blocks(
         self, program: Callable[..., Any], state: tuple[Any, ...], invariants: tuple[Any, ...]
     ) -> tuple[Any, ...]:
-        inputs = [v for v in invariants if isinstance(v, torch.Tensor)]
+        inputs = _tensors_of(invariants)
         with torch.no_grad():  # a custom function's forward: its gradient is the user's
             go = self.enter(*state, *invariants)
             flat = (go, *state)
@@ -249,13 +249,13 @@ class CapturedLoop:
         self, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
     ) -> Callable[..., Any]:
         size = self.block or (BLOCK_CUDA if device.type == "cuda" else BLOCK_CPU)
-        slots = [isinstance(v, torch.Tensor) for v in invariants]
-        constants = [None if s else v for s, v in zip(slots, invariants)]
+        slots = [_slot(v) for v in invariants]
+        constants = [v if s is None else None for s, v in zip(slots, invariants)]
         iterate, enter, n = self.iterate, self.enter, len(state)
 
         def block(go: torch.Tensor, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
             tensors = iter(flat[n:])
-            reads = [next(tensors) if s else c for s, c in zip(slots, constants)]
+            reads = [_read(s, c, tensors) for s, c in zip(slots, constants)]
             carried = flat[:n]
             for _ in range(size):
                 go, *rest = iterate(go, *carried, *reads)
@@ -264,7 +264,11 @@ class CapturedLoop:
 
         inputs = tuple(
             v.detach().clone()
-            for v in (torch.ones((), dtype=torch.bool, device=device), *state, *invariants)
+            for v in (
+                torch.ones((), dtype=torch.bool, device=device),
+                *state,
+                *_tensors_of(invariants),
+            )
             if isinstance(v, torch.Tensor)
         )
         if any(not isinstance(v, torch.Tensor) for v in state):
@@ -281,14 +285,49 @@ class CapturedLoop:
 
 def _signature(state: Sequence[Any], invariants: Sequence[Any]) -> Any:
     key: list[Any] = []
-    for value in (*state, *invariants):
+    for n, value in enumerate((*state, *invariants)):
         if isinstance(value, torch.Tensor):
             key.append((value.shape, value.dtype, value.device))  # blocks run without grad
         elif isinstance(value, _SCALARS):
             key.append((type(value), value))
+        elif n >= len(state) and _is_tensor_tuple(value):
+            key.append(tuple((t.shape, t.dtype, t.device) for t in value))
         else:
             return None
     return tuple(key)
+
+
+def _is_tensor_tuple(value: Any) -> bool:
+    """A tuple of tensors, which an invariant may be (a sparse matrix's index and value
+    tensors, :mod:`._phiml_cg`): the block takes its tensors as inputs."""
+    return type(value) is tuple and all(isinstance(t, torch.Tensor) for t in value)
+
+
+def _slot(value: Any) -> int | None:
+    """How an invariant enters a block: -1 a tensor input, n >= 0 a tuple of n tensor inputs,
+    None a constant."""
+    if isinstance(value, torch.Tensor):
+        return -1
+    return len(value) if _is_tensor_tuple(value) else None
+
+
+def _read(slot: int | None, constant: Any, tensors: Any) -> Any:
+    if slot is None:
+        return constant
+    if slot < 0:
+        return next(tensors)
+    return tuple(next(tensors) for _ in range(slot))
+
+
+def _tensors_of(invariants: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors a block takes for ``invariants``, in order (tuples' items flattened)."""
+    flat: list[torch.Tensor] = []
+    for value in invariants:
+        if isinstance(value, torch.Tensor):
+            flat.append(value)
+        elif _is_tensor_tuple(value):
+            flat.extend(value)
+    return flat
 
 
 def _written_back(original: Any, final: Any, in_place: bool) -> Any:

@@ -1,0 +1,219 @@
+"""Loop capture, step 1c: PhiML's conjugate-gradient solvers.
+
+``solve_linear`` with ``'CG'`` or ``'CG-adaptive'`` on PhiML's torch backend runs its loop in
+the module-level functions ``torch_sparse_cg`` and ``torch_sparse_cg_adaptive`` of
+``phiml.backend.torch._torch_backend``, reached through the backend object's methods, where
+:mod:`._callees` does not follow. Their loops are capturable as written (a ``while`` on
+``~torch.all(finished)``, an ``if`` on the iteration count, in-place counters), but their
+matrix is a sparse CSR tensor, whose product ``make_fx`` cannot trace.
+
+So each solver is captured from PhiML's own source, with its product (the global
+``sparse_matmul``, rebound in a copy of the function's globals) computed on the matrix in
+*padded rows*: per row, the columns and values of its nonzeros, padded with zeros to the
+longest row (five for a 2D Laplacian). The product is a gather, a multiply and a sum over
+the row, which inductor fuses into the iteration's kernels. A dense matrix keeps PhiML's
+product.
+
+While :meth:`Solvers.active` is in effect, PhiML's two functions (replaced once, at the first
+use, by a :class:`_Dispatch` that otherwise calls PhiML's function unchanged, under a trace
+too) call the captured solvers. Engines use this for the custom functions of PhiML's solves
+(:mod:`phi_torch_jit.engines._looped`), and check the result against the recording as for any
+captured loop. If PhiML's functions are not the ones this was written for, nothing is
+replaced.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, cast
+
+import torch
+
+from .._compat import get_tracing_state
+
+__all__ = ["Solvers", "SOLVERS", "padded_rows"]
+
+SOLVERS = ("torch_sparse_cg", "torch_sparse_cg_adaptive")
+"""PhiML's loops that are captured, by their names in its torch backend."""
+_MODULE = "phiml.backend.torch._torch_backend"
+_PARAMETERS = ("lin", "y", "x0", "tolerance_sq", "max_iter")
+"""The signature they were written with (phiml 1.x)."""
+
+_ACTIVE: ContextVar[Solvers | None] = ContextVar("phi_torch_jit_phiml_solvers", default=None)
+_INSTALL_LOCK = threading.Lock()
+
+
+def padded_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sparse matrix as ``(columns, values)``, each ``[rows, width]``: row ``i``'s nonzeros
+    in their order, padded with column 0 and value 0 up to the longest row's ``width``. Then
+    ``matrix @ b`` is ``(values * b[columns]).sum(-1)``: the same terms as the sparse
+    product (their sum may round differently in the last bit)."""
+    if matrix.layout == torch.sparse_coo:
+        matrix = matrix.coalesce().to_sparse_csr()
+    if matrix.layout != torch.sparse_csr or matrix.dim() != 2:
+        raise ValueError(f"a 2D sparse CSR or COO matrix is needed, not {matrix.layout}")
+    crow, col, val = matrix.crow_indices(), matrix.col_indices(), matrix.values()
+    counts = crow[1:] - crow[:-1]
+    rows = counts.numel()
+    width = int(counts.max()) if rows else 0  # one host read per solve
+    row_of = torch.repeat_interleave(torch.arange(rows, device=col.device), counts)
+    slot = torch.arange(col.numel(), device=col.device) - crow[:-1][row_of]
+    columns = torch.zeros((rows, width), dtype=torch.long, device=col.device)
+    values = torch.zeros((rows, width), dtype=val.dtype, device=val.device)
+    columns[row_of, slot] = col.long()
+    values[row_of, slot] = val
+    return columns, values
+
+
+def _product(matrix: Any, b: torch.Tensor) -> torch.Tensor:
+    """PhiML's ``sparse_matmul(matrix, b)`` (``b``: ``[batch, n]``) for padded rows or a dense
+    matrix."""
+    if type(matrix) is tuple:
+        columns, values = matrix
+        product: torch.Tensor = (values * b[:, columns]).sum(-1)
+        return product
+    return torch.matmul(matrix, b.transpose(0, 1)).transpose(0, 1)
+
+
+class _Dispatch:
+    """Stands for one of PhiML's solver functions in its module: the captured solver while
+    :meth:`Solvers.active` is in effect, PhiML's function otherwise (under a TorchScript trace
+    too, where PhiML scripts its loop)."""
+
+    def __init__(self, name: str, original: Callable[..., Any]) -> None:
+        self.name = name
+        self.original = original
+        self.__wrapped__ = original
+
+    def __call__(self, *args: Any) -> Any:
+        solvers = _ACTIVE.get()
+        tracing = get_tracing_state() is not None  # PhiML scripts its loop then
+        if solvers is None or len(args) != len(_PARAMETERS) or tracing:
+            return self.original(*args)
+        return solvers.solve(self.name, args)
+
+
+_DISPATCHERS: dict[str, _Dispatch] = {}
+
+
+def _installed() -> dict[str, _Dispatch] | None:
+    """PhiML's solvers replaced by dispatchers (once); None where PhiML or its solvers are not
+    the ones this module knows."""
+    import sys
+
+    if _DISPATCHERS:
+        return _DISPATCHERS
+    module = sys.modules.get(_MODULE)
+    if module is None:
+        return None
+    with _INSTALL_LOCK:
+        found: dict[str, _Dispatch] = {}
+        for name in SOLVERS:
+            current = getattr(module, name, None)
+            if isinstance(current, _Dispatch):
+                found[name] = current
+                continue
+            source = getattr(current, "__original_fn", current)
+            code = getattr(source, "__code__", None)
+            if code is None or code.co_varnames[: code.co_argcount] != _PARAMETERS:
+                return None
+            found[name] = _Dispatch(name, current)  # type: ignore[arg-type]
+        for name, dispatch in found.items():
+            setattr(module, name, dispatch)
+        _DISPATCHERS.update(found)
+        return _DISPATCHERS
+
+
+def _with_product(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` with its global ``sparse_matmul`` rebound to :func:`_product` (a copy of its
+    globals: PhiML's module is untouched)."""
+    scope = dict(fn.__globals__)
+    scope["sparse_matmul"] = _product
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = fn.__qualname__
+    copy.__module__ = fn.__module__
+    return copy
+
+
+class Solvers:
+    """PhiML's solvers with their loops captured, for one engine (its backend compiles the
+    blocks); :meth:`active` makes PhiML call them."""
+
+    def __init__(self, capture: Callable[[types.FunctionType, str], Any]) -> None:
+        """``capture(fn, label)``: the engine's :func:`~phi_torch_jit._loops.capture_loops`
+        of ``fn`` (a ``Captured``, or why not as a sentence)."""
+        self._capture = capture
+        self._captured: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.runs = 0
+        """Solves run by a captured solver (for the engine's check that one ran, and tests)."""
+
+    def captured(self, name: str) -> Any:
+        """The ``Captured`` of PhiML's solver ``name``, or why it is not (a sentence)."""
+        with self._lock:
+            if name not in self._captured:
+                self._captured[name] = self._make(name)
+            return self._captured[name]
+
+    def _make(self, name: str) -> Any:
+        dispatchers = _installed()
+        if dispatchers is None:
+            return "PhiML's CG functions are not the ones phi_torch_jit knows"
+        source = getattr(dispatchers[name].original, "__original_fn", None)
+        if not isinstance(source, types.FunctionType):
+            return "PhiML's CG function is not a Python function"
+        return self._capture(_with_product(source), f"PhiML's {name}")
+
+    def solve(self, name: str, args: tuple[Any, ...]) -> Any:
+        captured = self.captured(name)
+        lin = args[0]
+        if isinstance(captured, str) or not isinstance(lin, torch.Tensor):
+            return _original(name)(*args)
+        if lin.layout in (torch.sparse_csr, torch.sparse_coo):
+            lin = padded_rows(lin)
+        elif lin.layout != torch.strided:
+            return _original(name)(*args)
+        self.runs += 1
+        return captured.function(lin, *args[1:])
+
+    def loops(self) -> tuple[Any, ...]:
+        """The captured loops made so far (for ``eager_reasons`` and ``explain()``)."""
+        with self._lock:
+            made = list(self._captured.values())
+        return tuple(loop for c in made if not isinstance(c, str) for loop in c.loops)
+
+    def calling(self, fn: Callable[..., Any]) -> types.FunctionType:
+        """``fn`` run with PhiML's CG calls going to the captured solvers."""
+
+        def with_captured_solvers(*args: Any, **kwargs: Any) -> Any:
+            with self.active():
+                return fn(*args, **kwargs)
+
+        return cast(types.FunctionType, with_captured_solvers)
+
+    def describe(self) -> str:
+        """For ``explain()``: which of PhiML's solvers are captured."""
+        with self._lock:
+            made = [name for name, c in self._captured.items() if not isinstance(c, str)]
+        names = ", ".join(f"PhiML's {name}" for name in made) or "PhiML's CG"
+        return f"loop of {names} captured as blocks of predicated iterations"
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """PhiML's CG calls in this thread run the captured solvers."""
+        _installed()
+        token = _ACTIVE.set(self)
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+
+
+def _original(name: str) -> Callable[..., Any]:
+    dispatchers = _installed()
+    assert dispatchers is not None
+    return dispatchers[name].original

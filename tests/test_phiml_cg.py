@@ -1,0 +1,244 @@
+"""PhiML's CG solvers with their loops captured (``phi_torch_jit._loops._phiml_cg``,
+docs/loops.md): the padded-row product equals the sparse one; the captured solvers return
+what PhiML's own return (solution, residual, iteration and evaluation counts, convergence
+flags) on solves that converge, start at rest, hit ``max_iter`` or meet NaN, running blocks;
+PhiML's functions are unchanged outside a compiled solve; a jitted PhiFlow step whose solve is
+served captured equals eager, with its SolveTape, its solver errors and its gradients."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("phiml")
+pytest.importorskip("phi")
+
+from helpers import phiml_eager
+from phi.torch.flow import ZERO_GRADIENT, Box, Noise, Solve, StaggeredGrid, field, fluid, math
+from phiml.backend.torch import _torch_backend as phiml_torch
+
+import phi_torch_jit as ptj
+from phi_torch_jit._loops._phiml_cg import SOLVERS, padded_rows
+from phi_torch_jit.engines import _looped
+from phi_torch_jit.engines import compile as compile_engine
+from phi_torch_jit.engines.base import CompiledFunction, FunctionTarget
+
+pytestmark = [
+    pytest.mark.torchscript_bodies,  # PhiML's eager code calls torch.jit.script
+    pytest.mark.filterwarnings("ignore::UserWarning"),  # sparse CSR beta notice
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+]
+
+
+def _original(name: str) -> Any:
+    current = getattr(phiml_torch, name)
+    return getattr(current, "original", current)  # PhiML's function, dispatcher or not
+
+
+def _laplacian(n: int, empty_row: bool = False) -> torch.Tensor:
+    """A 2D 5-point Laplacian plus a small diagonal (SPD), n*n rows, CSR, float64."""
+    size = n * n
+    index = torch.arange(size).reshape(n, n)
+    rows, cols, vals = [index.flatten()], [index.flatten()], [torch.full((size,), 4.01)]
+    for shift, dim in ((1, 0), (-1, 0), (1, 1), (-1, 1)):
+        neighbour = torch.roll(index, shift, dim)
+        rows.append(index.flatten())
+        cols.append(neighbour.flatten())
+        vals.append(torch.full((size,), -1.0))
+    coo = torch.sparse_coo_tensor(
+        torch.stack([torch.cat(rows), torch.cat(cols)]), torch.cat(vals), (size, size)
+    ).coalesce()
+    if empty_row:  # a row without nonzeros
+        keep = coo.indices()[0] != 3
+        coo = torch.sparse_coo_tensor(coo.indices()[:, keep], coo.values()[keep], coo.shape)
+    return coo.to(torch.float64).coalesce().to_sparse_csr()
+
+
+def test_the_padded_row_product_equals_the_sparse_product() -> None:
+    from phi_torch_jit._loops._phiml_cg import _product
+
+    for matrix in (_laplacian(6), _laplacian(5, empty_row=True)):
+        b = torch.randn(3, matrix.shape[1], dtype=torch.float64)
+        want = phiml_torch.sparse_matmul(matrix, b)
+        rows = padded_rows(matrix)
+        assert rows[0].shape == rows[1].shape == (matrix.shape[0], 5)
+        torch.testing.assert_close(_product(rows, b), want, rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(_product(padded_rows(matrix.to_sparse_coo()), b), want)
+        dense = matrix.to_dense()
+        assert torch.equal(_product(dense, b), phiml_torch.sparse_matmul(dense, b))
+    with pytest.raises(ValueError, match="sparse CSR or COO"):
+        padded_rows(torch.eye(3))
+
+
+def _solves(n: int) -> list[tuple[str, tuple[Any, ...]]]:
+    """(what, PhiML's arguments): converging, at rest, max_iter reached, NaN, two right-hand
+    sides converging at different iterations."""
+    matrix = _laplacian(n)
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(2, n * n, generator=g, dtype=torch.float64)
+    y[1] *= 1e-3
+
+    def args(rhs: torch.Tensor, max_iter: int, rtol: float = 1e-10) -> tuple[Any, ...]:
+        tol_sq = torch.clamp(rtol**2 * (rhs**2).sum(-1), min=1e-30)
+        return matrix, rhs, torch.zeros_like(rhs), tol_sq, torch.tensor(max_iter)
+
+    nan = y[:1].clone()
+    nan[0, 5] = float("nan")
+    return [
+        ("converges", args(y[:1], 500)),
+        ("at rest", args(torch.zeros_like(y[:1]), 500)),
+        ("max_iter", args(y[:1], 7)),
+        ("NaN", args(nan, 500)),
+        ("batch of 2", args(y, 500, rtol=1e-6)),
+    ]
+
+
+def _assert_same_result(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
+    x, residual, iterations, evaluations, converged, diverged = got
+    torch.testing.assert_close(x, want[0], rtol=1e-9, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(residual, want[1], rtol=1e-7, atol=1e-12, equal_nan=True)
+    for a, b in zip((iterations, evaluations, converged, diverged), want[2:]):
+        assert torch.equal(a, b), (a, b)
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_a_captured_solver_returns_what_phimls_returns(name: str) -> None:
+    solvers = _looped.phiml_solvers(None, threading.Lock())  # blocks as uncompiled graphs
+    for what, args in _solves(8):
+        want = _original(name)(*args[:2], args[2].clone(), *args[3:])
+        runs = solvers.runs
+        with solvers.active():
+            got = getattr(phiml_torch, name)(*args[:2], args[2].clone(), *args[3:])
+        assert solvers.runs == runs + 1, what
+        _assert_same_result(got, want)
+        if what == "converges":
+            assert int(want[2][0]) > 10
+    (loop,) = [loop for loop in solvers.loops() if loop.owner == name]
+    assert loop.blocks_run > 0 and not loop.eager_reasons  # ran as blocks, not eagerly
+
+
+def test_outside_a_compiled_solve_phiml_runs_its_own_solver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    solvers = _looped.phiml_solvers(None, threading.Lock())
+    with solvers.active():
+        pass  # PhiML's functions are dispatchers from now on
+    dispatch = phiml_torch.torch_sparse_cg
+    calls: list[int] = []
+    original = dispatch.original
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(dispatch, "original", counted)
+    _, args = _solves(6)[0]
+    runs = solvers.runs
+    dispatch(*args)
+    assert calls == [1] and solvers.runs == runs
+
+
+def _program(mode: str, seconds: float) -> CompiledFunction:
+    def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        time.sleep(seconds)
+        return tensors
+
+    return CompiledFunction(run, mode)  # type: ignore[arg-type]
+
+
+def test_the_faster_program_serves_and_the_choice_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    target = FunctionTarget(lambda x: (x,), (torch.ones(2),), "forward of solve")
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        chosen = _looped.faster(target, _program("looped", 0.0), _program("traced", 0.02))
+        assert chosen.mode == "looped"
+        chosen = _looped.faster(target, _program("looped", 0.02), _program("traced", 0.0))
+        assert chosen.mode == "traced"
+    assert "forward of solve: traced serves (looped" in caplog.text
+
+
+DOMAIN = Box(x=16, y=16)
+
+
+def _flow(seed: int) -> Any:
+    math.seed(seed)
+    return StaggeredGrid(Noise(), ZERO_GRADIENT, x=12, y=12, bounds=DOMAIN) * (0.5 + seed)
+
+
+def project(v: Any) -> tuple[Any, Any]:
+    with math.SolveTape() as tape:
+        v, _ = fluid.make_incompressible(v, (), Solve("CG-adaptive", 1e-5, 1e-5))
+    return v, tape[0].iterations
+
+
+@pytest.fixture
+def captured_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The captured form serves whatever it measures (on this small grid PhiML's Python
+    around the solve may cost more than the loop saves)."""
+
+    def looped_first(target: Any, *programs: CompiledFunction) -> CompiledFunction:
+        return next(p for p in programs if p.mode == "looped")
+
+    monkeypatch.setattr(compile_engine, "faster", looped_first)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("captured_serves")
+def test_a_jitted_phiflow_solve_runs_phimls_cg_captured_and_equals_eager() -> None:
+    jitted = ptj.jit(project, engine="compile", backend="aot_eager", fallback="off")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for v in (_flow(0), _flow(1), _flow(2) * 0):  # the last at rest: zero iterations
+            with phiml_eager():
+                want_v, want_iterations = project(v)
+            got_v, got_iterations = jitted(v)
+            assert got_iterations.numpy().tolist() == want_iterations.numpy().tolist()
+            assert float(math.max(abs(got_v.values - want_v.values))) < 1e-5
+    assert not [w for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert jitted.num_traces == 1
+    report = jitted.explain()
+    assert "forward: looped (loop of PhiML's torch_sparse_cg_adaptive captured" in report
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("captured_serves")
+def test_a_captured_phiml_solve_raises_its_solver_errors_as_eagerly() -> None:
+    def starved(v: Any) -> Any:
+        return fluid.make_incompressible(v, (), Solve("CG", 1e-9, 1e-9, max_iterations=3))[0]
+
+    jitted = ptj.jit(starved, engine="compile", backend="aot_eager", fallback="off")
+    jitted(_flow(0) * 0)  # at rest: converges at once; the solve is compiled
+    assert "forward: looped" in jitted.explain()
+    with pytest.raises(math.NotConverged) as eager, phiml_eager():
+        starved(_flow(1))
+    with pytest.raises(math.NotConverged) as compiled:
+        jitted(_flow(1))
+    assert str(compiled.value) == str(eager.value)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("captured_serves")
+def test_gradients_through_a_captured_phiml_solve_equal_eager() -> None:
+    def loss(v: Any) -> Any:
+        v, _ = fluid.make_incompressible(v, (), Solve("CG", 1e-5, 1e-5))
+        return field.l2_loss(v)
+
+    gradient = field.functional_gradient(loss, "v", get_output=False)
+    jitted = field.functional_gradient(
+        ptj.jit(loss, engine="compile", backend="aot_eager", fallback="off"), "v", get_output=False
+    )
+    for seed in range(2):
+        v = _flow(seed)
+        with phiml_eager():
+            want = gradient(v)
+        got = jitted(v)
+        assert float(math.max(abs(got.values - want.values))) < 1e-5
