@@ -89,11 +89,11 @@ class _Dispatch:
         self.original = original
         self.__wrapped__ = original
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         solvers = _ACTIVE.get()
         tracing = get_tracing_state() is not None  # PhiML scripts its loop then
-        if solvers is None or len(args) != len(_PARAMETERS) or tracing:
-            return self.original(*args)
+        if solvers is None or kwargs or len(args) != len(_PARAMETERS) or tracing:
+            return self.original(*args, **kwargs)
         return solvers.solve(self.name, args)
 
 
