@@ -242,3 +242,27 @@ def test_gradients_through_a_captured_phiml_solve_equal_eager() -> None:
             want = gradient(v)
         got = jitted(v)
         assert float(math.max(abs(got.values - want.values))) < 1e-5
+
+
+def test_a_phiml_whose_solvers_differ_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another PhiML release (a solver with other parameters): nothing is replaced, PhiML's
+    function runs, and the engine sees that no captured solver ran."""
+    from phi_torch_jit._loops import _phiml_cg
+
+    phimls = _original("torch_sparse_cg")
+
+    def torch_sparse_cg(matrix: Any, y: Any, x0: Any, tolerance_sq: Any, max_iter: Any) -> Any:
+        return phimls(matrix, y, x0, tolerance_sq, max_iter)
+
+    monkeypatch.setattr(_phiml_cg, "_DISPATCHERS", {})
+    monkeypatch.setattr(phiml_torch, "torch_sparse_cg", torch_sparse_cg)
+    solvers = _phiml_cg.Solvers(lambda fn, label: pytest.fail("nothing is captured"))
+    _, args = _solves(6)[0]
+    with solvers.active():
+        got = phiml_torch.torch_sparse_cg(*args[:2], args[2].clone(), *args[3:])
+    assert phiml_torch.torch_sparse_cg is torch_sparse_cg  # not replaced
+    assert solvers.runs == 0
+    assert solvers.captured("torch_sparse_cg") == (
+        "PhiML's CG functions are not the ones phi_torch_jit knows"
+    )
+    _assert_same_result(got, phimls(*args[:2], args[2].clone(), *args[3:]))
