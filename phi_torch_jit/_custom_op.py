@@ -135,9 +135,9 @@ class CompiledCall:
         self.nested = NestedCalls(engine)
         flat = _FlatForward(function, template)
         looped: list[_FlatForward] = []
+        defer = is_phiml(function.loop_source)  # its looped form returns PhiML's checks too
 
         def with_loop_source(source: Any) -> _FlatForward:
-            defer = is_phiml(function.loop_source)  # returns PhiML's checks, as when traced
             looped.append(_FlatForward(function, template, source, defer))
             return looped[-1]
 
@@ -154,7 +154,7 @@ class CompiledCall:
             self.forward = engine.compile_function(target)
         if self.forward.mode == "traced":
             self.checks = flat.checks
-        elif self.forward.mode == "looped" and looped and looped[-1].defer:
+        elif self.forward.mode == "looped" and defer:
             self.checks = looped[-1].checks
         else:
             self.checks = ForwardChecks()

@@ -24,6 +24,7 @@ replaced.
 
 from __future__ import annotations
 
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -94,7 +95,7 @@ class _Dispatch:
         tracing = get_tracing_state() is not None  # PhiML scripts its loop then
         if solvers is None or kwargs or len(args) != len(_PARAMETERS) or tracing:
             return self.original(*args, **kwargs)
-        return solvers.solve(self.name, args)
+        return solvers.solve(self, args)
 
 
 _DISPATCHERS: dict[str, _Dispatch] = {}
@@ -103,8 +104,6 @@ _DISPATCHERS: dict[str, _Dispatch] = {}
 def _installed() -> dict[str, _Dispatch] | None:
     """PhiML's solvers replaced by dispatchers (once); None where PhiML or its solvers are not
     the ones this module knows."""
-    import sys
-
     if _DISPATCHERS:
         return _DISPATCHERS
     module = sys.modules.get(_MODULE)
@@ -168,15 +167,17 @@ class Solvers:
             return "PhiML's CG function is not a Python function"
         return self._capture(_with_product(source), f"PhiML's {name}")
 
-    def solve(self, name: str, args: tuple[Any, ...]) -> Any:
-        captured = self.captured(name)
+    def solve(self, dispatch: _Dispatch, args: tuple[Any, ...]) -> Any:
+        """PhiML's solver ``dispatch`` stands for, on ``args``: captured, or PhiML's own for
+        what the captured one does not take (another matrix layout)."""
+        captured = self.captured(dispatch.name)
         lin = args[0]
         if isinstance(captured, str) or not isinstance(lin, torch.Tensor):
-            return _original(name)(*args)
+            return dispatch.original(*args)
         if lin.layout in (torch.sparse_csr, torch.sparse_coo):
             lin = padded_rows(lin)
         elif lin.layout != torch.strided:
-            return _original(name)(*args)
+            return dispatch.original(*args)
         self.runs += 1
         return captured.function(lin, *args[1:])
 
@@ -211,9 +212,3 @@ class Solvers:
             yield
         finally:
             _ACTIVE.reset(token)
-
-
-def _original(name: str) -> Callable[..., Any]:
-    dispatchers = _installed()
-    assert dispatchers is not None
-    return dispatchers[name].original

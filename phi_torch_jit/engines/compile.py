@@ -168,8 +168,7 @@ class CompileEngine(Engine):
         compiled = self.functions.compile_function(target)
         if not self.options.get("loops", True):
             return compiled
-        phiml = is_phiml(target.loop_source)
-        if compiled.mode == "traced" and not phiml:
+        if compiled.mode == "traced" and not is_phiml(target.loop_source):
             return compiled
         compile_graph = None if self.options.get("disable") else self._block
         looped = with_captured_loops(target, compile_graph, _CAPTURE_LOCK)
