@@ -195,7 +195,7 @@ class CustomFunction:
                 inputs, outputs, grad_outputs, needs_input_grad, context, source
             )
         with untraced():
-            return self.check_gradients(result, inputs)
+            return self.check_gradients(result, inputs, needs_input_grad)
 
     def _call_gradient(
         self,
@@ -219,9 +219,14 @@ class CustomFunction:
         return other is self
 
     def check_gradients(
-        self, result: Any, inputs: tuple[Any, ...]
+        self,
+        result: Any,
+        inputs: tuple[Any, ...],
+        needs_input_grad: tuple[bool, ...] | None = None,
     ) -> tuple[torch.Tensor | None, ...]:
-        """Validate ``gradient``'s result against the inputs it is for."""
+        """Validate ``gradient``'s result against the inputs it is for. An entry for an input
+        that needs no gradient is dropped unchecked (None), as eager autograd ignores it (an
+        adjoint solver returns something for every argument)."""
         if (result is None or isinstance(result, torch.Tensor)) and len(inputs) == 1:
             result = (result,)
         if not isinstance(result, (tuple, list)) or len(result) != len(inputs):
@@ -233,6 +238,10 @@ class CustomFunction:
             )
         result = list(result)
         for i, (g, x) in enumerate(zip(result, inputs)):
+            needed = needs_input_grad is None or i >= len(needs_input_grad) or needs_input_grad[i]
+            if not needed and isinstance(x, torch.Tensor):
+                result[i] = None
+                continue
             if g is None:
                 continue
             if not isinstance(g, torch.Tensor):

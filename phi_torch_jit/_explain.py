@@ -163,6 +163,7 @@ class Reporter:
             "keeps compiling)"
         )
         logger.warning("phi_torch_jit: %s runs eagerly: %s", self.owner, self.gave_up_reason)
+        self.cannot_compile([self.gave_up_reason], stacklevel=5)
 
     def all_eager(self, specializations: int, calls: int) -> None:
         """Log that the function runs its Python directly: every specialization is eager."""
@@ -177,14 +178,15 @@ class Reporter:
         """Log that a specialization serves eager code: its compiled step is slower."""
         logger.warning("phi_torch_jit: %s: a specialization %s", self.owner, figures)
 
-    def cannot_compile(self, reasons: list[str]) -> None:
-        """Warn once that the function does what no compiled program repeats (it runs eagerly)."""
+    def cannot_compile(self, reasons: list[str], stacklevel: int = 6) -> None:
+        """Warn once that the function runs eagerly, and why: it does what no compiled program
+        repeats, or compiling it does not pay. ``stacklevel`` points at the user's call."""
         if self._cannot_compile_warned:
             return
         self._cannot_compile_warned = True
         warnings.warn(
             JitWarning(f"phi_torch_jit: {self.owner} runs eagerly: {'; '.join(reasons)}."),
-            stacklevel=6,
+            stacklevel=stacklevel,
         )
 
     def side_effects(self, seen: list[str]) -> None:

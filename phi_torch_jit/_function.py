@@ -450,6 +450,8 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _checkpoint(frame.phase, args)
     positional = _positional(cls, args, kwargs)
     reason = ""
+    if frame.phase is Phase.RECORD and _defined_per_call(cls, frame):
+        return original_apply(cls, *args, **kwargs)  # the specialization runs eagerly
     if cls.__module__.startswith("torch."):
         reason = f"it calls torch's internal autograd.Function {cls.__qualname__}"
     elif positional is None:
@@ -461,6 +463,53 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         except Unsupported as error:
             reason = f"autograd.Function {adapter.custom.label} cannot be compiled: {error}"
     return _run_eagerly(frame.phase, reason, cls, args, kwargs)
+
+
+def _defined_per_call(cls: Any, frame: Any) -> bool:
+    """Whether ``cls`` was created in this record pass and its code closes over tensors
+    (``op = Op(a)``; a class defined inside the step, a new one on every call): noted as
+    unguardable. A compiled program would run the first call's class with its values."""
+    seen = frame.recording.unguardable
+    if cls not in seen.created_functions:
+        return False
+    names = [name for name, value in _closed_over(cls) if _holds_tensors(value)]
+    if not names:
+        return False
+    label = f"{describe_function(cls.forward)} closing over {', '.join(names)}"
+    if label not in seen.per_call_functions:
+        seen.per_call_functions.append(label)
+    return True
+
+
+def _closed_over(cls: Any) -> list[tuple[str, Any]]:
+    """(name, value) of the closure cells of a Function's forward, setup_context and
+    backward (empty cells skipped)."""
+    found = []
+    for method in ("forward", "setup_context", "backward", "jvp"):
+        function = getattr(cls.__dict__.get(method), "__func__", cls.__dict__.get(method))
+        code = getattr(function, "__code__", None)
+        cells = getattr(function, "__closure__", None) or ()
+        for name, cell in zip(code.co_freevars if code else (), cells):
+            try:
+                found.append((name, cell.cell_contents))
+            except ValueError:
+                continue
+    return found
+
+
+def _holds_tensors(value: Any, depth: int = 2) -> bool:
+    """Whether ``value`` is a tensor or holds one in its attributes or items (two levels)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth == 0 or isinstance(value, (type, str, bytes)) or callable(value):
+        return False
+    if isinstance(value, (list, tuple)):
+        items: list[Any] = list(value[:32])
+    elif isinstance(value, dict):
+        items = list(value.values())[:32]
+    else:
+        items = list(getattr(value, "__dict__", {}).values())[:32]
+    return any(_holds_tensors(item, depth - 1) for item in items)
 
 
 def _run_eagerly(phase: Phase, reason: str, cls: Any, args: Any, kwargs: Any) -> Any:

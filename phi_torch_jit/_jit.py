@@ -204,6 +204,7 @@ class JitFunction(Generic[P, R]):
             f"{miss.failure.description}); compiling each would cost more than it saves"
         )
         self._cache.replace(eager_specialization(self._target, key, why))
+        self._report.cannot_compile([why], stacklevel=5)
         return True
 
     def _scanned(self, key: Key, scanned: Scanned) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from ._reads import Kind, Read, collect_reads, immutable, same_value
@@ -33,9 +34,21 @@ def _fingerprint(read: Read) -> Any:
     value = read.source.get()
     if read.kind is Kind.IDENTITY:
         return (id(value), len(value) if isinstance(value, (list, dict, set)) else None)
-    if read.kind is Kind.TENSOR:
-        return None  # tensors are program inputs: in-place updates are seen
+    if read.kind is Kind.TENSOR:  # an input: in-place updates are seen; a rebind is not
+        return _Identity(value)
     return read.current() if read.kind is not Kind.CONTENT else _copy(value)
+
+
+class _Identity:
+    """Equal to another only for the same object (held, so its id is not reused)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.value is self.value
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _copy(value: Any) -> Any:
@@ -49,12 +62,20 @@ def _copy(value: Any) -> Any:
 
 
 def _module_attributes(modules: Sequence[nn.Module]) -> dict[tuple[int, str], Any]:
+    """Plain immutable attributes by value; plain tensor attributes by identity
+    (``self.total = self.total + err`` rebinds: no compiled program repeats it; a rebound
+    *buffer* is written back into the original object, NOTE [side effects once])."""
     found: dict[tuple[int, str], Any] = {}
     for root in modules:
         for module in root.modules():
+            label = type(module).__name__
             for name, value in vars(module).items():
-                if not name.startswith("_") and name != "training" and immutable(value):
-                    found[id(module), f"{type(module).__name__}.{name}"] = value
+                if name.startswith("_") or name == "training":
+                    continue
+                if immutable(value):
+                    found[id(module), f"{label}.{name}"] = value
+                elif isinstance(value, torch.Tensor):
+                    found[id(module), f"{label}.{name}"] = _Identity(value)
     return found
 
 

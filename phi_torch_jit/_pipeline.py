@@ -14,7 +14,7 @@ function instead: :class:`~.errors.RunEagerly` carries the reason, logged once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from ._guards import ModuleGuard, has_backward_hooks
 from ._meter import Meter
 from ._mutations import modules_known_before, snapshot
 from ._options import Options
-from ._reads import PythonGuard, collect_reads
+from ._reads import Kind, PythonGuard, Read, collect_reads
 from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
@@ -92,7 +92,7 @@ def specialize(
     captured = [r.source for r in guard.tensors] if guard is not None else []
     modules = recording.root_modules(modules_known_before(target.fn, guard.reads if guard else ()))
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
-    eager_reason = _eager_reason(target, recording, changed, written)
+    eager_reason = _eager_reason(target, recording, changed, written, reads)
     traced: Traced | None = None
     calls: tuple[CompiledCall, ...] = ()
     compile_s = 0.0
@@ -249,7 +249,11 @@ def _cannot_trace(target: Target, reason: str) -> str:
 
 
 def _eager_reason(
-    target: Target, recording: Recording, changed: list[str], written: WrittenInputs | None
+    target: Target,
+    recording: Recording,
+    changed: list[str],
+    written: WrittenInputs | None,
+    reads: Sequence[Read] = (),
 ) -> str:
     """Why a specialization must run eagerly, known after the record pass ("" if none).
 
@@ -267,6 +271,13 @@ def _eager_reason(
             f"it changes Python state it reads ({', '.join(changed[:3])}), which a compiled "
             "program would not repeat; keep such state outside the jitted function (pass it "
             "in as an argument and return its new value) to have it compiled"
+        )
+    iterators = [f"{r.source.label} (read at {r.source.location})" for r in reads
+                 if r.kind is Kind.ITERATOR]  # fmt: skip
+    if iterators:
+        reasons.append(
+            f"it reads an iterator ({', '.join(iterators[:3])}), whose next items a compiled "
+            "program would not take; pass the item in as an argument to have it compiled"
         )
     if written is not None and written.aliased and target.options.engine.captures_graph:
         reasons.append(
@@ -313,6 +324,13 @@ def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
         reasons.append(
             f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])}); register them "
             "outside the jitted function"
+        )
+    if seen.per_call_functions:
+        reasons.append(
+            f"it defines autograd.Function classes during the call that close over per-call "
+            f"values ({', '.join(seen.per_call_functions[:3])}), which a compiled program would "
+            "keep from its first call; define the class once, outside the function, and pass "
+            "the values to apply() to have it compiled"
         )
     if seen.loops:
         reasons.append(

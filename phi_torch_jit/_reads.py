@@ -17,6 +17,7 @@ What no compiled program can repeat is noted while the record pass runs by
 
 from __future__ import annotations
 
+import collections.abc
 import dis
 import enum
 import functools
@@ -40,6 +41,8 @@ __all__ = [
     "collect_reads",
     "same_value",
     "immutable",
+    "user_module",
+    "describe_callable",
 ]
 
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
@@ -73,11 +76,16 @@ class Kind(enum.Enum):
     """A NumPy array of up to ``_MAX_ARRAY`` elements: compared by content (a copy)."""
     TENSOR = "tensor"
     """A tensor: an input of the compiled program, guarded by its metadata."""
+    ITERATOR = "iterator"
+    """An iterator or generator (``next(forcing)``): each call takes new items, which no
+    compiled program repeats; a specialization that reads one runs eagerly."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a read value lives: a globals dict entry or a closure cell."""
+    """Where a read value lives: a globals dict entry (or a partial's keywords), a closure
+    cell, or an object the jitted callable holds (a partial's argument, a method's ``self``,
+    the jitted module itself)."""
 
     label: str
     """``global dt`` or ``closure dt``, for messages."""
@@ -92,25 +100,32 @@ class Source:
     path: tuple[Step, ...] = ()
     """Attribute and item steps from the global or cell to the value (``cfg.solver.tol``,
     ``TABLE["solver"]["tol"]``): NOTE [attribute paths]."""
+    holder: Any = None
+    """The object itself, for an object the jitted callable holds (neither a namespace
+    entry nor a cell: it cannot be rebound, only changed)."""
 
     def get(self) -> Any:
         """The current value (KeyError / ValueError / AttributeError if it no longer exists)."""
         value = self._root()
         for step in self.path:
-            value = getattr(value, step.key) if step.attribute else value[step.key]
+            if step.length:
+                value = len(value)
+            else:
+                value = getattr(value, step.key) if step.attribute else value[step.key]
         return value
 
     def _root(self) -> Any:
         if self.cell is not None:
             return self.cell.cell_contents
-        assert self.namespace is not None
-        return self.namespace[self.name]
+        if self.namespace is not None:
+            return self.namespace[self.name]
+        return self.holder
 
     def set(self, value: Any) -> None:
         """Rebind it (used while tracing, to put a traced input in place of a tensor)."""
         if self.path:
             owner = Source(self.label, self.location, self.namespace, self.name, self.cell,
-                           self.path[:-1]).get()  # fmt: skip
+                           self.path[:-1], self.holder).get()  # fmt: skip
             last = self.path[-1]
             if last.attribute:
                 setattr(owner, last.key, value)
@@ -119,19 +134,25 @@ class Source:
         elif self.cell is not None:
             self.cell.cell_contents = value
         else:
-            assert self.namespace is not None
+            assert self.namespace is not None, "an object held by the callable is not rebound"
             self.namespace[self.name] = value
 
     def child(self, step: Step) -> Source:
         """The source one attribute or item further."""
-        suffix = f".{step.key}" if step.attribute else f"[{step.key!r}]"
-        return Source(self.label + suffix, self.location, self.namespace, self.name, self.cell,
-                      (*self.path, step))  # fmt: skip
+        if step.length:
+            label = f"len({self.label})"
+        else:
+            label = self.label + (f".{step.key}" if step.attribute else f"[{step.key!r}]")
+        return Source(label, self.location, self.namespace, self.name, self.cell,
+                      (*self.path, step), self.holder)  # fmt: skip
 
     def expression(self, root: str) -> str:
-        """Python code reading it, given code ``root`` reading the global or cell."""
+        """Python code reading it, given code ``root`` reading the global, cell or object."""
         for step in self.path:
-            root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
+            if step.length:
+                root = f"len({root})"
+            else:
+                root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
         return root
 
 
@@ -143,6 +164,11 @@ class Step:
     """``.key`` (True) or ``[key]`` (False)."""
     key: Any
     """An identifier, or a str/int dict key."""
+    length: bool = False
+    """``len()`` of the value instead (a list's or dict's length: an append is a change)."""
+
+
+_LENGTH = Step(False, None, length=True)
 
 
 @dataclass(frozen=True)
@@ -169,7 +195,7 @@ class Read:
             now = self.current()
         except _GONE:
             return False
-        if self.kind is Kind.IDENTITY:
+        if self.kind in (Kind.IDENTITY, Kind.ITERATOR):
             return now is self.expected
         return same_value(now, self.expected)
 
@@ -223,8 +249,12 @@ def _kind(value: Any) -> Kind | None:
     """How to guard ``value``; None: not worth guarding (modules, builtins)."""
     if isinstance(value, torch.Tensor):
         return Kind.TENSOR
-    if isinstance(value, (types.ModuleType, types.BuiltinFunctionType)):
+    if isinstance(value, types.ModuleType):
+        return Kind.IDENTITY if user_module(value) else None
+    if isinstance(value, types.BuiltinFunctionType):
         return None
+    if isinstance(value, collections.abc.Iterator):
+        return Kind.ITERATOR
     if immutable(value):
         return Kind.VALUE
     if _small_plain(value, _MAX_CONTENT) >= 0:
@@ -235,6 +265,17 @@ def _kind(value: Any) -> Kind | None:
     ):
         return Kind.ARRAY
     return Kind.IDENTITY
+
+
+def user_module(module: types.ModuleType) -> bool:
+    """Whether a module is the user's: one of the user's files (``import settings``) or made
+    at run time (``types.ModuleType("config")``). Its attributes are configuration that the
+    code's attribute paths read (``settings.GRAVITY``); libraries' modules are not walked."""
+    filename = getattr(module, "__file__", None)
+    if isinstance(filename, str):
+        return is_user_file(filename)
+    made_at_run_time = getattr(module, "__spec__", None) is None
+    return made_at_run_time and module.__name__ not in sys.builtin_module_names
 
 
 def immutable(value: Any) -> bool:
@@ -366,6 +407,12 @@ def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
     reads: dict[Any, Read] = {}
     for module in modules:
         _add_attributes(reads, module)
+    for key, source in _held_objects(fn):
+        _add(reads, key, source)
+        held = source.get()
+        if isinstance(held, nn.Module):  # the jitted module, or a method's: its attributes
+            for module in held.modules():
+                _add_attributes(reads, module)
     for function in _user_functions([fn, *modules]):
         code = function.__code__
         globals_read, cells_read = _names_read(code)
@@ -383,6 +430,44 @@ def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
                 _add(reads, id(cell), source)
                 _add_chains(reads, id(cell), source, chains.get((True, name), set()))
     return list(reads.values())
+
+
+def _held_objects(fn: Any) -> list[tuple[Any, Source]]:
+    """The objects a jitted callable holds besides code: the arguments and keywords of a
+    ``functools.partial`` (``partial(relax, cfg=cfg)``), a bound method's ``self``, the
+    jitted module itself; their attributes are read through parameters, not names, so they
+    are guarded as roots of their own (NOTE [attribute paths])."""
+    found: list[tuple[Any, Source]] = []
+    pending, seen = [fn], 0
+    while pending and seen < _MAX_DEPTH:
+        obj, seen = pending.pop(), seen + 1
+        where = describe_callable(obj)
+        if isinstance(obj, functools.partial):
+            for i, value in enumerate(obj.args):
+                found.append(((id(obj), i), Source(f"partial argument {i}", where, holder=value)))
+            for name in obj.keywords:
+                source = Source(f"partial keyword {name}", where, obj.keywords, name)
+                found.append(((id(obj), name), source))
+            pending.append(obj.func)
+        elif isinstance(obj, types.MethodType):
+            owner = obj.__self__
+            if not isinstance(owner, type):
+                label = f"{type(owner).__name__} object (self of {obj.__name__})"
+                found.append(((id(owner), "self"), Source(label, where, holder=owner)))
+        elif isinstance(obj, nn.Module):
+            label = f"{type(obj).__name__} object (the jitted module)"
+            found.append(((id(obj), "self"), Source(label, where, holder=obj)))
+    return found
+
+
+def describe_callable(obj: Any) -> str:
+    """``file:line`` of a callable's code, or its type's name."""
+    target = getattr(obj, "func", None) or getattr(obj, "__func__", None) or obj
+    target = getattr(target, "forward", target) if isinstance(target, nn.Module) else target
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    return type(obj).__name__
 
 
 def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
@@ -418,6 +503,8 @@ def _add(reads: dict[Any, Read], key: Any, source: Source, budget: list[int] | N
         kind, lambda v: v
     )(value)
     reads[key] = Read(source, kind, expected)
+    if kind is Kind.IDENTITY and isinstance(value, (list, dict)):  # an append changes it
+        _add(reads, (key, _LENGTH), source.child(_LENGTH), budget)
     if kind is Kind.IDENTITY and len(source.path) < _MAX_DEPTH:
         budget = [_MAX_FIELDS] if budget is None else budget
         for step in _fields(value):
@@ -437,7 +524,8 @@ def _fields(value: Any) -> list[Step]:
         return [Step(False, k) for k in value if type(k) in (str, int)]
     if type(value) in (list, tuple):
         return [Step(False, i) for i in range(len(value))]
-    if isinstance(value, (nn.Module, types.FunctionType, types.MethodType, functools.partial)):
+    if isinstance(value, (nn.Module, types.FunctionType, types.MethodType, functools.partial,
+                          types.ModuleType)):  # fmt: skip
         return []  # modules: the module guard; functions: code, walked by _user_functions
     if isinstance(value, type):
         klasses = [k for k in value.__mro__ if k is not object and _user_class(k)]
@@ -490,6 +578,25 @@ def _user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
                 continue
         globals_read, _ = _names_read(obj.__code__)
         pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
+        pending.extend(_through_modules(obj))
+
+
+def _through_modules(function: types.FunctionType) -> list[Any]:
+    """What ``function`` reaches through the user's modules it names (``physics.step``, a
+    function of the user's own module, read as an attribute): the end of each chain."""
+    found = []
+    for (is_cell, name), chains in _chains(function.__code__).items():
+        if is_cell or not isinstance(function.__globals__.get(name), types.ModuleType):
+            continue
+        for chain in chains:
+            value = function.__globals__[name]
+            for step in chain:
+                if not (isinstance(value, types.ModuleType) and user_module(value)):
+                    break
+                value = getattr(value, step.key, None) if step.attribute else None
+            if value is not None and not isinstance(value, types.ModuleType):
+                found.append(value)
+    return found
 
 
 def _parts(obj: Any) -> list[Any]:
@@ -531,6 +638,9 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
         if source.cell is not None:
             params.append(f"c{i}=__sources[{i}].cell")
             items.append(source.expression(f"c{i}.cell_contents"))
+        elif source.namespace is None:
+            params.append(f"h{i}=__sources[{i}].holder")
+            items.append(source.expression(f"h{i}"))
         else:
             params.append(f"n{i}=__sources[{i}].namespace")
             items.append(source.expression(f"n{i}[{source.name!r}]"))
@@ -550,7 +660,8 @@ class PythonGuard:
     """
 
     def __init__(self, reads: list[Read]) -> None:
-        order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ARRAY: 2, Kind.TENSOR: 3}
+        order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ITERATOR: 1,
+                 Kind.ARRAY: 2, Kind.TENSOR: 3}  # fmt: skip
         self.reads = tuple(sorted(reads, key=lambda r: order[r.kind]))
         """Every guarded read: values and contents, then identities, then tensors."""
         self.tensors = tuple(r for r in self.reads if r.kind is Kind.TENSOR)

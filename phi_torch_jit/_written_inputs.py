@@ -25,8 +25,11 @@ __all__ = ["WrittenInputs", "versions", "written_inputs", "sharing"]
 
 
 def versions(tensors: Sequence[torch.Tensor]) -> list[int]:
-    """The version counters of ``tensors`` (each in-place write moves its tensor's)."""
-    return [t._version for t in tensors]
+    """The version counters of ``tensors`` (each in-place write moves its tensor's); -1 for
+    an inference tensor (made under ``torch.inference_mode``), which has none: such a
+    tensor cannot be written outside inference mode, and inside it autograd records nothing
+    that a write could invalidate."""
+    return [-1 if t.is_inference() else t._version for t in tensors]
 
 
 def sharing(tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
@@ -79,5 +82,7 @@ class WrittenInputs:
 def written_inputs(tensors: Sequence[torch.Tensor], before: list[int]) -> WrittenInputs | None:
     """What the record pass wrote of ``tensors`` (their versions were ``before``); None if
     it wrote none of them."""
-    indices = tuple(i for i, (t, v) in enumerate(zip(tensors, before)) if t._version != v)
+    indices = tuple(
+        i for i, (t, v) in enumerate(zip(tensors, before)) if v != -1 and t._version != v
+    )
     return WrittenInputs(indices, sharing(tensors)) if indices else None

@@ -171,10 +171,16 @@ def test_a_new_signature_while_a_compile_traces_runs_eagerly_without_waiting() -
     jitted(x)
     assert gate.entered.wait(60)
     other = ptj.jit(lambda x: x + 1, engine="auto", backend=gate)
-    start = time.monotonic()
-    for _ in range(3):  # eager calls (the record pass), nothing cached, no waiting
-        assert torch.allclose(other(x), x + 1)
-    assert other.num_traces == 0 and time.monotonic() - start < 30
+    results: list[bool] = []
+
+    def calls() -> None:  # eager calls (the record pass), nothing cached, no waiting
+        results.extend(torch.allclose(other(x), x + 1) for _ in range(3))
+
+    caller = threading.Thread(target=calls, daemon=True)
+    caller.start()
+    caller.join(300)  # the gate stays closed: a call that waited for it would never end
+    assert not caller.is_alive() and results == [True] * 3
+    assert other.num_traces == 0
     gate.opened.set()
     assert jitted.wait_compiled(60)
     other(x)
@@ -221,7 +227,7 @@ def test_exit_while_a_compile_runs_neither_hangs_nor_crashes() -> None:
         """
         import time, torch, phi_torch_jit as ptj
         def slow(gm, example_inputs):
-            time.sleep(30)
+            time.sleep(3600)
             return gm.forward
         f = ptj.jit(lambda x: x + 1, engine="auto", backend=slow)
         f(torch.ones(2)); f(torch.ones(2))
@@ -229,11 +235,12 @@ def test_exit_while_a_compile_runs_neither_hangs_nor_crashes() -> None:
         print("done", flush=True)
         """
     )
-    start = time.monotonic()
+    # The compile sleeps an hour: an exit that waited for it would hit the timeout (a hang
+    # detector with a wide margin for a loaded machine, not a timing of the exit).
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "done" and time.monotonic() - start < 25
+    assert done.stdout.strip() == "done"
 
 
 def test_disable_and_autocast_keep_the_fast_tier() -> None:
@@ -491,15 +498,13 @@ def test_ctrl_c_while_waiting_for_a_compile_leaves_it_running_and_the_function_w
 
     presser = threading.Thread(target=press_ctrl_c, daemon=True)
     presser.start()
-    start = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            jitted.wait_compiled(30)  # the user gives up waiting
+        with pytest.raises(KeyboardInterrupt):  # a wait that ignored it would return False
+            jitted.wait_compiled(600)  # the user gives up waiting
     finally:
         signal.signal(signal.SIGINT, lambda *args: None)  # a last press in flight lands here
         interrupted.set()
         presser.join()
-    assert time.monotonic() - start < 10
     assert torch.allclose(jitted(x), x.cos() * 3)  # served by the fast tier meanwhile
     gate.opened.set()
     assert jitted.wait_compiled(60) and gate.compiles == 1

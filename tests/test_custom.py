@@ -80,3 +80,36 @@ def test_gradient_for_non_tensor_input_is_rejected() -> None:
 def test_custom_gradient_rejects_non_callables() -> None:
     with pytest.raises(TypeError, match="two callables"):
         ptj.custom_gradient(lambda x: x, None)  # type: ignore[arg-type]
+
+
+class _AdjointLike(torch.autograd.Function):
+    """Returns a gradient entry for every argument, also for one that needs none, in
+    another shape (torchdiffeq's adjoint returns a time gradient so); eager autograd ignores
+    entries for inputs that need no gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(y)
+        return y * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return g * 2, torch.zeros(7)  # t has shape (3,)
+
+
+@pytest.mark.all_engines
+def test_a_gradient_entry_for_an_input_that_needs_none_is_ignored_like_eager() -> None:
+    def step(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return _AdjointLike.apply(y, t).sum()  # type: ignore[no-untyped-call,no-any-return]
+
+    jitted = ptj.jit(step)
+    t = torch.linspace(0, 1, 3)
+    for _ in range(2):
+        y = torch.randn(3, requires_grad=True)
+        y_eager = y.detach().clone().requires_grad_()
+        jitted(y, t).backward()
+        step(y_eager, t).backward()
+        torch.testing.assert_close(y.grad, y_eager.grad)
+    assert jitted.num_traces == 1
+    with pytest.raises(ptj.GradientError, match="has shape"):  # one that needs it: checked
+        jitted(torch.randn(3, requires_grad=True), t.requires_grad_()).backward()

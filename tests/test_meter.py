@@ -224,16 +224,18 @@ def test_a_fast_specialization_is_kept_and_the_decision_is_per_specialization(
     assert len(jitted.specializations) == 2
 
 
-def test_a_function_that_retraces_on_every_call_ends_up_eager_with_one_log_line(
+def test_a_function_that_retraces_on_every_call_ends_up_eager_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def step(x: torch.Tensor, n: int) -> torch.Tensor:  # a new static value on every call
         return torch.sin(x) * n
 
     jitted = ptj.jit(step, max_traces=64)
-    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+    with caplog.at_level("WARNING", logger="phi_torch_jit"), pytest.warns(ptj.JitWarning) as caught:
         for n in range(_meter.WINDOW + 6):
             torch.testing.assert_close(jitted(torch.ones(1), n), step(torch.ones(1), n))
+    assert [str(w.message) for w in caught if "compiling costs more" in str(w.message)]
+    assert len(caught) == 1 and caught[0].filename == __file__  # one, at the user's call
     assert jitted.num_traces == _meter.MISSES  # then no more compiles
     assert sum("compiling costs more than it saves" in r.getMessage() for r in caplog.records) == 1
     assert "runs eagerly" in jitted.explain()
@@ -334,7 +336,7 @@ def test_a_function_whose_specializations_all_run_eagerly_skips_the_lookup(
         calls += 1
         torch.testing.assert_close(jitted(x, depth), _random_depth(x, depth))
 
-    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+    with caplog.at_level("WARNING", logger="phi_torch_jit"), pytest.warns(ptj.JitWarning):
         while not any(s.eager is not None for s in jitted.specializations):
             call()
             assert calls < 20
@@ -355,8 +357,9 @@ def test_a_function_with_one_compiled_specialization_keeps_the_lookup() -> None:
     jitted = ptj.jit(_random_depth)
     x = torch.linspace(-1, 1, 5)
     jitted(x[:2], torch.tensor(3))  # a compiled program for another shape, kept
-    for k in range(2 * _meter.WINDOW):
-        jitted(x, torch.tensor(k % 7 + 1))
+    with pytest.warns(ptj.JitWarning, match="changed the path"):
+        for k in range(2 * _meter.WINDOW):
+            jitted(x, torch.tensor(k % 7 + 1))
     assert any(s.eager is not None for s in jitted.specializations)
     assert "skip the signature lookup" not in jitted.explain()
     with mock.patch("phi_torch_jit._jit.flatten_arguments", wraps=flatten_arguments) as flatten:

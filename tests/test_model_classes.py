@@ -311,7 +311,7 @@ def test_parameters_reached_through_other_methods_train_like_eager(how: str) -> 
 # 7. Values that decide the path on every call (adaptive step sizes) ------------------------
 
 
-def test_a_signature_whose_values_never_repeat_ends_up_eager_at_a_bounded_cost(
+def test_a_signature_whose_values_never_repeat_ends_up_eager_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from phi_torch_jit._pipeline import VALUE_SPECIALIZATIONS
@@ -322,9 +322,11 @@ def test_a_signature_whose_values_never_repeat_ends_up_eager_at_a_bounded_cost(
 
     step = ptj.jit(adaptive)
     inputs = [torch.randn(4) for _ in range(VALUE_SPECIALIZATIONS + 4)]
-    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+    with caplog.at_level("WARNING", logger="phi_torch_jit"), pytest.warns(ptj.JitWarning) as caught:
         for x in inputs:
             _assert_equal(step(x), adaptive(x))
+    assert len(caught) == 1 and "tensor values its Python branches on" in str(caught[0].message)
+    assert caught[0].filename == __file__  # at the user's call
     assert step.num_traces == VALUE_SPECIALIZATIONS  # then no more compiles
     (only,) = step.specializations  # the compiled ones are dropped: a lookup, not a scan
     assert only.eager_reason.startswith("tensor values its Python branches on changed the path")
@@ -579,13 +581,22 @@ def test_non_contiguous_and_channels_last_inputs_equal_eager() -> None:
 # Found by the PhiFlow programs: a trace that returns another structure than its record pass -
 
 
-def test_a_trace_returning_another_structure_runs_eagerly_with_one_warning() -> None:
-    import itertools
+class _Ticks:
+    """Python state the guards cannot see (a private counter), read once per pass."""
 
-    ticks = itertools.count()  # Python state the guards cannot see, read once per pass
+    def __init__(self) -> None:
+        self._n = 0
+
+    def next(self) -> int:
+        self._n += 1
+        return self._n - 1
+
+
+def test_a_trace_returning_another_structure_runs_eagerly_with_one_warning() -> None:
+    ticks = _Ticks()
 
     def step(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
-        return x * 2, {"tick": next(ticks)}
+        return x * 2, {"tick": ticks.next()}
 
     jitted = ptj.jit(step)
     with warnings.catch_warnings(record=True) as caught:

@@ -138,7 +138,9 @@ def test_fluid_at_rest_stays_at_rest() -> None:
 def test_gradients_through_several_jitted_steps_equal_eager() -> None:
     def loss_gradient(stepper: Any) -> torch.Tensor:
         native = torch.rand(N, N, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        v, _ = initial()
+        # PhiML's float32 CG from x0=None reports Diverged, eagerly, on the flow of seed 0
+        # here (numpy 2.4.6) and on seed 1 at tolerance 1e-4: a state that converges eagerly
+        v, _ = initial(seed=2)
         s = CenteredGrid(math.tensor(native, spatial("x,y")), ZERO_GRADIENT, DOMAIN)
         for _ in range(3):
             v, s = stepper(v, s)
@@ -707,14 +709,15 @@ def test_a_solve_tape_around_the_jitted_call_gets_one_entry_per_call_like_eager(
     def project(v: Any) -> Any:
         return fluid.make_incompressible(v, (), Solve("CG-adaptive", 1e-5, 1e-5))[0]
 
-    jitted = ptj.jit(project)
+    jitted = ptj.jit(project, fallback="off")  # the compiled program, whatever a meter says
     for v in _flows(3):
         with phiml_eager(), math.SolveTape() as want:
             project(v)
         with math.SolveTape() as got:
             jitted(v)
         assert len(got) == len(want) == 1
-        assert _tape_values(got[0]) == pytest.approx(_tape_values(want[0]), rel=1e-5)
+        # the residual: float32 rounding of a solve to 1e-5, not bits
+        assert _tape_values(got[0]) == pytest.approx(_tape_values(want[0]), rel=1e-5, abs=1e-7)
         assert got[0].msg == want[0].msg  # "Converged within 81 iterations."
     assert jitted.num_traces == 1
 

@@ -53,6 +53,7 @@ from .._compat import (
     inductor_has_setting,
     mode_options,
 )
+from .._inductor_fixes import for_inductor
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import (
     ConfigurationError,
@@ -237,7 +238,8 @@ class Compilable:
         cuda = next((t.device for t in inputs if t.device.type == "cuda"), None)
         on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
         with torch.set_grad_enabled(self.grad_enabled), on_device:
-            compiled = compile_captured(self.backend, self.graph, inputs, dict(self.settings))
+            graph = for_inductor(self.graph) if self.backend == "inductor" else self.graph
+            compiled = compile_captured(self.backend, graph, inputs, dict(self.settings))
         if needs_twice(self.grad_enabled, [t.requires_grad for t in inputs[: self.n_arguments]]):
             return TwiceDifferentiable(compiled, self.graph)
         return compiled

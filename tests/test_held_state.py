@@ -1,0 +1,308 @@
+"""State a step reads through what it holds or iterates (NOTE [attribute paths]): a partial's
+arguments, a bound method's ``self``, a jitted module's own attributes, the user's modules
+used as configuration, lists iterated by a loop, iterators, per-call ``autograd.Function``
+classes, and inputs made under ``torch.inference_mode``. Each is guarded (a change retraces)
+or runs eagerly with one JitWarning; never a stale value. Every engine (shared suite)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import read_settings
+import torch
+from torch import nn
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _stays_like_eager(jitted: Callable[..., Any], eager: Callable[..., Any],
+                      change: Callable[[], None]) -> None:  # fmt: skip
+    x = torch.linspace(1, 2, 3)
+    for _ in range(2):
+        torch.testing.assert_close(jitted(x), eager(x))
+    change()
+    for _ in range(2):
+        torch.testing.assert_close(jitted(x), eager(x))
+
+
+class Config:
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+
+
+def relax(x: torch.Tensor, cfg: Config) -> torch.Tensor:
+    return x * cfg.alpha + 1
+
+
+def test_state_behind_a_partial_keyword_or_argument_retraces() -> None:
+    cfg = Config(0.3)
+    step = functools.partial(relax, cfg=cfg)
+    jitted = ptj.jit(step)
+    _stays_like_eager(jitted, step, lambda: setattr(cfg, "alpha", 0.7))
+    assert jitted.num_traces == 2
+    positional = Config(0.3)
+    step2 = functools.partial(lambda cfg, x: relax(x, cfg), positional)
+    jitted2 = ptj.jit(step2)
+    _stays_like_eager(jitted2, step2, lambda: setattr(positional, "alpha", 0.9))
+    assert jitted2.num_traces == 2
+
+
+class Simulation:
+    def __init__(self) -> None:
+        self.dt = 0.1
+        self.stages = [Config(1.0), Config(1.5)]
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            x = x * stage.alpha + self.dt
+        return x
+
+
+def test_a_bound_methods_self_is_guarded_attributes_and_lists() -> None:
+    sim = Simulation()
+    jitted = ptj.jit(sim.step)
+    _stays_like_eager(jitted, sim.step, lambda: setattr(sim, "dt", 0.5))
+    _stays_like_eager(jitted, sim.step, lambda: setattr(sim.stages[1], "alpha", 2.0))
+    _stays_like_eager(jitted, sim.step, lambda: sim.stages.append(Config(3.0)))
+    assert jitted.num_traces == 4
+
+
+STAGES = [Config(1.0), Config(1.5)]
+
+
+def staged(x: torch.Tensor) -> torch.Tensor:
+    for stage in STAGES:
+        x = x * stage.alpha + 1
+    return x
+
+
+def test_a_loop_over_a_global_list_sees_changed_items_and_appends() -> None:
+    jitted = ptj.jit(staged)
+    _stays_like_eager(jitted, staged, lambda: setattr(STAGES[1], "alpha", 2.0))
+    _stays_like_eager(jitted, staged, lambda: STAGES.append(Config(0.5)))
+    _stays_like_eager(jitted, staged, lambda: STAGES.pop(0))
+    assert jitted.num_traces == 4
+
+
+def gravity(x: torch.Tensor) -> torch.Tensor:
+    return x * read_settings.GRAVITY + read_settings.TABLE["drag"][1]
+
+
+def through_function(x: torch.Tensor) -> torch.Tensor:
+    return read_settings.scaled(x) + 1
+
+
+RUNTIME = types.ModuleType("runtime_config")
+RUNTIME.K = 2.0  # type: ignore[attr-defined]
+
+
+def runtime(x: torch.Tensor) -> torch.Tensor:
+    return x * RUNTIME.K  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def fresh_settings() -> Any:
+    yield
+    importlib.reload(read_settings)
+    RUNTIME.K = 2.0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("fn", "change"),
+    [
+        (gravity, lambda: setattr(read_settings, "GRAVITY", 1.0)),
+        (gravity, lambda: read_settings.TABLE["drag"].__setitem__(1, 5.0)),
+        (through_function, lambda: setattr(read_settings, "GRAVITY", 3.0)),
+        (runtime, lambda: setattr(RUNTIME, "K", 3.0)),
+    ],
+)
+def test_the_users_modules_are_configuration(fn: Any, change: Any, fresh_settings: Any) -> None:
+    jitted = ptj.jit(fn)
+    _stays_like_eager(jitted, fn, change)
+    assert jitted.num_traces == 2
+
+
+def test_library_modules_are_not_guarded() -> None:
+    from phi_torch_jit._reads import collect_reads
+
+    reads = collect_reads(lambda x: torch.sin(x) * functools.reduce(max, [1, 2]), [])
+    assert reads == []
+
+
+class Counter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.linear(x) * (1.0 if self.calls < 3 else 0.5)
+
+
+def test_a_jitted_module_that_counts_its_calls_runs_eagerly_like_eager() -> None:
+    model, twin = Counter(), Counter()
+    twin.load_state_dict(model.state_dict())
+    jitted = ptj.jit(model)
+    x = torch.ones(2, 3)
+    with pytest.warns(ptj.JitWarning, match="Counter.calls"):
+        results = [jitted(x) for _ in range(5)]
+    for got in results:
+        torch.testing.assert_close(got, twin(x))
+    assert model.calls == twin.calls == 5
+
+
+def test_an_iterator_read_by_the_step_runs_eagerly_with_one_warning() -> None:
+    forcing = iter([1.0, 2.0, 3.0, 4.0])
+
+    def forced(x: torch.Tensor) -> torch.Tensor:
+        return x + next(forcing)
+
+    jitted = ptj.jit(forced)
+    x = torch.zeros(2)
+    with pytest.warns(ptj.JitWarning, match="reads an iterator") as caught:
+        got = [jitted(x)[0].item() for _ in range(4)]
+    assert got == [1.0, 2.0, 3.0, 4.0]
+    assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1
+
+
+class Operator:
+    def __init__(self, matrix: torch.Tensor) -> None:
+        self.matrix = matrix
+
+
+def _solve(op: Operator, b: torch.Tensor) -> torch.Tensor:
+    class Richardson(torch.autograd.Function):  # a new class on every call
+        @staticmethod
+        def forward(ctx: Any, b: torch.Tensor) -> torch.Tensor:
+            x = torch.zeros_like(b)
+            for _ in range(4):
+                x = x + 0.1 * (b - op.matrix @ x)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return 0.4 * g
+
+    return Richardson.apply(b)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def test_a_function_class_defined_per_call_is_never_stale() -> None:
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _solve(Operator(a), b)
+
+    jitted = ptj.jit(step)
+    b = torch.ones(4, requires_grad=True)
+    with pytest.warns(ptj.JitWarning, match="Richardson.*closing over op"):
+        for seed in range(3):
+            a = torch.eye(4) * (seed + 1)
+            torch.testing.assert_close(jitted(a, b), step(a, b))
+
+
+def _factory(op: Operator) -> Any:
+    class Scaled(torch.autograd.Function):  # made once, before any call
+        @staticmethod
+        def forward(ctx: Any, b: torch.Tensor) -> torch.Tensor:
+            return op.matrix @ b
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return op.matrix.T @ g
+
+    return Scaled
+
+
+def test_a_function_class_made_once_by_a_factory_is_compiled() -> None:
+    op = Operator(torch.eye(4) * 2)
+    scaled = _factory(op)
+
+    def step(b: torch.Tensor) -> torch.Tensor:
+        return scaled.apply(b) * 2  # type: ignore[no-any-return]
+
+    jitted = ptj.jit(step)
+    b = torch.ones(4)
+    for _ in range(2):
+        torch.testing.assert_close(jitted(b), step(b))
+    op.matrix.mul_(3)  # a tensor it closes over: an input of the program
+    torch.testing.assert_close(jitted(b), step(b))
+    assert jitted.num_traces == 1
+
+
+def test_first_call_under_inference_mode_then_training() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    twin = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    twin.load_state_dict(model.state_dict())
+    jitted = ptj.jit(model)
+    with torch.inference_mode():
+        x = torch.randn(16, 4)
+        torch.testing.assert_close(jitted(x), twin(x))
+    x = torch.randn(16, 4)
+    for _ in range(2):
+        loss, eager = jitted(x).square().mean(), twin(x).square().mean()
+        loss.backward()
+        eager.backward()
+        torch.testing.assert_close(loss, eager)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+class _RunningError(nn.Module):
+    """A metric that keeps its state as a plain tensor attribute and rebinds it per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = torch.zeros(())
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.total = self.total + (pred - target).square().sum()
+        return self.total
+
+
+class _RunningMean(nn.Module):
+    """State in a registered buffer, rebound (not updated in place): compiled, the new value
+    written into the buffer (NOTE [side effects once])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(3))
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.mean = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+        return self.linear(x) - self.mean
+
+
+@pytest.mark.parametrize("jit_the_module", [True, False])
+def test_a_tensor_attribute_a_module_rebinds_in_the_step_runs_eagerly(
+    jit_the_module: bool,
+) -> None:
+    model, twin = _RunningError(), _RunningError()
+    jitted = ptj.jit(model) if jit_the_module else ptj.jit(lambda a, b: model(a, b) * 2)
+    scale = 1 if jit_the_module else 2
+    with pytest.warns(ptj.JitWarning, match="changes Python state it reads.*total"):
+        for _ in range(4):
+            args = [torch.randn(5, 3) for _ in range(2)]
+            torch.testing.assert_close(jitted(*args), twin(*args) * scale)
+    torch.testing.assert_close(model.total, twin.total)
+
+
+@pytest.mark.parametrize("jit_the_module", [True, False])
+def test_a_buffer_a_module_rebinds_in_the_step_is_compiled_and_written(
+    jit_the_module: bool,
+) -> None:
+    model, twin = _RunningMean(), _RunningMean()
+    twin.load_state_dict(model.state_dict())
+    jitted = ptj.jit(model) if jit_the_module else ptj.jit(lambda x: model(x) * 2)
+    scale = 1 if jit_the_module else 2
+    for _ in range(4):
+        x = torch.randn(5, 3)
+        torch.testing.assert_close(jitted(x), twin(x) * scale)
+    torch.testing.assert_close(model.mean, twin.mean)
+    assert jitted.num_traces == 1
