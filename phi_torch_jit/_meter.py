@@ -8,7 +8,12 @@ Two rules, NOTE [never slower than eager] in docs/design.md:
   again, ``SAMPLES`` calls of each path alternating (a burst of load then slows both), before
   it is dropped (:data:`TO_DROP` calls in all); the specialization then serves
   whichever path is faster (more than 10% slower compiled: eager), said in one log line and in
-  ``explain()`` with the figures. After the decision a call pays one attribute test. The
+  ``explain()`` with the figures. After the decision a call pays one attribute test. A
+  decision for eager code is not final: after :data:`REVISIT` eager calls (then twice as many
+  each time it holds, up to :data:`MAX_REVISIT`) the paths are measured again, alternating; a
+  program that was dropped because a burst of load fell on its samples is served again. While
+  a background compile of ours runs (``busy``), the paths are sampled alternating from the
+  first sample on, so the compile slows both alike and never decides against one. The
   record pass is no measure of eager's time: it was 44x eager's on a complex-valued step (a
   first call, with the recording's patches), so a program 1.8x slower than eager passed for
   fast when it was compared with it.
@@ -43,6 +48,8 @@ __all__ = [
     "TO_DROP",
     "WINDOW",
     "MISSES",
+    "REVISIT",
+    "MAX_REVISIT",
 ]
 
 CLOCK: Callable[[], float] = time.perf_counter
@@ -58,6 +65,11 @@ TO_DROP = WARM_UP + 4 * SAMPLES
 """Calls until a program measured slower than eager in two rounds is dropped."""
 SLOWER = 1.1
 """Compiled must not be more than this times eager's step time."""
+REVISIT = 64
+"""Eager calls after which a decision for eager code is measured again (alternating)."""
+MAX_REVISIT = 4096
+"""The interval doubles each time eager wins again, up to this many calls: a program truly
+slower than eager then costs ``SAMPLES`` slow calls in 4096."""
 WINDOW = 24
 """Calls over which a function's miss rate is judged."""
 MISSES = 12
@@ -75,7 +87,13 @@ class Meter:
     ``done`` is the only field a decided call reads: True once the compiled program won.
     """
 
-    def __init__(self, eager: Run, eager_s: float, on_switch: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        eager: Run,
+        eager_s: float,
+        on_switch: Callable[[str], None],
+        busy: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.done = False
         """Decided for the compiled program (calls go straight to it)."""
         self.eager_wins = False
@@ -98,13 +116,23 @@ class Meter:
         a second round decides (:attr:`confirming`)."""
         self.restarts = 0
         """How often the measurement started afresh (:meth:`restart`)."""
+        self.busy = busy
+        """Whether a compile of ours runs beside the caller now (engine "auto"'s background
+        thread): then samples alternate."""
+        self.revisit_after = REVISIT
+        """Eager calls until the next re-measurement of a decision for eager code."""
+        self._eager_calls = 0
+        self._revisiting = False
+        self.revisits = 0
+        """How often a decision for eager code was measured again."""
 
     @property
     def confirming(self) -> bool:
         """In the second round: compiled and eager calls alternate (5 compiled then 5 eager
         calls once measured a heat step's program, 8x faster than eager, at 1.1x eager's time:
-        a burst of load on a shared machine had slowed the compiled samples only)."""
-        return self.first_round is not None
+        a burst of load on a shared machine had slowed the compiled samples only). A revisit
+        of a decision for eager code is measured so from the start."""
+        return self.first_round is not None or self._revisiting
 
     def restart(self) -> None:
         """Another program serves calls from now on (engine "auto" switched to its compiled
@@ -119,14 +147,18 @@ class Meter:
             self._stale = False
             self.restarts += 1
             self.eager_wins = False
+            self._revisiting = False
             self.first_round = None
             self.compiled_s, self.eager_s, self._skipped = [], [], 0
         if self.eager_wins:
-            return self.eager(tensors)
+            self._eager_calls += 1
+            if self._eager_calls < self.revisit_after:
+                return self.eager(tensors)
+            self._measure_again()
         if self._skipped < WARM_UP:
             self._skipped += 1
             return compiled(tensors)
-        if self.confirming:  # alternate: a burst of load slows samples of both paths
+        if self.confirming or self.busy():  # alternate: load slows samples of both paths
             timing_eager = len(self.eager_s) < len(self.compiled_s)
         else:
             timing_eager = len(self.compiled_s) >= SAMPLES
@@ -139,6 +171,14 @@ class Meter:
         self._decide()
         return result
 
+    def _measure_again(self) -> None:
+        """A decision for eager code is revisited: one alternating round decides anew."""
+        self.revisits += 1
+        self.eager_wins = False
+        self._eager_calls = 0
+        self.compiled_s, self.eager_s = [], []
+        self._revisiting = True
+
     def _decide(self) -> None:
         if len(self.compiled_s) < SAMPLES:
             return
@@ -148,6 +188,13 @@ class Meter:
         eager = statistics.median(self.eager_s)
         if compiled <= SLOWER * eager:
             self.done = True
+            if self._revisiting:  # the earlier decision was wrong: said, with the figures
+                self._revisiting = False
+                self._on_switch(self.describe())
+            return
+        if self._revisiting:  # eager again: revisit later, less often
+            self.revisit_after = min(2 * self.revisit_after, MAX_REVISIT)
+            self.eager_wins = True
             return
         if not self.confirming:  # measure again, alternating, before dropping the program
             self.first_round = (compiled, eager)
@@ -170,8 +217,11 @@ class Meter:
             if self.done
             else "measuring"
         )
-        again = f" (measured afresh {self.restarts}x: another program took over)" * bool(
-            self.restarts
+        again = (
+            f" (measured afresh {self.restarts}x: another program took over)" * bool(self.restarts)
+            + f" (revisited {self.revisits}x; next after {self.revisit_after} eager calls)"
+            * bool(self.revisits and self.eager_wins)
+            + f" (revisited {self.revisits}x)" * bool(self.revisits and not self.eager_wins)
         )
         if self.first_round is not None:
             first_compiled, first_eager = self.first_round

@@ -365,3 +365,71 @@ def test_a_function_with_one_compiled_specialization_keeps_the_lookup() -> None:
     with mock.patch("phi_torch_jit._jit.flatten_arguments", wraps=flatten_arguments) as flatten:
         jitted(x[:2], torch.tensor(3))
     assert flatten.call_count == 1
+
+
+def test_a_program_dropped_under_a_burst_of_load_is_served_again_after_a_revisit(
+    clock: FakeClock,
+) -> None:
+    """Both rounds fell in a burst of load that slowed the compiled calls only (a compile of
+    another process beside them); the decision for eager code is measured again after
+    ``REVISIT`` eager calls, when the load is gone, and the program (2x faster) serves."""
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=1.5)
+    loaded = [True]
+
+    def compiled(tensors: list[torch.Tensor]) -> str:
+        clock.now += 0.5 * (10.0 if loaded[0] else 1.0)
+        return "compiled"
+
+    for _ in range(_meter.TO_DROP):
+        meter.serve(compiled, [])
+    assert meter.eager_wins and len(switches) == 1
+    loaded[0] = False
+    served = [meter.serve(compiled, []) for _ in range(_meter.REVISIT - 1)]
+    assert served == ["eager"] * (_meter.REVISIT - 1)  # no sample between revisits
+    served = [meter.serve(compiled, []) for _ in range(2 * _meter.SAMPLES)]
+    assert served == ["compiled", "eager"] * _meter.SAMPLES  # the revisit alternates
+    assert meter.done and not meter.eager_wins and meter.revisits == 1
+    assert len(switches) == 2 and "(revisited 1x)" in switches[1]
+    assert switches[1].endswith("serves the compiled program")
+
+
+def test_a_truly_slower_program_is_revisited_less_and_less_often(clock: FakeClock) -> None:
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=1.5)
+    compiled = _compiled(clock, 3.0)
+    for _ in range(_meter.TO_DROP):
+        meter.serve(compiled, [])
+    assert meter.eager_wins
+    served = [meter.serve(compiled, []) for _ in range(20 * _meter.MAX_REVISIT)]
+    revisited = served.count("compiled")
+    assert meter.eager_wins and len(switches) == 1  # said once, when first dropped
+    assert meter.revisit_after == _meter.MAX_REVISIT
+    assert revisited == _meter.SAMPLES * meter.revisits
+    assert revisited <= 0.01 * len(served)  # about 5 slow calls in 4096 once settled
+    assert "next after 4096 eager calls" in meter.describe()
+
+
+def test_samples_alternate_while_a_compile_of_ours_runs(clock: FakeClock) -> None:
+    """Engine "auto"'s background compile shares the cores: compiled calls measured while it
+    ran, eager ones after it, made a program 2x faster than eager look 3.5x slower. While
+    ``busy``, the paths alternate from the first sample, and the compile slows both alike."""
+    compiling = [True]
+    switches: list[str] = []
+
+    def slowed(seconds: float) -> float:
+        return seconds * (7.0 if compiling[0] else 1.0)
+
+    def eager(tensors: list[torch.Tensor]) -> str:
+        clock.now += slowed(1.0)
+        compiling[0] = len(meter.eager_s) < 2  # the compile ends in the middle of the round
+        return "eager"
+
+    def compiled(tensors: list[torch.Tensor]) -> str:
+        clock.now += slowed(0.5)
+        return "compiled"
+
+    meter = _meter.Meter(eager, 1.5, switches.append, busy=lambda: compiling[0])
+    served = [meter.serve(compiled, []) for _ in range(_meter.WARM_UP + 4)]
+    assert served[_meter.WARM_UP :] == ["compiled", "eager"] * 2  # paired while it runs
+    for _ in range(2 * _meter.SAMPLES):
+        meter.serve(compiled, [])
+    assert meter.done and not meter.eager_wins and not switches

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigurationError, UsageError
+from ._background import compiling
 from .auto import AutoEngine
 from .base import (
     RANDOM_OPS,
@@ -49,6 +50,7 @@ __all__ = [
     "register_engine",
     "get_engine",
     "available_engines",
+    "compiling",
 ]
 
 
