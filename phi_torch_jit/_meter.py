@@ -2,21 +2,21 @@
 
 Two rules, NOTE [never slower than eager] in docs/design.md:
 
-* **Per specialization** (:class:`Meter`): the first compiled calls after a warm-up are timed
-  (``SAMPLES`` of them, the clock read around each; nothing else runs), then ``SAMPLES`` calls
-  run eagerly and are timed, for an honest comparison. A program found slower is measured
-  again, ``SAMPLES`` calls of each path alternating (a burst of load then slows both), before
-  it is dropped (:data:`TO_DROP` calls in all); the specialization then serves
-  whichever path is faster (more than 10% slower compiled: eager), said in one log line and in
-  ``explain()`` with the figures. After the decision a call pays one attribute test. A
-  decision for eager code is not final: after :data:`REVISIT` eager calls (then twice as many
-  each time it holds, up to :data:`MAX_REVISIT`) the paths are measured again, alternating; a
-  program that was dropped because a burst of load fell on its samples is served again. While
-  a background compile of ours runs (``busy``), the paths are sampled alternating from the
-  first sample on, so the compile slows both alike and never decides against one. The
-  record pass is no measure of eager's time: it was 44x eager's on a complex-valued step (a
-  first call, with the recording's patches), so a program 1.8x slower than eager passed for
-  fast when it was compared with it.
+* **Per specialization** (:class:`Meter`): after a warm-up call, calls are timed (the clock
+  read around each; nothing else runs) in rounds where one call in :data:`EAGER_EVERY` runs
+  eagerly and the others run the program, until :data:`SAMPLES` eager calls were timed
+  (:data:`ROUND` calls). Interleaved, a burst of load slows samples of both paths, and from
+  its second call on the function serves its program on 4 of 5 calls while it measures (a
+  meter that timed 5 eager calls in a row made a PhiFlow heat step's median over 12 steps
+  eager's). A program found slower is measured a second round before it is dropped
+  (:data:`TO_DROP` calls in all); the specialization then serves whichever path is faster
+  (more than 10% slower compiled: eager), said in one log line and in ``explain()`` with the
+  figures. After the decision a call pays one attribute test. A decision for eager code is
+  not final: after :data:`REVISIT` eager calls (then twice as many each time it holds, up to
+  :data:`MAX_REVISIT`) a round measures the paths again; a program dropped because a burst
+  of load fell on both its rounds is served again. The record pass is no measure of eager's
+  time: it was 44x eager's on a complex-valued step (a first call, with the recording's
+  patches), so a program 1.8x slower than eager passed for fast when it was compared with it.
 * **Per function** (:class:`HitRate`): a function whose calls keep missing (at least
   ``MISSES`` of the last ``WINDOW`` calls started a new specialization: shapes, static values
   or branches that never repeat) stops compiling; its calls run the Python function. So does
@@ -50,6 +50,8 @@ __all__ = [
     "MISSES",
     "REVISIT",
     "MAX_REVISIT",
+    "EAGER_EVERY",
+    "ROUND",
 ]
 
 CLOCK: Callable[[], float] = time.perf_counter
@@ -60,8 +62,12 @@ compiled program."""
 WARM_UP = 1
 """Compiled calls not timed (allocations, lazy initialization)."""
 SAMPLES = 5
-"""Timed calls per path."""
-TO_DROP = WARM_UP + 4 * SAMPLES
+"""Timed eager calls per round."""
+EAGER_EVERY = 5
+"""One timed call in this many runs eagerly; the others run the program."""
+ROUND = SAMPLES * EAGER_EVERY
+"""Timed calls per round (``SAMPLES`` eager, the rest compiled)."""
+TO_DROP = WARM_UP + 2 * ROUND
 """Calls until a program measured slower than eager in two rounds is dropped."""
 SLOWER = 1.1
 """Compiled must not be more than this times eager's step time."""
@@ -87,27 +93,22 @@ class Meter:
     ``done`` is the only field a decided call reads: True once the compiled program won.
     """
 
-    def __init__(
-        self,
-        eager: Run,
-        eager_s: float,
-        on_switch: Callable[[str], None],
-        busy: Callable[[], bool] = lambda: False,
-    ) -> None:
+    def __init__(self, eager: Run, eager_s: float, on_switch: Callable[[str], None]) -> None:
         self.done = False
         """Decided for the compiled program (calls go straight to it)."""
         self.eager_wins = False
-        """Decided for eager code (calls run the Python function)."""
+        """Decided for eager code (calls run the Python function, revisited now and then)."""
         self.eager = eager
         """Runs the function eagerly on the flat inputs."""
         self.record_s = eager_s
         """The record pass: an eager run, recording overhead included (shown, not compared:
         a first call can take many times eager's step)."""
         self.compiled_s: list[float] = []
-        """Timed compiled calls."""
+        """Timed compiled calls of the current round."""
         self.eager_s: list[float] = []
-        """Timed eager calls (only when the compiled ones looked slow)."""
+        """Timed eager calls of the current round."""
         self._skipped = 0
+        self._timed = 0
         self._on_switch = on_switch
         self._stale = False
         """Another program serves the calls now: what was measured no longer holds."""
@@ -116,22 +117,18 @@ class Meter:
         a second round decides (:attr:`confirming`)."""
         self.restarts = 0
         """How often the measurement started afresh (:meth:`restart`)."""
-        self.busy = busy
-        """Whether a compile of ours runs beside the caller now (engine "auto"'s background
-        thread): then samples alternate."""
         self.revisit_after = REVISIT
         """Eager calls until the next re-measurement of a decision for eager code."""
-        self._eager_calls = 0
-        self._revisiting = False
         self.revisits = 0
         """How often a decision for eager code was measured again."""
+        self._eager_calls = 0
+        self._revisiting = False
 
     @property
     def confirming(self) -> bool:
-        """In the second round: compiled and eager calls alternate (5 compiled then 5 eager
-        calls once measured a heat step's program, 8x faster than eager, at 1.1x eager's time:
-        a burst of load on a shared machine had slowed the compiled samples only). A revisit
-        of a decision for eager code is measured so from the start."""
+        """In a second round: the first found the program slower (a burst of load on a
+        shared machine once slowed a heat step's program, 8x faster than eager, to 1.1x
+        eager's time), or a decision for eager code is revisited."""
         return self.first_round is not None or self._revisiting
 
     def restart(self) -> None:
@@ -146,10 +143,10 @@ class Meter:
         if self._stale:
             self._stale = False
             self.restarts += 1
-            self.eager_wins = False
-            self._revisiting = False
+            self.eager_wins = self._revisiting = False
             self.first_round = None
-            self.compiled_s, self.eager_s, self._skipped = [], [], 0
+            self._new_round()
+            self._skipped = 0
         if self.eager_wins:
             self._eager_calls += 1
             if self._eager_calls < self.revisit_after:
@@ -158,33 +155,31 @@ class Meter:
         if self._skipped < WARM_UP:
             self._skipped += 1
             return compiled(tensors)
-        if self.confirming or self.busy():  # alternate: load slows samples of both paths
-            timing_eager = len(self.eager_s) < len(self.compiled_s)
-        else:
-            timing_eager = len(self.compiled_s) >= SAMPLES
+        timing_eager = (self._timed + 1) % EAGER_EVERY == 0
         start = _now(tensors)
         result = self.eager(tensors) if timing_eager else compiled(tensors)
         seconds = _now(tensors) - start
         if type(result).__name__ == "GuardFailure" or self._stale:  # not a step of this path
             return result
+        self._timed += 1
         (self.eager_s if timing_eager else self.compiled_s).append(seconds)
-        self._decide()
+        if len(self.eager_s) >= SAMPLES:
+            self._decide()
         return result
 
+    def _new_round(self) -> None:
+        self.compiled_s, self.eager_s, self._timed = [], [], 0
+
     def _measure_again(self) -> None:
-        """A decision for eager code is revisited: one alternating round decides anew."""
+        """A decision for eager code is revisited: one round decides anew."""
         self.revisits += 1
         self.eager_wins = False
         self._eager_calls = 0
-        self.compiled_s, self.eager_s = [], []
         self._revisiting = True
+        self._new_round()
 
     def _decide(self) -> None:
-        if len(self.compiled_s) < SAMPLES:
-            return
         compiled = statistics.median(self.compiled_s)
-        if len(self.eager_s) < SAMPLES:
-            return
         eager = statistics.median(self.eager_s)
         if compiled <= SLOWER * eager:
             self.done = True
@@ -196,9 +191,9 @@ class Meter:
             self.revisit_after = min(2 * self.revisit_after, MAX_REVISIT)
             self.eager_wins = True
             return
-        if not self.confirming:  # measure again, alternating, before dropping the program
+        if not self.confirming:  # measure again before dropping the program
             self.first_round = (compiled, eager)
-            self.compiled_s, self.eager_s = [], []
+            self._new_round()
             return
         self.eager_wins = True
         self._on_switch(self.describe())
@@ -217,19 +212,21 @@ class Meter:
             if self.done
             else "measuring"
         )
-        again = (
-            f" (measured afresh {self.restarts}x: another program took over)" * bool(self.restarts)
-            + f" (revisited {self.revisits}x; next after {self.revisit_after} eager calls)"
-            * bool(self.revisits and self.eager_wins)
-            + f" (revisited {self.revisits}x)" * bool(self.revisits and not self.eager_wins)
-        )
+        notes = []
+        if self.restarts:
+            notes.append(f"measured afresh {self.restarts}x: another program took over")
+        if self.revisits:
+            notes.append(f"revisited {self.revisits}x")
+        if self.revisits and self.eager_wins:
+            notes.append(f"next after {self.revisit_after} eager calls")
+        again = f" ({'; '.join(notes)})" if notes else ""
         if self.first_round is not None:
             first_compiled, first_eager = self.first_round
             parts.append(
                 f"first round compiled {first_compiled * 1e3:.3g} ms, eager "
-                f"{first_eager * 1e3:.3g} ms (then measured again, alternating)"
+                f"{first_eager * 1e3:.3g} ms (then measured again)"
             )
-        return f"step time, median of {SAMPLES}{again}: {', '.join(parts)}; {verdict}"
+        return f"step time, medians{again}: {', '.join(parts)}; {verdict}"
 
 
 def _now(tensors: list[torch.Tensor]) -> float:

@@ -45,7 +45,7 @@ from ._trace import Traced, trace, wrapper_engine
 from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from ._written_inputs import WrittenInputs, versions, written_inputs
-from .engines import CompiledModule, Engine, compiling
+from .engines import CompiledModule, Engine
 from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
 
 __all__ = ["Target", "specialize", "eager_specialization", "VALUE_SPECIALIZATIONS"]
@@ -184,7 +184,7 @@ def _meter(target: Target, parts: _Parts, module: CompiledModule) -> Meter:
     """Times the compiled calls against eager's (NOTE [never slower than eager]), afresh when
     another program takes over (engine "auto"'s compiled tier)."""
     eager = _EagerCall(target.fn, parts.key[0])
-    meter = Meter(eager, parts.timings.record, target.report.switched, busy=compiling)
+    meter = Meter(eager, parts.timings.record, target.report.switched)
     if module.on_new_program is not None:
         module.on_new_program(meter.restart)
     return meter

@@ -115,7 +115,7 @@ def test_a_cache_hit_crosses_at_most_six_modules() -> None:
     step(x)
     measuring = _modules_crossed(lambda: step(x))  # its first calls are timed: one more
     assert len(measuring) <= 7 and "_meter" in measuring, sorted(measuring)
-    for _ in range(_meter.WARM_UP + 2 * _meter.SAMPLES):
+    for _ in range(_meter.WARM_UP + _meter.ROUND):
         step(x)  # decided (compiled and eager calls timed): the meter is out of the way
     kept = ptj.jit(step.__wrapped__, fallback="off")  # compiled, whatever the machine measures
     kept(x)

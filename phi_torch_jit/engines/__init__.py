@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigurationError, UsageError
-from ._background import compiling
 from .auto import AutoEngine
 from .base import (
     RANDOM_OPS,
@@ -50,7 +49,6 @@ __all__ = [
     "register_engine",
     "get_engine",
     "available_engines",
-    "compiling",
 ]
 
 

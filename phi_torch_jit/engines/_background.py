@@ -19,7 +19,7 @@ import time
 import weakref
 from typing import Any, Protocol
 
-__all__ = ["Upgradable", "submit", "wait_idle", "worker_alive", "compiling"]
+__all__ = ["Upgradable", "submit", "wait_idle", "worker_alive"]
 
 
 class Upgradable(Protocol):
@@ -99,9 +99,6 @@ class _Worker:
         with self._lock:
             return self._settled.wait_for(lambda: self._pending == 0, timeout)
 
-    def busy(self) -> bool:
-        return self._pending > 0
-
     def alive(self) -> bool:
         thread = self._thread
         return thread is not None and thread.is_alive()
@@ -127,11 +124,6 @@ def submit(program: Upgradable) -> bool:
 def wait_idle(timeout: float | None = None) -> bool:
     """Wait until every queued compile has finished; False if ``timeout`` s passed first."""
     return _WORKER.wait_idle(timeout)
-
-
-def compiling() -> bool:
-    """Whether a compile is queued or runs on the compile thread now (a read, no lock)."""
-    return _WORKER.busy()
 
 
 def worker_alive() -> bool:
