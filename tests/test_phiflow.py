@@ -7,6 +7,7 @@ import sys
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -716,9 +717,13 @@ def test_a_solve_tape_around_the_jitted_call_gets_one_entry_per_call_like_eager(
         with math.SolveTape() as got:
             jitted(v)
         assert len(got) == len(want) == 1
-        # the residual: float32 rounding of a solve to 1e-5, not bits
-        assert _tape_values(got[0]) == pytest.approx(_tape_values(want[0]), rel=1e-5, abs=1e-7)
-        assert got[0].msg == want[0].msg  # "Converged within 81 iterations."
+        # float32 rounding of a solve to 1e-5, not bits: a residual near the tolerance may
+        # take one more iteration compiled (torch 2.11: 31 against eager's 30)
+        (iterations, *flags), (eager_iterations, *eager_flags) = (
+            _tape_values(got[0]), _tape_values(want[0]))  # fmt: skip
+        assert flags == pytest.approx(eager_flags, rel=1e-5, abs=1e-7)
+        assert abs(np.asarray(iterations) - np.asarray(eager_iterations)).max() <= 1
+        assert got[0].msg.startswith("Converged within") and want[0].msg.startswith("Converged")
     assert jitted.num_traces == 1
 
 
