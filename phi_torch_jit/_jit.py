@@ -352,10 +352,12 @@ def jit(
             the record and trace passes of each new specialization only, guards read the state
             as the trace left it).
         fallback: ``"measure"`` (default): a specialization whose compiled step is more than
-            10% slower than eager's runs eagerly after its first calls, and a function whose
-            calls keep missing the cache (new shapes or branches on most calls) stops
-            compiling; each switch is logged once and shown by ``explain()``. ``"off"``:
-            always the compiled program. (``engine="eager"`` forces eager code.)
+            10% slower than eager's runs eagerly after its first calls (one in five of them
+            timed eagerly), measured again after 64 eager calls and then less and less often;
+            a function whose calls keep missing the cache (new shapes or branches on most
+            calls) stops compiling, with one JitWarning; each switch is logged once and shown
+            by ``explain()``. ``"off"``: always the compiled program. (``engine="eager"``
+            forces eager code.)
         backend: with ``engine="compile"`` or ``"auto"``: the torch.compile backend, a name
             (``"inductor"``, the default; any of ``torch._dynamo.list_backends()`` or registered
             ones) or a callable ``(gm, example_inputs) -> callable``.
