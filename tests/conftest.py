@@ -59,7 +59,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 NO_TORCHSCRIPT_ENV = "PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT"
-"""Set to 1 (``make test-no-torchscript``): torch.jit.trace and torch.jit.script raise for the
+"""Set to 1 (``make test-no-torchscript``): torch.jit.trace, trace_module and script raise for the
 whole session, as in a torch without TorchScript, and the shared suite runs with the engines
 that must work without it."""
 
@@ -87,6 +87,7 @@ def _torchscript_removed(*args: Any, **kwargs: Any) -> NoReturn:
 if NO_TORCHSCRIPT:
     torch.jit.trace = _torchscript_removed  # type: ignore[assignment]
     torch.jit.script = _torchscript_removed  # type: ignore[assignment]
+    torch.jit.trace_module = _torchscript_removed  # type: ignore[assignment]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
