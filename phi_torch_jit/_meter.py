@@ -93,7 +93,16 @@ class Meter:
     ``done`` is the only field a decided call reads: True once the compiled program won.
     """
 
-    def __init__(self, eager: Run, eager_s: float, on_switch: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        eager: Run,
+        eager_s: float,
+        on_switch: Callable[[str], None],
+        compiled: bool = True,
+    ) -> None:
+        self.compiled = compiled
+        """Whether the program is a backend's compile (False: a captured graph run uncompiled,
+        its backend having failed): said so in the figures, never called compiled."""
         self.done = False
         """Decided for the compiled program (calls go straight to it)."""
         self.eager_wins = False
@@ -137,6 +146,7 @@ class Meter:
         from another thread; the next call on the caller's thread starts over."""
         self._stale = True
         self.done = False
+        self.compiled = True
 
     def serve(self, compiled: Run, tensors: list[torch.Tensor]) -> Any:
         """One call while undecided (or decided for eager): run and time a path."""
@@ -201,14 +211,15 @@ class Meter:
     def describe(self) -> str:
         """The figures, for the log and ``explain()``."""
         parts = [f"record pass (eager + recording) {self.record_s * 1e3:.3g} ms"]
+        program = "compiled" if self.compiled else "uncompiled graph"
         if self.compiled_s:
-            parts.append(f"compiled {statistics.median(self.compiled_s) * 1e3:.3g} ms")
+            parts.append(f"{program} {statistics.median(self.compiled_s) * 1e3:.3g} ms")
         if self.eager_s:
             parts.append(f"eager {statistics.median(self.eager_s) * 1e3:.3g} ms")
         verdict = (
-            f"serves eager code (compiled is slower by more than {round((SLOWER - 1) * 100)}%)"
+            f"serves eager code ({program} is slower by more than {round((SLOWER - 1) * 100)}%)"
             if self.eager_wins
-            else "serves the compiled program"
+            else f"serves the {'compiled program' if self.compiled else 'uncompiled graph'}"
             if self.done
             else "measuring"
         )
@@ -223,7 +234,7 @@ class Meter:
         if self.first_round is not None:
             first_compiled, first_eager = self.first_round
             parts.append(
-                f"first round compiled {first_compiled * 1e3:.3g} ms, eager "
+                f"first round {program} {first_compiled * 1e3:.3g} ms, eager "
                 f"{first_eager * 1e3:.3g} ms (then measured again)"
             )
         return f"step time, medians{again}: {', '.join(parts)}; {verdict}"

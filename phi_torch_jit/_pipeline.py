@@ -184,7 +184,8 @@ def _meter(target: Target, parts: _Parts, module: CompiledModule) -> Meter:
     """Times the compiled calls against eager's (NOTE [never slower than eager]), afresh when
     another program takes over (engine "auto"'s compiled tier)."""
     eager = _EagerCall(target.fn, parts.key[0])
-    meter = Meter(eager, parts.timings.record, target.report.switched)
+    uncompiled = any(n.endswith("the captured graph runs uncompiled") for n in module.notes)
+    meter = Meter(eager, parts.timings.record, target.report.switched, compiled=not uncompiled)
     if module.on_new_program is not None:
         module.on_new_program(meter.restart)
     return meter

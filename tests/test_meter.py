@@ -442,3 +442,15 @@ def test_a_burst_of_load_slows_samples_of_both_paths(clock: FakeClock) -> None:
     for _ in range(_meter.WARM_UP + _meter.ROUND):
         meter.serve(compiled, [])
     assert meter.done and not meter.confirming and not switches
+
+
+def test_a_program_whose_backend_failed_is_never_called_compiled() -> None:
+    def failing(gm: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("sparse tensors are not supported")
+
+    jitted = ptj.jit(lambda x: x * 2 + 1, engine="compile", backend=failing)
+    for _ in range(_meter.WARM_UP + _meter.ROUND + 1):
+        torch.testing.assert_close(jitted(torch.ones(3)), torch.full((3,), 3.0))
+    text = jitted.explain()
+    assert "failed (RuntimeError: sparse tensors" in text and "uncompiled graph" in text
+    assert "compiled program" not in text and " compiled " not in text.split("step time")[1]
