@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import read_settings
 import torch
+from test_state_paths import _Counting
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -136,23 +137,12 @@ def test_library_modules_are_not_guarded() -> None:
     assert reads == []
 
 
-class Counter(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-        self.linear = nn.Linear(3, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return self.linear(x) * (1.0 if self.calls < 3 else 0.5)
-
-
 def test_a_jitted_module_that_counts_its_calls_runs_eagerly_like_eager() -> None:
-    model, twin = Counter(), Counter()
+    model, twin = _Counting(), _Counting()  # counts its calls, branches on the count
     twin.load_state_dict(model.state_dict())
     jitted = ptj.jit(model)
     x = torch.ones(2, 3)
-    with pytest.warns(ptj.JitWarning, match="Counter.calls"):
+    with pytest.warns(ptj.JitWarning, match="_Counting.calls"):
         results = [jitted(x) for _ in range(5)]
     for got in results:
         torch.testing.assert_close(got, twin(x))
