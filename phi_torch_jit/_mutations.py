@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._reads import Kind, Read, collect_reads, immutable, same_value
+from ._read_records import Kind, Read, immutable, same_value
+from ._reads import collect_reads
 
 __all__ = ["Snapshot", "snapshot", "modules_known_before"]
 

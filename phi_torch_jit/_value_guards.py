@@ -36,7 +36,7 @@ from ._compat import (
 )
 from ._context import Phase, current_frame
 from ._patches import RefCounted
-from ._reads import same_value
+from ._read_records import same_value
 from ._sources import user_location
 
 __all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]

@@ -1,0 +1,220 @@
+"""Stage 1 (reads), the static walk: which user code a call can reach, and what it names.
+
+Bytecode is read, nothing is run: the globals and free variables each code object loads
+(:func:`names_read`), the attribute and constant-subscript chains it spells out from them
+(:func:`attribute_chains`), the user functions reachable from the jitted callable through closures,
+globals, classes, bound methods and the user's own modules (:func:`user_functions`), and
+the objects the callable holds besides code (:func:`held_objects`: a partial's arguments, a
+method's ``self``, the jitted module). Only the user's files count (:mod:`._sources`). See
+NOTE [Python reads] and NOTE [attribute paths] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from torch import nn
+
+from ._read_records import PRIMITIVES, Source, Step
+from ._sources import is_user_file
+
+__all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
+           "user_module", "user_class", "MAX_DEPTH"]  # fmt: skip
+
+MAX_FUNCTIONS = 400
+"""The walk over user code stops after this many functions."""
+MAX_DEPTH = 3
+"""How deep attribute paths go (``cfg.solver.tol`` is 2)."""
+
+
+_LOADS_GLOBAL = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
+_LOADS_CELL = frozenset(("LOAD_DEREF", "LOAD_CLASSDEREF"))
+_NAMES: dict[types.CodeType, tuple[dict[str, int], dict[str, int]]] = {}
+
+
+def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
+    """(globals read -> first line, free variables read -> first line) of one code object."""
+    found = _NAMES.get(code)
+    if found is None:
+        globals_read: dict[str, int] = {}
+        cells_read: dict[str, int] = {}
+        for instruction in dis.get_instructions(code):
+            line = instruction.positions.lineno if instruction.positions else None
+            if instruction.opname in _LOADS_GLOBAL:
+                globals_read.setdefault(instruction.argval, line or code.co_firstlineno)
+            elif instruction.opname in _LOADS_CELL and instruction.argval in code.co_freevars:
+                cells_read.setdefault(instruction.argval, line or code.co_firstlineno)
+        found = _NAMES[code] = (globals_read, cells_read)
+    return found
+
+
+_CHAINS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
+
+
+def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Step, ...]]]:
+    """Attribute and constant-subscript chains the code reads from each global or free
+    variable, ``cfg.solver.tol`` or ``TABLE["solver"]["tol"]``, keyed by (is a cell, name):
+    guarded exactly, whatever the budget of the walk over the objects (NOTE [attribute
+    paths]). Method loads end a chain (``cfg.update()`` is a call, not data)."""
+    found = _CHAINS.get(code)
+    if found is not None:
+        return found
+    found = {}
+    root: tuple[bool, str] | None = None
+    chain: list[Step] = []
+    pending_key: Any = _NO_KEY
+    for instruction in dis.get_instructions(code):
+        op, arg = instruction.opname, instruction.argval
+        if op in _LOADS_GLOBAL or (op in _LOADS_CELL and arg in code.co_freevars):
+            if root is not None and chain:
+                found.setdefault(root, set()).add(tuple(chain))
+            root, chain, pending_key = (op in _LOADS_CELL, arg), [], _NO_KEY
+        elif root is not None and op == "LOAD_ATTR" and isinstance(arg, str):
+            chain.append(Step(True, arg))
+        elif root is not None and op == "LOAD_CONST" and type(arg) in (str, int):
+            pending_key = arg
+        elif root is not None and op == "BINARY_SUBSCR" and pending_key is not _NO_KEY:
+            chain.append(Step(False, pending_key))
+            pending_key = _NO_KEY
+        elif root is not None:
+            if chain:
+                found.setdefault(root, set()).add(tuple(chain))
+            root, chain, pending_key = None, [], _NO_KEY
+    if root is not None and chain:
+        found.setdefault(root, set()).add(tuple(chain))
+    _CHAINS[code] = found
+    return found
+
+
+_NO_KEY = object()
+
+
+def held_objects(fn: Any) -> list[tuple[Any, Source]]:
+    """The objects a jitted callable holds besides code: the arguments and keywords of a
+    ``functools.partial`` (``partial(relax, cfg=cfg)``), a bound method's ``self``, the
+    jitted module itself; their attributes are read through parameters, not names, so they
+    are guarded as roots of their own (NOTE [attribute paths])."""
+    found: list[tuple[Any, Source]] = []
+    pending, seen = [fn], 0
+    while pending and seen < MAX_DEPTH:
+        obj, seen = pending.pop(), seen + 1
+        where = describe_callable(obj)
+        if isinstance(obj, functools.partial):
+            for i, value in enumerate(obj.args):
+                found.append(((id(obj), i), Source(f"partial argument {i}", where, holder=value)))
+            for name in obj.keywords:
+                source = Source(f"partial keyword {name}", where, obj.keywords, name)
+                found.append(((id(obj), name), source))
+            pending.append(obj.func)
+        elif isinstance(obj, types.MethodType):
+            owner = obj.__self__
+            if not isinstance(owner, type):
+                label = f"{type(owner).__name__} object (self of {obj.__name__})"
+                found.append(((id(owner), "self"), Source(label, where, holder=owner)))
+        elif isinstance(obj, nn.Module):
+            label = f"{type(obj).__name__} object (the jitted module)"
+            found.append(((id(obj), "self"), Source(label, where, holder=obj)))
+    return found
+
+
+def describe_callable(obj: Any) -> str:
+    """``file:line`` of a callable's code, or its type's name."""
+    target = getattr(obj, "func", None) or getattr(obj, "__func__", None) or obj
+    target = getattr(target, "forward", target) if isinstance(target, nn.Module) else target
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    return type(obj).__name__
+
+
+def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
+    """User functions reachable from ``roots`` through closures, globals read, classes and
+    bound methods (a static walk; at most ``MAX_FUNCTIONS``)."""
+    pending = list(roots)
+    seen: set[int] = set()
+    found = 0
+    while pending and found < MAX_FUNCTIONS:
+        obj = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if not isinstance(obj, types.FunctionType):
+            pending.extend(_parts(obj))
+            continue
+        if not is_user_file(obj.__code__.co_filename):
+            continue
+        found += 1
+        yield obj
+        for cell in obj.__closure__ or ():
+            try:
+                pending.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        globals_read, _ = names_read(obj.__code__)
+        pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
+        pending.extend(_through_modules(obj))
+
+
+def _through_modules(function: types.FunctionType) -> list[Any]:
+    """What ``function`` reaches through the user's modules it names (``physics.step``, a
+    function of the user's own module, read as an attribute): the end of each chain."""
+    found = []
+    for (is_cell, name), chains in attribute_chains(function.__code__).items():
+        if is_cell or not isinstance(function.__globals__.get(name), types.ModuleType):
+            continue
+        for chain in chains:
+            value = function.__globals__[name]
+            for step in chain:
+                if not (isinstance(value, types.ModuleType) and user_module(value)):
+                    break
+                value = getattr(value, step.key, None) if step.attribute else None
+            if value is not None and not isinstance(value, types.ModuleType):
+                found.append(value)
+    return found
+
+
+def _parts(obj: Any) -> list[Any]:
+    """What a non-function object leads to: a method's function and owner, a wrapped
+    function, the functions of a user-defined class (for an instance: of its class)."""
+    if isinstance(obj, types.MethodType):
+        return [obj.__func__, obj.__self__]
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
+        return []
+    wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
+    cls = obj if isinstance(obj, type) else type(obj)
+    parts: list[Any] = [wrapped] if wrapped is not None else []
+    for klass in cls.__mro__:
+        if klass.__module__ in ("builtins",) or not user_class(klass):
+            continue
+        for member in vars(klass).values():
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                parts.append(member)
+    return parts
+
+
+def user_class(klass: type) -> bool:
+    module = sys.modules.get(klass.__module__)
+    filename = getattr(module, "__file__", None)
+    return isinstance(filename, str) and is_user_file(filename)
+
+
+def user_module(module: types.ModuleType) -> bool:
+    """Whether a module is the user's: one of the user's files (``import settings``) or made
+    at run time (``types.ModuleType("config")``). Its attributes are configuration that the
+    code's attribute paths read (``settings.GRAVITY``); libraries' modules are not walked."""
+    filename = getattr(module, "__file__", None)
+    if isinstance(filename, str):
+        return is_user_file(filename)
+    made_at_run_time = getattr(module, "__spec__", None) is None
+    return made_at_run_time and module.__name__ not in sys.builtin_module_names

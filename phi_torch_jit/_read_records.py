@@ -1,0 +1,218 @@
+"""Stage 1 (reads), its records: where a read value lives and how it is guarded.
+
+Plain data shared by the guard stage (:mod:`._reads`), the side-effect snapshot
+(:mod:`._mutations`) and the wrapper (which rebinds tensor sources while tracing). See NOTE
+[Python reads] and NOTE [attribute paths] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Kind", "Source", "Step", "LENGTH", "Read", "GONE", "PRIMITIVES", "same_value",
+           "immutable", "tensor_meta", "array_copy", "same_array"]  # fmt: skip
+
+PRIMITIVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+"""Values guarded by value."""
+GONE = Exception
+"""What reading a source may raise: a name or entry gone (KeyError, AttributeError...), or
+anything a user object's attribute access raises. Either way the guard fails, and the next
+record pass runs the user's code, which raises where eager code would."""
+
+
+class Kind(enum.Enum):
+    """How a read value is guarded."""
+
+    VALUE = "value"
+    """Immutable: compared by value."""
+    CONTENT = "content"
+    """A small container of immutable values: compared by content (a snapshot)."""
+    IDENTITY = "identity"
+    """Any other object: must be the same object."""
+    ARRAY = "array"
+    """A NumPy array of up to ``_MAX_ARRAY`` elements: compared by content (a copy)."""
+    TENSOR = "tensor"
+    """A tensor: an input of the compiled program, guarded by its metadata."""
+    ITERATOR = "iterator"
+    """An iterator or generator (``next(forcing)``): each call takes new items, which no
+    compiled program repeats; a specialization that reads one runs eagerly."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a read value lives: a globals dict entry (or a partial's keywords), a closure
+    cell, or an object the jitted callable holds (a partial's argument, a method's ``self``,
+    the jitted module itself)."""
+
+    label: str
+    """``global dt`` or ``closure dt``, for messages."""
+    location: str
+    """``file:line`` of the first read."""
+    namespace: dict[str, Any] | None = None
+    """The globals dict (for a global)."""
+    name: str = ""
+    """The global's name."""
+    cell: types.CellType | None = None
+    """The cell (for a closure variable)."""
+    path: tuple[Step, ...] = ()
+    """Attribute and item steps from the global or cell to the value (``cfg.solver.tol``,
+    ``TABLE["solver"]["tol"]``): NOTE [attribute paths]."""
+    holder: Any = None
+    """The object itself, for an object the jitted callable holds (neither a namespace
+    entry nor a cell: it cannot be rebound, only changed)."""
+
+    def get(self) -> Any:
+        """The current value (KeyError / ValueError / AttributeError if it no longer exists)."""
+        value = self._root()
+        for step in self.path:
+            if step.length:
+                value = len(value)
+            else:
+                value = getattr(value, step.key) if step.attribute else value[step.key]
+        return value
+
+    def _root(self) -> Any:
+        if self.cell is not None:
+            return self.cell.cell_contents
+        if self.namespace is not None:
+            return self.namespace[self.name]
+        return self.holder
+
+    def set(self, value: Any) -> None:
+        """Rebind it (used while tracing, to put a traced input in place of a tensor)."""
+        if self.path:
+            owner = Source(self.label, self.location, self.namespace, self.name, self.cell,
+                           self.path[:-1], self.holder).get()  # fmt: skip
+            last = self.path[-1]
+            if last.attribute:
+                setattr(owner, last.key, value)
+            else:
+                owner[last.key] = value
+        elif self.cell is not None:
+            self.cell.cell_contents = value
+        else:
+            assert self.namespace is not None, "an object held by the callable is not rebound"
+            self.namespace[self.name] = value
+
+    def child(self, step: Step) -> Source:
+        """The source one attribute or item further."""
+        if step.length:
+            label = f"len({self.label})"
+        else:
+            label = self.label + (f".{step.key}" if step.attribute else f"[{step.key!r}]")
+        return Source(label, self.location, self.namespace, self.name, self.cell,
+                      (*self.path, step), self.holder)  # fmt: skip
+
+    def expression(self, root: str) -> str:
+        """Python code reading it, given code ``root`` reading the global, cell or object."""
+        for step in self.path:
+            if step.length:
+                root = f"len({root})"
+            else:
+                root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
+        return root
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of an attribute path."""
+
+    attribute: bool
+    """``.key`` (True) or ``[key]`` (False)."""
+    key: Any
+    """An identifier, or a str/int dict key."""
+    length: bool = False
+    """``len()`` of the value instead (a list's or dict's length: an append is a change)."""
+
+
+LENGTH = Step(False, None, length=True)
+
+
+@dataclass(frozen=True)
+class Read:
+    """One Python value the function read, and how it is guarded."""
+
+    source: Source
+    """Where it lives."""
+    kind: Kind
+    """How it is compared."""
+    expected: Any
+    """The value (VALUE), a snapshot (CONTENT), the object (IDENTITY) or the tensor's
+    ``(shape, dtype, device, requires_grad)`` (TENSOR)."""
+
+    def current(self) -> Any:
+        """What :attr:`expected` is compared with now."""
+        value = self.source.get()
+        if self.kind is Kind.TENSOR:
+            return tensor_meta(value)
+        return value
+
+    def holds(self) -> bool:
+        try:
+            now = self.current()
+        except GONE:
+            return False
+        if self.kind in (Kind.IDENTITY, Kind.ITERATOR):
+            return now is self.expected
+        return same_value(now, self.expected)
+
+    def describe(self) -> str:
+        try:
+            now = repr(_short(self.current()))
+        except GONE:
+            now = "<deleted>"
+        where = f"{self.source.label} (read at {self.source.location})"
+        return f"{where}: {_short(self.expected)!r} -> {now}"
+
+
+def _short(value: Any) -> Any:
+    text = repr(value)
+    return value if len(text) <= 60 else f"<{type(value).__name__} object>"
+
+
+def array_copy(value: Any) -> Any:
+    return value.copy()
+
+
+def same_array(a: Any, b: Any) -> bool:
+    numpy = sys.modules["numpy"]
+    return (
+        type(a) is type(b)
+        and a.dtype == b.dtype
+        and bool(numpy.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    )
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether a value read now equals the one a trace saw: same type, equal (NaN equals
+    NaN, arrays element-wise with their dtype); comparisons that raise are not equal."""
+    if hasattr(a, "__array_interface__"):
+        return same_array(a, b)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # comparisons that raise: not provably equal
+        return False
+
+
+def tensor_meta(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return ("not a tensor", type(value).__name__)
+    return (tuple(value.shape), value.dtype, value.device, value.requires_grad)
+
+
+def immutable(value: Any) -> bool:
+    """Whether a value can be guarded by value: numbers, strings, None, enums, dtypes,
+    devices, and tuples or frozensets of these."""
+    if isinstance(value, PRIMITIVES) or isinstance(value, enum.Enum):
+        return True
+    if type(value) in (tuple, frozenset):
+        return all(immutable(v) for v in value)
+    return False
