@@ -122,3 +122,14 @@ def test_a_cache_hit_crosses_at_most_six_modules() -> None:
     crossed = _modules_crossed(lambda: kept(x))
     assert len(crossed) <= 6, sorted(crossed)
     assert {"_jit", "_signature", "_specialization"} <= crossed
+
+
+def test_every_subpackage_is_packaged() -> None:
+    """pyproject.toml lists the packages a wheel holds: a subpackage left out is missing from
+    it (the editable installs of ``make`` would not show it)."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert found == listed
