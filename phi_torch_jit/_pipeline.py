@@ -27,7 +27,8 @@ from ._guards import ModuleGuard, has_backward_hooks
 from ._meter import Meter
 from ._mutations import modules_known_before, snapshot
 from ._options import Options
-from ._reads import Kind, PythonGuard, Read, collect_reads
+from ._read_records import Kind, Read
+from ._reads import PythonGuard, collect_reads
 from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
@@ -254,14 +255,15 @@ def _eager_reason(
     recording: Recording,
     changed: list[str],
     written: WrittenInputs | None,
-    reads: Sequence[Read] = (),
+    reads: Sequence[Read],
 ) -> str:
     """Why a specialization must run eagerly, known after the record pass ("" if none).
 
     Warned about once per jitted function, with a JitWarning that names the reasons
     (NOTE [eager, never a crash]), and logged. ``changed``: the user state the record pass
     changed (NOTE [side effects of the step]);
-    ``written``: the arguments it wrote in place (NOTE [arguments written in place]).
+    ``written``: the arguments it wrote in place (NOTE [arguments written in place]);
+    ``reads``: what it reads from Python (an iterator among them makes it eager).
     """
     reasons = list(recording.eager_reasons)
     if has_backward_hooks(recording.modules.values()):
