@@ -169,6 +169,24 @@ DISABLE_MODES = _api(
     "read a real value out of a tensor while make_fx's dispatch modes are active",
     "_value_guards",
 )
+CURRENT_DISPATCH_MODE = _api(
+    "torch.utils._python_dispatch._get_current_dispatch_mode",
+    "whether make_fx's dispatch mode is active on this thread (a custom body being captured "
+    "reads tensor memory directly only then)",
+    "engines._graph_bodies",
+)
+TORCH_C = _api(
+    "torch._C",
+    "PhiML's torch backend reads torch._C._get_tracing_state to tell its trace pass; the view "
+    "of torch it gets during our graph capture passes every other name through",
+    "_phiml_graph_capture",
+)
+PROXY_TENSOR = _api(
+    "torch.fx.experimental.proxy_tensor",
+    "make_fx's dispatch (proxy_call) refuses a value read inside an op (torch.add(x, y, "
+    "alpha=t), torch.ones(n) with tensors t, n); the trace phase guards such reads instead",
+    "_value_guards",
+)
 BACKWARD_HOOK_FUNCTION = _api(
     "torch.nn.modules._functions.BackwardHookFunction",
     "the autograd.Function behind module backward hooks must pass through our interception",
@@ -314,6 +332,9 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     VERSION_COUNTER,
     IS_FAKE,
     DISABLE_MODES,
+    CURRENT_DISPATCH_MODE,
+    TORCH_C,
+    PROXY_TENSOR,
     BACKWARD_HOOK_FUNCTION,
     GLOBAL_HOOKS,
     TENSOR_BASE,

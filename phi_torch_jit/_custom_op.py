@@ -389,7 +389,8 @@ class NestedCalls:
 
     def call(self, function: CustomFunction, args: tuple[Any, ...]) -> tuple[Any, Any]:
         """(outputs, call context) of a custom function called by a body being compiled."""
-        with untraced(), no_frame(), torch.no_grad():
+        # hidden from the enclosing capture: a TorchScript trace, or make_fx's dispatch modes
+        with untraced(), disable_dispatch_modes(), no_frame(), torch.no_grad():
             outputs, single = function.run_forward(args)
             context = call_state().last_context
             recorded = RecordedCall.of(function, args, outputs[0] if single else outputs, context)

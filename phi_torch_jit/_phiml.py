@@ -20,7 +20,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,7 @@ import torch
 from ._compat import get_tracing_state
 from ._context import current_frame, note_module_call
 from ._patches import RefCounted
+from ._phiml_graph_capture import VIEW
 from .errors import RunEagerly
 
 __all__ = [
@@ -565,6 +566,9 @@ class PhiMLBridge:
     [PhiML bridge] in docs/design.md.
     """
 
+    is_phi_torch_jit_bridge = True
+    """How :mod:`._phiml_graph_capture` knows the jit on PhiML's stack is ours."""
+
     def __init__(self) -> None:
         self.recording = False
         """Whether the pass on PhiML's stack now is the record pass (values are real)."""
@@ -648,7 +652,7 @@ class PhiMLBridge:
         tracing = sys.modules["phiml.math._functional"]._TRACING_JIT
         tracing.append(self)  # when_available asks PhiML's own jit stack
         try:
-            with _AVAILABILITY.active(), _CHECKS.active(), _LOOPS.active():
+            with _AVAILABILITY.active(), _CHECKS.active(), _LOOPS.active(), VIEW.active():
                 yield
         finally:
             stack.remove(self)
@@ -656,6 +660,11 @@ class PhiMLBridge:
             self._forward_modules()
         for runnable, tensors in self._after_record:  # the record pass returned
             runnable(*tensors)
+
+    def tapes_hidden(self) -> AbstractContextManager[None]:
+        """While the block runs, PhiML's open ``SolveTape``s are set aside: for a run of the
+        program that is not a call of the user's (a backend's warm-up on the trace inputs)."""
+        return tapes_set_aside() if self.used else nullcontext()
 
     def _forward_modules(self) -> None:
         for module in self.called_modules:

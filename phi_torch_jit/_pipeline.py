@@ -13,6 +13,7 @@ function instead: :class:`~.errors.RunEagerly` carries the reason, logged once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._compat import torchscript_available
 from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
 from ._guards import ModuleGuard, has_backward_hooks
@@ -42,11 +44,11 @@ from ._signature import (
 )
 from ._specialization import Key, Specialization, Timings
 from ._state import rng_restored
-from ._trace import Traced, trace, wrapper_engine
+from ._trace import Traced, trace
 from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from ._written_inputs import WrittenInputs, versions, written_inputs
-from .engines import CompiledModule, Engine
+from .engines import CompiledModule, Engine, get_engine
 from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
 
 __all__ = ["Target", "specialize", "eager_specialization", "VALUE_SPECIALIZATIONS"]
@@ -228,15 +230,39 @@ class _EagerCall:
 def _compile(
     target: Target, recording: Recording, wrapper: WrapperModule, tensors: list[torch.Tensor]
 ) -> tuple[Traced, tuple[CompiledCall, ...], float]:
-    """Stages 2 and 4: (what the trace produced, the distinct compiled calls, stage 2's s)."""
-    requested = target.options.engine
-    engine, note = wrapper_engine(requested, recording)
+    """Stages 2 and 4: (what the trace produced, the distinct compiled calls, stage 2's s).
+
+    A PhiML program that the requested graph-capturing engine cannot capture faithfully (a
+    sparse matrix built with ``bincount``: a shape that depends on values) is traced by
+    TorchScript where it exists, as before PhiML's custom gradients could be captured; the
+    note says so in ``explain()``."""
+    engine = target.options.engine
+    try:
+        return _compile_with(engine, target, recording, wrapper, tensors)
+    except RunEagerly as signal:
+        if not (recording.phiml.used and engine.captures_graph and torchscript_available()):
+            raise
+        note = f"engine {engine.name!r} used 'torchscript': {signal.reason}"
+    traced, calls, compile_s = _compile_with(
+        get_engine("torchscript"), target, recording, wrapper, tensors
+    )
+    module = dataclasses.replace(traced.module, notes=(*traced.module.notes, note))
+    return dataclasses.replace(traced, module=module), calls, compile_s
+
+
+def _compile_with(
+    engine: Engine,
+    target: Target,
+    recording: Recording,
+    wrapper: WrapperModule,
+    tensors: list[torch.Tensor],
+) -> tuple[Traced, tuple[CompiledCall, ...], float]:
     start = time.perf_counter()
     with rng_restored():
-        steps = compile_calls(recording.calls, requested, engine.captures_graph)
+        steps = compile_calls(recording.calls, engine, engine.captures_graph)
     compile_s = time.perf_counter() - start
     guarding = target.options.on_guard_failure != "off"
-    traced = trace(engine, steps, recording, wrapper, tensors, guarding, note)
+    traced = trace(engine, steps, recording, wrapper, tensors, guarding)
     calls = tuple({id(s.compiled): s.compiled for s in steps}.values())
     return traced, calls, compile_s
 

@@ -2,16 +2,13 @@
 
 The order of what happens around a trace matters and lives here, in one function:
 
-1. the engine that traces the wrapper is chosen (:func:`wrapper_engine`): PhiML's custom
-   gradients only cooperate with TorchScript's tracer, so other engines hand such functions
-   to ``"torchscript"`` (noted for ``explain()``);
-2. module buffers and the RNG are rewound to their state before the record pass
+1. module buffers and the RNG are rewound to their state before the record pass
    (:meth:`._state.StateSnapshot.rewound`), so the trace leaves no side effect;
-3. inside that, the trace phase is entered (frame and patches: :func:`._phases.tracing`),
+2. inside that, the trace phase is entered (frame and patches: :func:`._phases.tracing`),
    the engine compiles the wrapper on copies of the inputs, and the cursor checks that
    every recorded call was replayed (:meth:`._replay.ReplayCursor.finish`);
-4. still rewound but outside the frame, the engine's warm-up runs (a backend's compile);
-5. a :class:`Traced` is returned: the compiled module, its value guards, the structure of
+3. still rewound but outside the frame, the engine's warm-up runs (a backend's compile);
+4. a :class:`Traced` is returned: the compiled module, its value guards, the structure of
    the result the trace saw, and the time it took.
 
 Stage 2 (compiling the custom calls, :func:`._custom_op.compile_calls`) runs before this
@@ -29,17 +26,17 @@ from typing import Any
 
 import torch
 
-from ._compat import any_autocast, torchscript_available
+from ._compat import any_autocast
 from ._phases import tracing
 from ._record import Recording
 from ._replay import ReplayCursor, ReplayStep
 from ._signature import Spec
 from ._value_guards import Conversion, ValueGuard
 from ._wrapper import WrapperModule
-from .engines import CompiledModule, Engine, get_engine
-from .errors import RunEagerly, TraceError, ValueNotCaptured
+from .engines import CompiledModule, Engine
+from .errors import TraceError, ValueNotCaptured
 
-__all__ = ["Traced", "wrapper_engine", "trace"]
+__all__ = ["Traced", "trace"]
 
 
 @dataclass(frozen=True)
@@ -58,20 +55,6 @@ class Traced:
     """Buffers the function replaced; their new values follow the program's other outputs."""
     deferred: tuple[Any, ...] = ()
     """PhiML ``when_available`` callbacks, called with their tensors after each call."""
-
-
-def wrapper_engine(engine: Engine, recording: Recording) -> tuple[Engine, str]:
-    """The engine that traces the wrapper -- ``engine``, or TorchScript's for PhiML's custom
-    gradients -- and a note for ``explain()`` when it is not ``engine``."""
-    if recording.phiml.used and not engine.torchscript_tracing:
-        if not torchscript_available():
-            raise RunEagerly(
-                "it uses PhiML custom gradients, which only TorchScript's tracer can compile, "
-                "and TorchScript is unavailable in this torch"
-            )
-        note = f"engine {engine.name!r} used 'torchscript': PhiML custom gradients"
-        return get_engine("torchscript"), note
-    return engine, ""
 
 
 def _trace_input(t: torch.Tensor) -> torch.Tensor:
@@ -110,12 +93,10 @@ def trace(
     wrapper: WrapperModule,
     tensors: list[torch.Tensor],
     guarding: bool,
-    note: str = "",
 ) -> Traced:
     """Trace ``wrapper`` with ``engine``, replaying ``steps``; see the module docstring.
 
     ``guarding``: collect tensor-to-Python conversions of user code as value guards.
-    ``note``: why this engine traces (from :func:`wrapper_engine`), for ``explain()``.
     """
     start = time.perf_counter()
     cursor = ReplayCursor(steps, wrapper.owner)
@@ -132,10 +113,13 @@ def trace(
         cursor.finish()
         if conversions and compiled.defer is not None:  # a path of values: compile on reuse
             notes = compiled.defer(len(conversions))
+        elif compiled.warm_up is not None:  # a run on the trace inputs: no SolveTape sees it
+            with recording.phiml.tapes_hidden():
+                notes = compiled.warm_up()
         else:
-            notes = compiled.warm_up() if compiled.warm_up is not None else ()
+            notes = ()
     assert frame.outputs.spec is not None, "the wrapper's forward did not run"
-    notes = (*compiled.notes, *notes, *([note] if note else []))
+    notes = (*compiled.notes, *notes)
     served = compiled.served if conversions and compiled.defer is not None else None
     compiled = dataclasses.replace(compiled, notes=notes, warm_up=None, defer=None, served=served)
     value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())

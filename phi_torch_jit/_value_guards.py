@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ._compat import (
+    PROXY_TENSOR,
     TracerWarning,
     disable_dispatch_modes,
     get_tracing_state,
@@ -152,14 +153,83 @@ def _intercepting(kind: str) -> Callable[..., Any]:
     return convert
 
 
+_READS_IN_OPS = ("aten.item.default", "aten._local_scalar_dense.default")
+"""What make_fx's dispatch sees when a torch op reads a tensor's value in C++ (an argument
+that must be a number: ``torch.add(x, y, alpha=t)``, ``torch.ones(n)``, ``x.repeat(n)``)."""
+
+_VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
+
+
+def _guarding_reads_in_ops(original: Callable[..., Any]) -> Callable[..., Any]:
+    """make_fx's ``proxy_call`` that turns a value read inside an op into a guarded conversion.
+
+    A graph capture refuses such a read (the graph would bake it); TorchScript traces some of
+    them and value-guards the rest. Here a read made for user code (its ``file:line`` is the
+    user's) is a :class:`Conversion` like ``t.item()`` in Python: the value is baked, and the
+    tensor becomes an extra output checked on every call (NOTE [value guards]). A read for
+    torch's or our own code, or outside a trace frame, is refused as before."""
+
+    def proxy_call(mode: Any, func: Any, pre_dispatch: bool, args: Any, kwargs: Any) -> Any:
+        try:
+            return original(mode, func, pre_dispatch, args, kwargs)
+        except RuntimeError as error:
+            if str(func) not in _READS_IN_OPS or _VALUE_OUT_OF_GRAPH not in str(error):
+                raise
+            frame = current_frame()
+            if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:
+                raise
+            location = user_location(1, skip_torch=True)
+            if location is None:
+                raise
+            with disable_dispatch_modes():
+                value = tensor_conversion("item")(args[0])
+            frame.conversions.append(Conversion(args[0], "item", value, location))
+            return value
+
+    proxy_call.__wrapped__ = original  # type: ignore[attr-defined]
+    return proxy_call
+
+
+def _guarded_equal(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.equal`` / ``Tensor.equal`` in traced user code: a Python bool computed from
+    values, which TorchScript's trace baked silently (no TracerWarning) and a graph capture
+    refused. Guarded as ``bool((x == y).all())`` (tensors of different shapes are never
+    equal, and shapes are part of the cache key)."""
+
+    def equal(x: Any, y: Any) -> bool:
+        frame = current_frame()
+        if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:
+            return bool(original(x, y))
+        location = user_location(1)
+        if location is None or not isinstance(y, torch.Tensor) or x.shape != y.shape:
+            return bool(original(x, y))
+        tensor = torch.eq(x, y).all()
+        with warnings.catch_warnings(), disable_dispatch_modes():
+            warnings.simplefilter("ignore", TracerWarning)
+            value = bool(tensor_conversion("__bool__")(tensor))
+        frame.conversions.append(Conversion(tensor, "__bool__", value, location))
+        return value
+
+    equal.__wrapped__ = original  # type: ignore[attr-defined]
+    return equal
+
+
 def _install() -> None:
     for kind in _CONVERSIONS:
         setattr(torch.Tensor, kind, _intercepting(kind))
+    torch.Tensor.equal = _guarded_equal(torch.Tensor.equal)  # type: ignore[method-assign]
+    torch.equal = _guarded_equal(torch.equal)
+    proxy_tensor = PROXY_TENSOR.find()
+    proxy_tensor.proxy_call = _guarding_reads_in_ops(proxy_tensor.proxy_call)
 
 
 def _remove() -> None:
     for kind in _CONVERSIONS:
         delattr(torch.Tensor, kind)
+    del torch.Tensor.equal
+    torch.equal = torch.equal.__wrapped__  # type: ignore[attr-defined]
+    proxy_tensor = PROXY_TENSOR.find()
+    proxy_tensor.proxy_call = proxy_tensor.proxy_call.__wrapped__
 
 
 _CAPTURE = RefCounted(_install, _remove)

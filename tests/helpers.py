@@ -32,6 +32,17 @@ def value_loop_mode(jitted: Any) -> str:
     return "looped" if engine.name in ("compile", "auto") and loops else "python"
 
 
+def torchscript_bodies(jitted: Any) -> bool:
+    """Whether a jitted function's custom-function bodies are compiled by TorchScript: engine
+    "torchscript", or engine "compile" with its default ``functions`` engine, where TorchScript
+    works. Otherwise (engine "auto", no TorchScript) they are captured graphs, or Python."""
+    from phi_torch_jit._compat import torchscript_available
+    from phi_torch_jit.engines.torchscript import TorchScriptEngine
+
+    functions = getattr(jitted.engine, "functions", jitted.engine)
+    return isinstance(functions, TorchScriptEngine) and torchscript_available()
+
+
 class Counter:
     """Counts calls of the Python functions under test. Slotted: test instrumentation, not
     state of the program under test, so attribute-path guards and the side-effect check

@@ -6,12 +6,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, engine_name, make_solve, value_loop_mode
+from helpers import Counter, engine_name, make_solve, torchscript_bodies, value_loop_mode
 from torch import nn
 
 import phi_torch_jit as ptj
 from phi_torch_jit._backward import drop_none, restore_none
-from phi_torch_jit._compat import torchscript_available
 
 pytestmark = pytest.mark.all_engines
 
@@ -89,15 +88,11 @@ def test_none_gradients_are_filtered_and_restored(jit_engine: str) -> None:
         assert y.grad is None
     # Python of the gradient ran only to build the compiled form (engine compile: and once at
     # capture, on zeros, to learn which gradients are None; docs/engines.md)
-    # Without TorchScript the backward runs as Python on every backward.
-    compiled = torchscript_available()
-    if compiled:
-        assert counter.gradient == (1 if jit_engine == "torchscript" else 2)
-    else:  # once per backward (and once on zeros at capture)
-        assert counter.gradient >= 3
+    # Without TorchScript the backward is a captured graph (engines.md): the same counts.
+    assert counter.gradient == (1 if jit_engine == "torchscript" else 2)
     (call,) = step.specializations[0].calls
     spec = call.backward.specializations[(True, True)]
-    assert spec.present == (True, False) and spec.mode == ("traced" if compiled else "python")
+    assert spec.present == (True, False) and spec.mode == "traced"
 
 
 def test_backward_python_runs_only_while_compiling() -> None:
@@ -116,10 +111,11 @@ def test_backward_python_runs_only_while_compiling() -> None:
     assert call.backward.specializations[(True, False)].mode == mode
     # a captured graph's backward op learns its None pattern from one run on zeros (engines.md);
     # a captured backward is checked once against the Python one, whose gradients the compile
-    # run of the functions engine computed (without TorchScript: one more Python run)
+    # run of TorchScript's functions engine computed (bodies captured as graphs instead: their
+    # capture stops at the loop, and the reference is one more Python run)
     looped = mode == "looped"
-    reference = looped and not torchscript_available()
-    extra = (1 if step.engine.captures_graph else 0) + int(looped) + int(reference)
+    by_graph = looped and not torchscript_bodies(step)
+    extra = (1 if step.engine.captures_graph else 0) + int(looped) + 2 * int(by_graph)
     assert counter.gradient == 3 + extra
 
 

@@ -8,6 +8,7 @@ compiles C++ and takes seconds: its tests are marked slow and kept to a few.
 from __future__ import annotations
 
 import logging
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -261,18 +262,24 @@ def test_lstm_training_matches_eager_even_where_the_backend_fails(
     assert sum("runs uncompiled" in r.message for r in caplog.records) <= 1
 
 
-def test_a_tensor_used_as_a_size_runs_eagerly_with_the_right_reason(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_tensor_used_as_a_size_is_a_guarded_value(caplog: pytest.LogCaptureFixture) -> None:
+    """``x.repeat(n)`` reads ``n`` inside the op (C++): the capture bakes it and guards it
+    (it ran eagerly before); with value guards off, the function runs eagerly and says so."""
     step = ptj.jit(lambda x, n: x.repeat(n), engine="compile", backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for n in (2, 2, 3, 2):
+            assert torch.equal(step(torch.ones(2), torch.tensor(n)), torch.ones(2 * n))
+    assert step.num_traces == 2
+    assert not [s for s in step.specializations if s.eager_reason]
+    unguarded = ptj.jit(
+        lambda x, n: x.repeat(n), engine="compile", backend="aot_eager", on_guard_failure="off"
+    )
     with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
-        with pytest.warns(ptj.JitWarning, match="a tensor used as a size") as warned:
+        with pytest.warns(ptj.JitWarning, match="value guards are off") as warned:
             for n in (2, 3):
-                assert torch.equal(step(torch.ones(2), torch.tensor(n)), torch.ones(2 * n))
+                assert torch.equal(unguarded(torch.ones(2), torch.tensor(n)), torch.ones(2 * n))
     assert len(warned) == 1
-    (record,) = [r for r in caplog.records if "runs eagerly" in r.message]
-    assert "a tensor used as a size" in record.message
-    assert "value guards are off" not in record.message  # they are on (the default)
 
 
 def _counting_backend() -> tuple[list[torch.fx.GraphModule], Any]:

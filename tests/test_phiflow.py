@@ -137,11 +137,16 @@ def test_fluid_at_rest_stays_at_rest() -> None:
 
 
 def test_gradients_through_several_jitted_steps_equal_eager() -> None:
+    """Three steps in a box open on all sides (velocity ZERO_GRADIENT, so the pressure system
+    is regular): in the closed box the float32 adjoint CG diverges eagerly on 5 of 12 inputs
+    perturbed by 1e-5, so rounding decided the test. Repeated three times: TorchScript's
+    optimizing executor gave a gradient off by 1.7 (of 4.2) here from its second compiled
+    call on (engines.torchscript._differentiable)."""
+
     def loss_gradient(stepper: Any) -> torch.Tensor:
         native = torch.rand(N, N, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        # PhiML's float32 CG from x0=None reports Diverged, eagerly, on the flow of seed 0
-        # here (numpy 2.4.6) and on seed 1 at tolerance 1e-4: a state that converges eagerly
-        v, _ = initial(seed=2)
+        math.seed(0)
+        v = StaggeredGrid(Noise(), ZERO_GRADIENT, DOMAIN, x=N, y=N) * 0.1
         s = CenteredGrid(math.tensor(native, spatial("x,y")), ZERO_GRADIENT, DOMAIN)
         for _ in range(3):
             v, s = stepper(v, s)
@@ -153,7 +158,7 @@ def test_gradients_through_several_jitted_steps_equal_eager() -> None:
     with phiml_eager():
         want = loss_gradient(smoke_step)
     step = ptj.jit(smoke_step)
-    for _ in range(2):
+    for _ in range(3):
         assert torch.allclose(loss_gradient(step), want, atol=1e-5)
 
 
@@ -342,6 +347,38 @@ def test_pressure_solve_is_compiled_with_its_loop_kept() -> None:
         assert jitted.num_traces == 1
         for a, b in zip(want, got):
             assert _max_diff(a, b) < 1e-5  # NaN fails too
+
+
+@pytest.mark.parametrize("engine", ["compile", "auto"])
+def test_a_phiml_step_is_captured_without_torchscript(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PhiML's custom gradients used to be handed to TorchScript's tracer under every engine
+    (PhiML tells its trace pass by TorchScript's tracing state). The graph capture now shows
+    PhiML a tracing state of its own (_phiml_graph_capture): with torch.jit.trace and script
+    raising, the step is captured and compiled, equal to eager, its solve a captured loop."""
+
+    def removed(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("TorchScript removed by this test")
+
+    monkeypatch.setattr(torch.jit, "trace", removed)
+    monkeypatch.setattr(torch.jit, "script", removed)
+    options: dict[str, Any] = {"backend": "aot_eager"}
+    if engine == "auto":
+        options["compile_on"] = "caller"
+    jitted = ptj.jit(open_step, engine=engine, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)  # runs eagerly: warned
+        for state in (initial(), initial(seed=3), initial(seed=3)):
+            with phiml_eager():
+                want = open_step(*state)
+            got = jitted(*state)
+            for a, b in zip(want, got):
+                assert _max_diff(a, b) < 1e-5
+    assert jitted.num_traces == 1
+    explained = jitted.explain()
+    assert "runs eagerly" not in explained and "'torchscript'" not in explained
+    assert "forward: looped" in explained
 
 
 def test_solver_errors_of_a_compiled_solve_are_raised_on_the_same_calls_as_eager() -> None:

@@ -141,3 +141,26 @@ def test_failed_guard_rolls_back_random_draws() -> None:
     want_next = torch.rand(3)
     assert torch.equal(got, want) and torch.equal(got_next, want_next)
     assert step.specializations[0].uses_rng
+
+
+def test_values_read_inside_torch_ops_are_guarded(jit_engine: str) -> None:
+    """A torch op that needs a number reads a tensor's value in C++ (``alpha=t``,
+    ``x.repeat(n)``) or returns one (``torch.equal``): a graph capture refused these and the
+    function ran eagerly (torchode's step-size controller, gpytorch's kernels). Now each is
+    a guarded value like ``t.item()``: same values serve the program, new ones retrace.
+    TorchScript traces ``alpha`` and ``repeat``'s count as values of the program, and baked
+    ``torch.equal``'s branch silently until it was guarded."""
+
+    def f(x: torch.Tensor, y: torch.Tensor, t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        z = torch.add(x, y, alpha=t).repeat(n)
+        return z * 2 if torch.equal(x, y) else z - 1
+
+    step = ptj.jit(f)
+    x, y = torch.arange(3.0), torch.ones(3)
+    cases = [(y, 0.5, 2), (y, 0.5, 2), (y, 2.0, 2), (y, 0.5, 3), (x, 0.5, 2), (y, 0.5, 2)]
+    for other, t, n in cases:
+        args = (x, other, torch.tensor(t), torch.tensor(n))
+        assert torch.equal(step(*args), f(*args))
+    # graph capture: (0.5, 2), (2.0, 2), (0.5, 3), unequal inputs; TorchScript: (un)equal
+    assert step.num_traces == (2 if jit_engine == "torchscript" else 4)
+    assert not [s for s in step.specializations if s.eager_reason]

@@ -25,6 +25,19 @@ __all__ = ["straight_line", "tensor_ops_only"]
 
 _C_FUNCTIONS = (types.BuiltinFunctionType, types.MethodDescriptorType)
 
+_HAND_WRITTEN = frozenset(
+    "to type new_tensor tensor as_tensor asarray frombuffer range sparse_coo_tensor "
+    "sparse_compressed_tensor sparse_csr_tensor sparse_csc_tensor sparse_bsr_tensor "
+    "sparse_bsc_tensor _sparse_coo_tensor_unsafe _sparse_compressed_tensor_unsafe "
+    "_sparse_csr_tensor_unsafe _sparse_csc_tensor_unsafe _sparse_bsr_tensor_unsafe "
+    "_sparse_bsc_tensor_unsafe".split()
+)
+"""Ops whose Python function of the same name is bound by hand in torch, with arguments that
+are not their schema's: ``Tensor.to`` takes no ``layout=`` or ``pin_memory=``, which the
+``aten.to.dtype_layout`` overload a capture records passes (a PhiFlow step failed so on the
+straight-line tier with a TypeError); ``torch.sparse_coo_tensor`` takes ``size`` where the
+schema has other overloads. These keep their overload's C handle."""
+
 
 def _fast_callable(target: Any) -> Any:  # target: an OpOverload or a plain callable
     """The C callable that runs ``target`` with the arguments FX recorded for it."""
@@ -32,6 +45,8 @@ def _fast_callable(target: Any) -> Any:  # target: an OpOverload or a plain call
         return target  # operator.getitem, torch._C._set_grad_enabled...
     if target.namespace == "aten":
         name = target._schema.name.split("::", 1)[1]
+        if name in _HAND_WRITTEN:
+            return target._op
         for owner in (eager_functions(), torch.Tensor):
             found = getattr(owner, name, None)
             if isinstance(found, _C_FUNCTIONS):  # not properties, not Python wrappers

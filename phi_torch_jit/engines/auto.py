@@ -65,12 +65,16 @@ class AutoEngine(CompileEngine):
     Args:
         backend: as for :class:`~phi_torch_jit.engines.compile.CompileEngine` (default
             ``"inductor"``); called directly on the captured graph.
-        functions: the engine that compiles the bodies of custom functions (default
-            TorchScript where it works, else they run as Python).
+        functions: the engine that compiles the bodies of custom functions (default: captured
+            graphs run straight-line, :mod:`._graph_bodies`; TorchScript with
+            ``torchscript=True``).
         compile_on: ``"background"`` (default): the compile runs on the background thread
             and the caller never waits for it. ``"caller"``: it runs on the caller's thread,
             inside the second call of each specialization, so the switch comes at a known
             call (deterministic; for tests and for debugging a backend).
+        torchscript: use TorchScript where it works (default False: this engine, the default
+            one, runs no TorchScript): custom-function bodies traced by it, and the fast tier
+            a TorchScript trace of the captured graph instead of straight-line Python.
         **options: ``mode`` and ``options`` (inductor settings). ``fullgraph``, ``dynamic``
             and ``disable`` concern dynamo, which this engine does not use; ``disable=True``
             keeps every specialization on the fast tier.
@@ -84,13 +88,14 @@ class AutoEngine(CompileEngine):
         *,
         functions: Engine | None = None,
         compile_on: str = "background",
+        torchscript: bool = False,
         **options: Any,
     ) -> None:
         if compile_on not in COMPILE_ON:
             raise ConfigurationError(
                 f"phi_torch_jit: compile_on must be one of {COMPILE_ON}, got {compile_on!r}."
             )
-        super().__init__(backend, functions=functions, **options)
+        super().__init__(backend, functions=functions, torchscript=torchscript, **options)
         self.compile_on = compile_on
 
     def can_trace_now(self) -> bool:
@@ -144,6 +149,7 @@ class TieredProgram:
         self.owner = owner
         self.target = Compilable(graph, (*example, *state), engine, len(example))
         self.on_caller = engine.compile_on == "caller"
+        self.torchscript = engine.torchscript
         self.serve: Callable[..., Any] = graph.forward
         self._fast: Callable[..., Any] = graph.forward
         self.tier = "captured graph"
@@ -235,7 +241,8 @@ class TieredProgram:
         backend's compile."""
         example, self._example = self._example, ()
         inputs = (*example, *self.state)
-        fast = trace_graph(self.graph, inputs) if tensor_ops_only(self.graph) else None
+        traceable = self.torchscript and tensor_ops_only(self.graph)
+        fast = trace_graph(self.graph, inputs) if traceable else None
         self.fast_tier = "torchscript-graph" if fast is not None else "straight-line"
         self._fast = fast if fast is not None else straight_line(self.graph)
         self.serve = self._serve_fast

@@ -126,10 +126,6 @@ class Engine(abc.ABC):
     captures_graph: ClassVar[bool] = False
     """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
     receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""
-    torchscript_tracing: ClassVar[bool] = True
-    """Whether :meth:`compile_module` traces with TorchScript's tracer. PhiML's custom
-    gradients only cooperate with that tracer; other engines hand such functions over to
-    engine ``"torchscript"`` (noted in ``explain()``)."""
 
     def can_trace_now(self) -> bool:
         """Whether :meth:`compile_module` could trace at this moment (engine ``"auto"``: not

@@ -52,6 +52,7 @@ from .._compat import (
     import_inductor,
     inductor_has_setting,
     mode_options,
+    torchscript_available,
 )
 from .._inductor_fixes import for_inductor
 from .._warnings import TORCHSCRIPT_NOTICE
@@ -64,6 +65,7 @@ from ..errors import (
     ValueNotCaptured,
     describe_error,
 )
+from ._graph_bodies import GraphBodies, data_dependent_shape
 from ._looped import faster, is_phiml, with_captured_loops
 from ._twice import TwiceDifferentiable, needs_twice
 from .base import (
@@ -115,7 +117,10 @@ class CompileEngine(Engine):
             ``(gm, example_inputs) -> callable`` (also ``aot_autograd(fw_compiler=...)``).
             It is called on the captured graph directly, without dynamo.
         functions: the engine that compiles the bodies of custom functions (default
-            :class:`~phi_torch_jit.engines.torchscript.TorchScriptEngine`).
+            :class:`~phi_torch_jit.engines.torchscript.TorchScriptEngine`; with
+            ``torchscript=False``, or where TorchScript does not work, captured graphs run
+            straight-line: :mod:`._graph_bodies`).
+        torchscript: whether TorchScript may compile custom-function bodies (default True).
         **options: ``mode`` and ``options`` (inductor settings, merged as torch.compile
             does), ``disable=True`` (run the captured graph uncompiled), ``fullgraph`` (no
             effect: a captured graph is always one graph) and ``dynamic`` (only False: every
@@ -130,10 +135,14 @@ class CompileEngine(Engine):
     captures_graph = True
     keeps_grad_mode = True
     keeps_functorch = False
-    torchscript_tracing = False
 
     def __init__(
-        self, backend: Backend = "inductor", *, functions: Engine | None = None, **options: Any
+        self,
+        backend: Backend = "inductor",
+        *,
+        functions: Engine | None = None,
+        torchscript: bool = True,
+        **options: Any,
     ) -> None:
         check_backend(backend)
         _import_inductor_quietly()
@@ -149,7 +158,14 @@ class CompileEngine(Engine):
                 "shapes of its cache key; dynamic=True is not supported (a new shape retraces)."
             )
         self.backend = backend
-        self.functions = functions if functions is not None else TorchScriptEngine()
+        self.torchscript = torchscript
+        """Whether TorchScript may serve where it works (custom-function bodies, engine
+        "auto"'s fast tier); where it does not, bodies are captured graphs run straight-line."""
+        self.functions = (
+            functions
+            if functions is not None
+            else (TorchScriptEngine() if torchscript else GraphBodies())
+        )
         options.setdefault("dynamic", False)
         if backend == "inductor":
             options["options"] = {"fallback_random": True, **(options.get("options") or {})}
@@ -166,7 +182,10 @@ class CompileEngine(Engine):
         return {**settings, **(self.options.get("options") or {})}
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
-        compiled = self.functions.compile_function(target)
+        functions = self.functions
+        if isinstance(functions, TorchScriptEngine) and not torchscript_available():
+            functions = GraphBodies()  # TorchScript's would run every body as Python
+        compiled = functions.compile_function(target)
         if not self.options.get("loops", True):
             return compiled
         if compiled.mode == "traced" and not is_phiml(target.loop_source):
@@ -442,11 +461,6 @@ def _capture(
     return graph
 
 
-_DATA_DEPENDENT = ("nonzero.", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
-                   "repeat_interleave.Tensor", "bincount")  # fmt: skip
-"""Ops whose output shape depends on tensor values (``nonzero_static`` is not one of them)."""
-
-
 _RNNS = ("aten.gru.input", "aten.lstm.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
 
 
@@ -469,23 +483,15 @@ def _reject_rnn_dropout(graph: torch.fx.GraphModule) -> None:
 
 def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:
     """A captured graph has the shapes of this run baked in; an op whose output shape depends
-    on values (``x.nonzero()``, ``torch.unique``, ``x[mask]``) would give other calls wrong
-    sizes. Such functions run eagerly (TorchScript traces those sizes dynamically)."""
-    for node in graph.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = str(node.target)
-        masked = name == "aten.index.Tensor" and any(
-            getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
-            for i in node.args[1]
-            if i is not None
+    on values would give other calls wrong sizes. Such functions run eagerly (TorchScript
+    traces those sizes dynamically)."""
+    name = data_dependent_shape(graph)
+    if name:
+        raise RunEagerly(
+            "a captured graph (engines 'compile', 'auto') would bake the output shape of "
+            f"{name} (it depends on tensor values); use engine 'torchscript', or ops with "
+            "static shapes (torch.where with three arguments, nonzero_static)"
         )
-        if masked or any(op in name for op in _DATA_DEPENDENT):
-            raise RunEagerly(
-                "a captured graph (engines 'compile', 'auto') would bake the output shape of "
-                f"{name} (it depends on tensor values); use engine 'torchscript', or ops with "
-                "static shapes (torch.where with three arguments, nonzero_static)"
-            )
 
 
 _VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"

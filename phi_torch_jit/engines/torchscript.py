@@ -208,6 +208,18 @@ def _uses_rng(graph: Any) -> bool:
     return False
 
 
+def _differentiable(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether a program may be differentiated (an input, parameter or buffer requires grad).
+
+    The optimizing executor differentiates the subgraphs it fuses symbolically; on a PhiFlow
+    smoke step in an open box (pressure solve, MacCormack advection) the gradient it gave
+    from the second compiled call on was off by 1.7 where its largest entry is 4.2 (torch
+    2.13; unoptimized and eager agree to 5e-7). Programs that can be differentiated therefore
+    run unoptimized; on this CPU the optimizer made no measurable difference to a training
+    step (NOTE [TorchScript optimizations])."""
+    return any(t.requires_grad for t in tensors)
+
+
 def _draws_twice(graph: Any) -> bool:
     """Whether a traced graph has more than one node that may draw random numbers.
 
@@ -266,7 +278,9 @@ class TorchScriptEngine(Engine):
     def _executable(self, fn: Any, graph: Any = None, tensors: Sequence[torch.Tensor] = ()) -> Any:
         optimize = self.optimize
         if optimize is None:
-            optimize = graph is None or not (_has_complex(graph, tensors) or _draws_twice(graph))
+            optimize = graph is None or not (
+                _has_complex(graph, tensors) or _draws_twice(graph) or _differentiable(tensors)
+            )
         return fn if optimize else _Unoptimized(fn)
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
