@@ -41,9 +41,9 @@ def _sync(device: torch.device) -> None:
 def _peers(fn: Callable[..., Any], phiml_fn: Callable[..., Any] | None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "eager": fn,
-        "ours (torchscript)": ptj.jit(fn),
+        "ours (torchscript)": ptj.jit(fn, engine="torchscript"),
         "ours (compile)": ptj.jit(fn, engine="compile"),
-        "ours (auto)": ptj.jit(fn, engine="auto"),
+        "ours (auto, the default)": ptj.jit(fn),
         "ours (compile, reduce-overhead)": ptj.jit(fn, engine="compile", mode="reduce-overhead"),
     }
     if phiml_fn is None:  # a PhiFlow step: PhiML's own jit of PhiML values

@@ -325,16 +325,18 @@ def jit(
     Args:
         fn: a function, an nn.Module, or a method (``@jit`` on ``forward``). May be omitted to
             use ``jit(...)`` as a decorator factory.
-        engine: ``"torchscript"`` (default; fastest first call), ``"compile"`` (``torch.compile``
-            of the captured graph: slower first call, fused steady state, and data-dependent
-            loops in custom functions run as compiled blocks, docs/loops.md; ``loops=False``
-            keeps them as TorchScript or Python; see docs/engines.md),
-            ``"auto"`` (the captured graph runs at once on a fast tier while the backend
-            compiles it on a background thread, then switches; :meth:`JitFunction.wait_compiled`
-            waits for that), ``"eager"`` (no compilation, for debugging), or an
-            :class:`~phi_torch_jit.engines.Engine`. Left out: the environment variable
-            ``PHI_TORCH_JIT_ENGINE`` (``"compile"``, ``"compile:aot_eager"``...) or
-            ``"torchscript"``. ``PHI_TORCH_JIT_DISABLE=1`` forces ``"eager"``.
+        engine: ``"auto"`` (default; runs no TorchScript: the captured graph runs at once on a
+            straight-line fast tier while inductor compiles it on a background thread, then
+            switches; :meth:`JitFunction.wait_compiled` waits for that; custom-function bodies
+            are captured graphs, their data-dependent loops compiled blocks, docs/loops.md),
+            ``"compile"`` (the backend's compile of the captured graph in the first call:
+            slower first call, no tier switch; ``loops=False`` keeps loops as TorchScript or
+            Python; see docs/engines.md), ``"torchscript"`` (legacy: ``torch.jit.trace``,
+            which PyTorch deprecated; fastest first call), ``"eager"`` (no compilation, for
+            debugging), or an :class:`~phi_torch_jit.engines.Engine`. Left out: the
+            environment variable ``PHI_TORCH_JIT_ENGINE`` (``"compile"``,
+            ``"compile:aot_eager"``...) or ``"auto"``. ``PHI_TORCH_JIT_DISABLE=1`` forces
+            ``"eager"``.
         max_traces: number of specializations before a warning (>= 1).
         guard_hooks: check hooks and parameter/buffer identity of the modules before each call
             (about 0.3 us per module); with False only training flags are checked and hooks

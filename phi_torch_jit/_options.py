@@ -89,11 +89,12 @@ class Options:
 
 
 def _default_engine(options: dict[str, Any]) -> str:
-    """The engine named by ``PHI_TORCH_JIT_ENGINE`` (``torchscript`` if unset)."""
+    """The engine named by ``PHI_TORCH_JIT_ENGINE``, else ``"auto"`` (TorchScript-free: the
+    captured graph served at once, compiled by inductor on a background thread)."""
     name, _, backend = os.environ.get(ENGINE_ENV, "").partition(":")
     if backend and "backend" not in options:
         options["backend"] = backend
-    return name or "torchscript"
+    return name or "auto"
 
 
 def positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:

@@ -71,6 +71,16 @@ the second call of each specialization, so trace and call counts are determinist
 
 register_engine(AUTO_ON_CALLER, functools.partial(AutoEngine, compile_on="caller"))
 
+DEFAULT_TEST_ENGINE = f"{AUTO_ON_CALLER}:aot_eager"
+"""What ``jit(f)`` without an engine runs in tests that do not name one: the default engine
+("auto", TorchScript-free), compiling on the caller's thread with a backend that runs the whole
+capture without inductor's code generation, so trace counts and the switch to the compiled
+tier are deterministic and the suite stays within CI's time. Inductor itself: tests marked
+slow; the background thread: test_auto_engine.py. ``PHI_TORCH_JIT_ENGINE`` set outside pytest
+wins (the shared suite sets it per engine)."""
+
+os.environ.setdefault("PHI_TORCH_JIT_ENGINE", DEFAULT_TEST_ENGINE)
+
 _COMPILING_ENGINES = ("compile:aot_eager", f"{AUTO_ON_CALLER}:aot_eager")
 ENGINES = _COMPILING_ENGINES if NO_TORCHSCRIPT else ("torchscript", *_COMPILING_ENGINES)
 """What ``@pytest.mark.all_engines`` tests run with: the default engine; the compile engine

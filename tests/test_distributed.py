@@ -48,7 +48,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             optimizer.step()
         # the unsupported pattern: DDP called inside the jitted function
         inner = demo.make_corrected_step(DistributedDataParallel(net))
-        unsupported = ptj.jit(demo.make_unrolled_loss(inner, UNROLL))
+        unsupported = ptj.jit(demo.make_unrolled_loss(inner, UNROLL), engine="auto")
         try:
             unsupported(u0[share], targets[:, share], k)
             error = ""

@@ -40,7 +40,7 @@ def test_trace_holds_one_opaque_node_per_custom_call() -> None:
     solve = make_solve()
     net = nn.Linear(8, 8)
 
-    @ptj.jit
+    @ptj.jit(engine="torchscript")  # reads its TorchScript graph
     def step(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return solve(solve(net(u), k), k)
 
