@@ -71,6 +71,9 @@ class _Local(threading.local):
 
 _LOCAL = _Local()
 _LOCK = threading.RLock()
+"""Guards the patching of Tensor's direct reads."""
+_OWN_LOCK = threading.Lock()
+"""The tracing lock of a GraphBodies made without one."""
 
 
 def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,8 +143,19 @@ class GraphBodies(Engine):
 
     name = "graph-bodies"
 
+    def __init__(self, lock: Any = None) -> None:
+        self.lock = lock if lock is not None else _OWN_LOCK
+        """The engine's tracing lock: make_fx keeps process-wide state (torch 2.13's FX
+        tracing flag), so no capture may overlap engine "auto"'s background compile. Taken
+        around the outermost capture on a thread (a nested custom call's body is captured
+        inside its caller's); a capture waits for a running compile."""
+
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
-        captured = capture_body(target.fn, target.example_inputs)
+        if _LOCAL.depth:  # inside this thread's capture of the calling body: lock held
+            captured = capture_body(target.fn, target.example_inputs)
+        else:
+            with self.lock:
+                captured = capture_body(target.fn, target.example_inputs)
         if isinstance(captured, str):
             return CompiledFunction(target.fn, "python", captured)
         if target.expected is not None:

@@ -164,7 +164,7 @@ class CompileEngine(Engine):
         self.functions = (
             functions
             if functions is not None
-            else (TorchScriptEngine() if torchscript else GraphBodies())
+            else (TorchScriptEngine() if torchscript else GraphBodies(_CAPTURE_LOCK))
         )
         options.setdefault("dynamic", False)
         if backend == "inductor":
@@ -184,7 +184,7 @@ class CompileEngine(Engine):
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         functions = self.functions
         if isinstance(functions, TorchScriptEngine) and not torchscript_available():
-            functions = GraphBodies()  # TorchScript's would run every body as Python
+            functions = GraphBodies(_CAPTURE_LOCK)  # TorchScript's would run bodies as Python
         compiled = functions.compile_function(target)
         if not self.options.get("loops", True):
             return compiled
