@@ -139,8 +139,9 @@ parameter, buffer and optimizer state tensor (`torch.testing.assert_close`, floa
 rtol 1e-4, atol 1e-5). The same comparison is the test suite `tests/corpus` (marker `corpus`).
 
 Engines `compile` and `auto` use backend `aot_eager` (the whole graph capture, without
-inductor's code generation), to keep CI time down; `auto-on-caller` is engine `auto` compiling
-on the caller's thread, so trace counts are deterministic.
+inductor's code generation), to keep CI time down; `auto-on-caller` is engine `auto` (the
+default, TorchScript-free) compiling on the caller's thread, so trace counts are deterministic;
+`torchscript` is the legacy engine.
 
 Per engine: **equal** (compiled, equal to eager); **eager, warned** (equal, the function runs
 eagerly and one `JitWarning` says why); **eager, logged** (equal, runs eagerly, the reason is a

@@ -200,8 +200,10 @@ def _guarded_equal(original: Callable[..., Any]) -> Callable[..., Any]:
         frame = current_frame()
         if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:
             return bool(original(x, y))
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape != y.shape:
+            return False  # never equal; shapes are part of the cache key
         location = user_location(1)
-        if location is None or not isinstance(y, torch.Tensor) or x.shape != y.shape:
+        if location is None or not isinstance(y, torch.Tensor):
             return bool(original(x, y))
         tensor = torch.eq(x, y).all()
         with warnings.catch_warnings(), disable_dispatch_modes():
