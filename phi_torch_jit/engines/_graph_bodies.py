@@ -136,6 +136,27 @@ def capture_body(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> An
         return str(error)
 
 
+class _CapturedLater:
+    """A backward whose capture found the tracing lock taken (engine "auto"'s compile thread):
+    its Python runs, and each call tries the capture again without waiting, until it is done
+    (or refused: then Python for good)."""
+
+    def __init__(self, target: FunctionTarget, lock: Any) -> None:
+        self.target = target
+        self.lock = lock
+        self.run: Callable[..., Any] | None = None
+
+    def __call__(self, *tensors: torch.Tensor) -> Any:
+        if self.run is None and self.lock.acquire(blocking=False):
+            try:
+                with torch.random.fork_rng():  # the capture runs the body: no extra draws
+                    captured = capture_body(self.target.fn, tensors)
+            finally:
+                self.lock.release()
+            self.run = self.target.fn if isinstance(captured, str) else captured
+        return (self.run or self.target.fn)(*tensors)
+
+
 class GraphBodies(Engine):
     """Compiles custom-function bodies as captured graphs run straight-line (no TorchScript);
     bodies that cannot be captured faithfully run as Python. Used as the ``functions``
@@ -148,14 +169,23 @@ class GraphBodies(Engine):
         """The engine's tracing lock: make_fx keeps process-wide state (torch 2.13's FX
         tracing flag), so no capture may overlap engine "auto"'s background compile. Taken
         around the outermost capture on a thread (a nested custom call's body is captured
-        inside its caller's); a capture waits for a running compile."""
+        inside its caller's). A forward's capture (the first call of a specialization, which
+        engine "auto" only starts while no compile runs) waits for it; a backward's, compiled at
+        the first backward, does not: it runs as Python until the lock is free."""
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         if _LOCAL.depth:  # inside this thread's capture of the calling body: lock held
             captured = capture_body(target.fn, target.example_inputs)
+        elif target.expected is None and not self.lock.acquire(blocking=False):
+            later = _CapturedLater(target, self.lock)  # its own run decides, call by call
+            return CompiledFunction(later, "traced", "captured once the running compile ends")
         else:
-            with self.lock:
+            if target.expected is not None:
+                self.lock.acquire()
+            try:
                 captured = capture_body(target.fn, target.example_inputs)
+            finally:
+                self.lock.release()
         if isinstance(captured, str):
             return CompiledFunction(target.fn, "python", captured)
         if target.expected is not None:
