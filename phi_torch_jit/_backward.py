@@ -25,6 +25,7 @@ import torch
 from ._custom import TENSOR, merge_tensors
 from ._phases import compiling
 from .engines import CompiledFunction, Engine, FunctionTarget
+from .errors import NotNow
 
 if TYPE_CHECKING:
     from ._custom import CustomFunction
@@ -194,7 +195,11 @@ class LazyBackward:
                 with_loop_source=probe.with_source,
                 reference=lambda: probe.last_values or probe.reference(flat),
             )
-            compiled = self.engine.compile_function(target)
+            try:
+                compiled = self.engine.compile_function(target)
+            except NotNow:  # the engine cannot compile without waiting: Python this time
+                probe.last_values = None
+                return probe.masked(flat)
         if compiled.mode == "python":
             self.function.note_python_fallback("backward", compiled.reason)
         if probe.last_values is None:  # the compile run did not finish: run it as Python

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._compat import CURRENT_DISPATCH_MODE, TORCHSCRIPT_NOTICE
+from ..errors import NotNow
 from ._light import straight_line
 from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
 from .torchscript import _reproduces
@@ -136,27 +137,6 @@ def capture_body(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> An
         return str(error)
 
 
-class _CapturedLater:
-    """A backward whose capture found the tracing lock taken (engine "auto"'s compile thread):
-    its Python runs, and each call tries the capture again without waiting, until it is done
-    (or refused: then Python for good)."""
-
-    def __init__(self, target: FunctionTarget, lock: Any) -> None:
-        self.target = target
-        self.lock = lock
-        self.run: Callable[..., Any] | None = None
-
-    def __call__(self, *tensors: torch.Tensor) -> Any:
-        if self.run is None and self.lock.acquire(blocking=False):
-            try:
-                with torch.random.fork_rng():  # the capture runs the body: no extra draws
-                    captured = capture_body(self.target.fn, tensors)
-            finally:
-                self.lock.release()
-            self.run = self.target.fn if isinstance(captured, str) else captured
-        return (self.run or self.target.fn)(*tensors)
-
-
 class GraphBodies(Engine):
     """Compiles custom-function bodies as captured graphs run straight-line (no TorchScript);
     bodies that cannot be captured faithfully run as Python. Used as the ``functions``
@@ -171,14 +151,14 @@ class GraphBodies(Engine):
         around the outermost capture on a thread (a nested custom call's body is captured
         inside its caller's). A forward's capture (the first call of a specialization, which
         engine "auto" only starts while no compile runs) waits for it; a backward's, compiled at
-        the first backward, does not: it runs as Python until the lock is free."""
+        the first backward, does not: ``NotNow`` makes that backward run as Python, and the
+        next one compiles again."""
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         if _LOCAL.depth:  # inside this thread's capture of the calling body: lock held
             captured = capture_body(target.fn, target.example_inputs)
         elif target.expected is None and not self.lock.acquire(blocking=False):
-            later = _CapturedLater(target, self.lock)  # its own run decides, call by call
-            return CompiledFunction(later, "traced", "captured once the running compile ends")
+            raise NotNow(f"{target.label}: the tracing lock is taken (a background compile)")
         else:
             if target.expected is not None:
                 self.lock.acquire()
