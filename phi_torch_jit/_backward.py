@@ -196,10 +196,12 @@ class LazyBackward:
                 reference=lambda: probe.last_values or probe.reference(flat),
             )
             try:
-                compiled = self.engine.compile_function(target)
-            except NotNow:  # the engine cannot compile without waiting: Python this time
-                probe.last_values = None
-                return probe.masked(flat)
+                compiled: CompiledFunction | None = self.engine.compile_function(target)
+            except NotNow:  # the engine cannot compile without waiting: Python this time,
+                compiled = None  # outside the compile phase (nested custom calls run eagerly)
+        if compiled is None:
+            probe.last_values = None
+            return probe.masked(flat)
         if compiled.mode == "python":
             self.function.note_python_fallback("backward", compiled.reason)
         if probe.last_values is None:  # the compile run did not finish: run it as Python
