@@ -59,6 +59,7 @@ __all__ = [
     "op_overload",
     "eager_functions",
     "torchscript_available",
+    "VALUE_OUT_OF_GRAPH",
 ]
 
 TESTED_TORCH = ("2.11.0", "2.13.0", "2.15.0")
@@ -417,6 +418,10 @@ is_fake: Callable[[Any], bool] = _Lazy(IS_FAKE)
 """Whether a tensor is a fake (or functional wrapper of a fake) tensor."""
 disable_dispatch_modes: Callable[[], Any] = _Lazy(DISABLE_MODES)
 """Context manager: no Python dispatch mode (make_fx's) is active in the block."""
+
+VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
+"""Part of the error make_fx raises when a traced tensor's value is read (``.item()``, an op
+that needs a number); torch 2.11-2.15."""
 
 
 def backend_exists(name: str) -> bool:

@@ -29,6 +29,7 @@ import torch
 
 from ._compat import (
     PROXY_TENSOR,
+    VALUE_OUT_OF_GRAPH,
     TracerWarning,
     disable_dispatch_modes,
     get_tracing_state,
@@ -39,6 +40,7 @@ from ._context import Phase, current_frame
 from ._patches import RefCounted
 from ._read_records import same_value
 from ._sources import user_location
+from ._static_shapes import static_form
 
 __all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
 
@@ -157,8 +159,6 @@ _READS_IN_OPS = ("aten.item.default", "aten._local_scalar_dense.default")
 """What make_fx's dispatch sees when a torch op reads a tensor's value in C++ (an argument
 that must be a number: ``torch.add(x, y, alpha=t)``, ``torch.ones(n)``, ``x.repeat(n)``)."""
 
-_VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
-
 
 def _guarding_reads_in_ops(original: Callable[..., Any]) -> Callable[..., Any]:
     """make_fx's ``proxy_call`` that turns a value read inside an op into a guarded conversion.
@@ -170,10 +170,24 @@ def _guarding_reads_in_ops(original: Callable[..., Any]) -> Callable[..., Any]:
     torch's or our own code, or outside a trace frame, is refused as before."""
 
     def proxy_call(mode: Any, func: Any, pre_dispatch: bool, args: Any, kwargs: Any) -> Any:
+        frame = current_frame()
+        if frame is not None and frame.phase is Phase.TRACE and frame.conversions is not None:
+
+            def trace(op: Any, op_args: tuple[Any, ...], op_kwargs: dict[str, Any]) -> Any:
+                return proxy_call(mode, op, pre_dispatch, op_args, op_kwargs)
+
+            form = static_form(func, args, kwargs, trace)
+            if form is not None:  # NOTE [value-dependent sizes]
+                result, sizes = form
+                where = user_location(1, skip_torch=True) or f"{func} in torch"
+                frame.conversions.extend(
+                    Conversion(s.tensor, "__int__", s.value, f"{where} ({s.what})") for s in sizes
+                )
+                return result
         try:
             return original(mode, func, pre_dispatch, args, kwargs)
         except RuntimeError as error:
-            if str(func) not in _READS_IN_OPS or _VALUE_OUT_OF_GRAPH not in str(error):
+            if str(func) not in _READS_IN_OPS or VALUE_OUT_OF_GRAPH not in str(error):
                 raise
             frame = current_frame()
             if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:

@@ -38,8 +38,9 @@ _DIRECT_READS = ("tolist", "numpy", "__array__")
 """Tensor methods that read memory without an op make_fx could refuse."""
 
 
-_DATA_DEPENDENT = ("nonzero.", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
-                   "repeat_interleave.Tensor", "bincount")  # fmt: skip
+_DATA_DEPENDENT = frozenset(("nonzero", "nonzero_numpy", "argwhere", "_unique", "_unique2",
+                             "unique_dim", "unique_consecutive", "_unique_consecutive",
+                             "masked_select", "bincount", "histc_dynamic"))  # fmt: skip
 """Ops whose output shape depends on tensor values (``nonzero_static`` is not one of them)."""
 
 
@@ -50,12 +51,20 @@ def data_dependent_shape(graph: torch.fx.GraphModule) -> str:
         if node.op != "call_function":
             continue
         name = str(node.target)
+        packet, _, overload = name.removeprefix("aten.").rpartition(".")
         masked = name == "aten.index.Tensor" and any(
             getattr(getattr(i, "meta", {}).get("val"), "dtype", None) in (torch.bool, torch.uint8)
             for i in node.args[1]
             if i is not None
         )
-        if masked or any(op in name for op in _DATA_DEPENDENT):
+        repeats = packet == "repeat_interleave" and overload in ("Tensor", "self_Tensor")
+        unsized = (
+            repeats
+            and node.kwargs.get("output_size") is None
+            and (overload == "Tensor" or len(node.args) < 4 or node.args[3] is None)
+        )
+        where = name == "aten.where.default"  # torch.where(condition): nonzero's columns
+        if masked or unsized or where or (name.startswith("aten.") and packet in _DATA_DEPENDENT):
             return name
     return ""
 

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from .._compat import (
+    VALUE_OUT_OF_GRAPH,
     backend_exists,
     compile_captured,
     import_inductor,
@@ -448,7 +449,7 @@ def _capture(
     try:
         graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(*example_inputs, *state)
     except RuntimeError as error:
-        if _VALUE_OUT_OF_GRAPH not in str(error):
+        if VALUE_OUT_OF_GRAPH not in str(error):
             raise
         raise ValueNotCaptured(
             "a tensor is read as a Python value that a captured graph (engines 'compile', "
@@ -483,18 +484,18 @@ def _reject_rnn_dropout(graph: torch.fx.GraphModule) -> None:
 
 def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:
     """A captured graph has the shapes of this run baked in; an op whose output shape depends
-    on values would give other calls wrong sizes. Such functions run eagerly (TorchScript
-    traces those sizes dynamically)."""
+    on values would give other calls wrong sizes. Boolean indices, ``nonzero``,
+    ``torch.where(mask)``, ``masked_select`` and ``repeat_interleave`` reach the graph in a
+    static form with their sizes guarded (NOTE [value-dependent sizes]); what is left here
+    (``unique``, ``bincount``, such an op in torch's own code with guards off) runs eagerly."""
     name = data_dependent_shape(graph)
     if name:
         raise RunEagerly(
             "a captured graph (engines 'compile', 'auto') would bake the output shape of "
-            f"{name} (it depends on tensor values); use engine 'torchscript', or ops with "
-            "static shapes (torch.where with three arguments, nonzero_static)"
+            f"{name} (it depends on tensor values); use ops with static shapes (torch.where "
+            "with three arguments, nonzero_static, index_add into zeros), or engine "
+            "'torchscript'"
         )
-
-
-_VALUE_OUT_OF_GRAPH = "trying to get value out of a tracing tensor"
 
 
 def _import_inductor_quietly() -> None:

@@ -1,0 +1,160 @@
+"""Ops whose output size depends on values, captured in a static form with guarded sizes
+(phi_torch_jit._static_shapes, NOTE [value-dependent sizes]): compiled, equal to eager, and a
+call with another size retraces instead of running a graph built for the old one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import captures_graph, gradcheck
+
+import phi_torch_jit as ptj
+from phi_torch_jit.engines._graph_bodies import data_dependent_shape
+
+pytestmark = pytest.mark.all_engines
+
+MASK_A = torch.tensor([True, False, True, False, False, True])
+MASK_B = torch.tensor([False, True, True, True, False, False])  # as many True as MASK_A
+MASK_C = torch.tensor([True, True, True, True, False, False])  # one more
+
+
+def masked(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    picked = x[mask]
+    return (picked * picked).sum(), picked + 1
+
+
+def _compare(jitted: object, eager: object, *args: torch.Tensor) -> None:
+    x = args[0]
+    got = jitted(*args)  # type: ignore[operator]
+    (g_got,) = torch.autograd.grad(got[0], x)
+    want = eager(*args)  # type: ignore[operator]
+    (g_want,) = torch.autograd.grad(want[0], x)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(g_got, g_want)
+
+
+def test_a_boolean_index_is_compiled_and_follows_the_mask_of_each_call(jit_engine: str) -> None:
+    step = ptj.jit(masked)
+    x = torch.randn(6, 3, requires_grad=True)
+    for mask in (MASK_A, MASK_B, MASK_A, MASK_B):
+        _compare(step, masked, x, mask)
+    assert step.num_traces == 1
+    assert "runs eagerly" not in step.explain()
+
+
+def test_another_number_of_true_entries_retraces(jit_engine: str) -> None:
+    step = ptj.jit(masked)
+    x = torch.randn(6, 3, requires_grad=True)
+    for mask in (MASK_A, MASK_C, MASK_A, MASK_C):
+        _compare(step, masked, x, mask)
+    # graph capture: one specialization per size, both kept; TorchScript traces sizes
+    assert step.num_traces == (2 if captures_graph(jit_engine) else 1)
+    assert "runs eagerly" not in step.explain()
+
+
+def selections(
+    x: torch.Tensor, mask: torch.Tensor, repeats: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    where = torch.nonzero(mask)
+    rows, _ = torch.where(x > 0.5)
+    chosen = torch.masked_select(x, mask[:, None])
+    spread = torch.repeat_interleave(x[:, 0], repeats)
+    counts = torch.repeat_interleave(repeats)
+    total = chosen.sum() + spread.sum() + x[rows].sum() + where.sum()
+    return total, chosen, spread, counts, rows
+
+
+def test_nonzero_where_masked_select_and_repeat_interleave_equal_eager(jit_engine: str) -> None:
+    step = ptj.jit(selections)
+    x = torch.tensor([[0.1, 0.9], [0.7, 0.2], [0.3, 0.4], [0.8, 0.6], [0.0, 0.1], [0.2, 0.3]])
+    x.requires_grad_(True)
+    x_same_counts = torch.tensor([[0.9, 0.1], [0.2, 0.7], [0.4, 0.3], [0.6, 0.8], [0.1, 0.0],
+                                  [0.3, 0.2]], requires_grad=True)  # fmt: skip
+    repeats = torch.tensor([1, 0, 2, 1, 3, 0])
+    shuffled = torch.tensor([0, 2, 1, 3, 0, 1])  # the same total
+    for args in [(x, MASK_A, repeats), (x_same_counts, MASK_B, shuffled), (x, MASK_A, repeats)]:
+        _compare(step, selections, *args)
+    assert step.num_traces == 1
+    _compare(step, selections, x, MASK_C, repeats)  # a new size
+    _compare(step, selections, x, MASK_A, torch.tensor([1, 1, 1, 1, 2, 2]))
+    assert step.num_traces == (3 if captures_graph(jit_engine) else 1)
+
+
+def test_gradients_through_a_boolean_index_in_float64(jit_engine: str) -> None:
+    step = ptj.jit(lambda x, mask: masked(x, mask)[1].sin())
+    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    assert gradcheck(step, (x, MASK_A))
+    assert gradcheck(step, (x, MASK_B))
+
+
+def noisy_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    noise = torch.nn.functional.dropout(torch.ones_like(x), 0.5)
+    return (x * noise)[mask].sum()
+
+
+def test_a_failed_size_guard_leaves_no_random_draws_behind(jit_engine: str) -> None:
+    """The call built for the old size ran (its dropout drew numbers) before its guard failed:
+    the draws are undone, so the retraced call and what follows draw as eager does."""
+    step = ptj.jit(noisy_masked)
+    x = torch.randn(6, 3)
+    for mask in (MASK_A, MASK_A, MASK_C, MASK_A):
+        torch.manual_seed(7)
+        got = step(x, mask)
+        after_jit = torch.rand(3)
+        torch.manual_seed(7)
+        want = noisy_masked(x, mask)
+        after_eager = torch.rand(3)
+        torch.testing.assert_close(got, want)
+        assert torch.equal(after_jit, after_eager)
+
+
+def test_the_error_policy_names_the_size_and_where_it_was_taken(jit_engine: str) -> None:
+    if not captures_graph(jit_engine):
+        pytest.skip("TorchScript traces sizes: no size guard")
+    step = ptj.jit(masked, on_guard_failure="error")
+    x = torch.randn(6, 3)
+    step(x, MASK_A)
+    with pytest.raises(
+        ptj.GuardError,
+        match=r"test_static_shapes.py:\d+ \(the number of True entries of a boolean index\): "
+        r"3 -> 4",
+    ):
+        step(x, MASK_C)
+
+
+def test_with_guards_off_a_value_dependent_size_runs_eagerly_and_says_why(
+    jit_engine: str,
+) -> None:
+    if not captures_graph(jit_engine):
+        pytest.skip("TorchScript traces sizes")
+    step = ptj.jit(masked, on_guard_failure="off")
+    x = torch.randn(6, 3)
+    with pytest.warns(ptj.JitWarning, match=r"would bake the output shape of aten.index.Tensor"):
+        step(x, MASK_A)
+    for mask in (MASK_C, MASK_A):
+        for a, b in zip(step(x, mask), masked(x, mask)):
+            torch.testing.assert_close(a, b)
+
+
+def test_unique_still_runs_eagerly_with_a_reason(jit_engine: str) -> None:
+    if not captures_graph(jit_engine):
+        pytest.skip("TorchScript traces sizes")
+
+    def distinct(x: torch.Tensor) -> torch.Tensor:
+        return torch.unique(x).sum()
+
+    step = ptj.jit(distinct)
+    with pytest.warns(ptj.JitWarning, match="would bake the output shape of aten._unique2"):
+        step(torch.tensor([1.0, 2.0, 2.0]))
+    assert step(torch.tensor([1.0, 2.0, 3.0])) == 6.0
+
+
+def test_count_nonzero_is_not_taken_for_a_value_dependent_size() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(lambda x: torch.count_nonzero(x) + x.sum())(torch.ones(3))
+    assert data_dependent_shape(graph) == ""
+    graph = make_fx(lambda x: torch.nonzero(x))(torch.ones(3))
+    assert data_dependent_shape(graph) == "aten.nonzero.default"
