@@ -551,3 +551,48 @@ def test_a_loop_unrolled_by_values_stays_on_the_fast_tier() -> None:
         assert torch.equal(jitted(x), until(x))
     assert compiles == [] and jitted.num_traces == 1
     assert "a loop unrolled by values" in jitted.explain()
+
+
+class _Compiles:
+    """A backend that notes, per compile, the thread and whether the graph is a block of a
+    captured loop (its first input is the 0-d boolean ``go`` flag)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        first = example_inputs[0]
+        block = first.dtype == torch.bool and first.dim() == 0
+        self.calls.append((threading.current_thread().name, block))
+        return gm.forward
+
+
+def test_blocks_of_captured_loops_compile_in_the_background_after_the_first_call() -> None:
+    """The first call serves the blocks of a custom function's captured loop straight-line
+    and compiles nothing; from the second call on, the blocks and then the wrapper compile on
+    the compile thread. A block compile queued during the first call held the tracing lock
+    that call's capture needed, and the first call ran eagerly."""
+    backend = _Compiles()
+    step = step_with_solve(make_solve())
+    jitted = ptj.jit(step, engine="auto", backend=backend)
+    k, u = torch.tensor(0.5), torch.randn(16)
+    assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
+    assert backend.calls == []
+    assert jitted.num_traces == 1 and "runs eagerly" not in jitted.explain()
+    assert "forward: looped" in jitted.explain()
+    assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
+    assert jitted.wait_compiled(60)
+    assert [block for _, block in backend.calls] == [True, False]  # the block, the wrapper
+    assert {thread for thread, _ in backend.calls} == {"phi_torch_jit compile"}
+    for v in (torch.randn(16), u):
+        assert torch.allclose(jitted(v, k), step(v, k), atol=1e-6)
+    assert len(backend.calls) == 2 and jitted.num_traces == 1
+
+
+def test_with_compile_on_the_caller_blocks_compile_in_the_first_call() -> None:
+    backend = _Compiles()
+    step = step_with_solve(make_solve())
+    jitted = ptj.jit(step, engine="auto", backend=backend, compile_on="caller")
+    k, u = torch.tensor(0.5), torch.randn(16)
+    assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
+    assert backend.calls == [(threading.current_thread().name, True)]

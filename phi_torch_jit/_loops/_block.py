@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .._fast_capture import fast_metadata
+
 __all__ = ["CapturedLoop", "HELPERS", "BLOCK_CPU", "BLOCK_CUDA", "CaptureFailed"]
 
 logger = logging.getLogger("phi_torch_jit")
@@ -275,7 +277,8 @@ class CapturedLoop:
             raise CaptureFailed("it carries a value that is neither a tensor nor a scalar")
         versions = [t._version for t in inputs]
         with torch.no_grad():
-            graph = make_fx(block)(*inputs)
+            with fast_metadata():
+                graph = make_fx(block)(*inputs)
         if any(t._version != v for t, v in zip(inputs, versions)):
             raise Unfaithful("its body writes a value in place that it does not assign")
         if self.compile_graph is None:

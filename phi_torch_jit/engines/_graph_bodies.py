@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._compat import CURRENT_DISPATCH_MODE, TORCHSCRIPT_NOTICE
+from .._fast_capture import fast_metadata
 from ..errors import NotNow
 from ._light import straight_line
 from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
@@ -131,7 +132,8 @@ def capture_body(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> An
     try:
         with _direct_reads_refused(), torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
-            graph = make_fx(flat, tracing_mode="real")(*inputs)
+            with fast_metadata():
+                graph = make_fx(flat, tracing_mode="real")(*inputs)
     except _NotFaithful as refused:
         return str(refused)
     except Exception as error:  # a read make_fx refuses, or anything it cannot follow

@@ -36,6 +36,8 @@ from torch import nn
 from .._compat import any_autocast
 from ..errors import ConfigurationError, JitError, NotNow, describe_error
 from ._background import submit as submit_compile
+from ._background import wait_idle
+from ._block_tiers import BackgroundBlock, submit_pending
 from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
 from .compile import (
@@ -100,6 +102,17 @@ class AutoEngine(CompileEngine):
 
     def can_trace_now(self) -> bool:
         return not _CAPTURE_LOCK.locked()
+
+    def _block(self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> Any:
+        """A block of a captured loop: with ``compile_on="background"`` it runs straight-line
+        at once and the backend compiles it on the compile thread (:mod:`._block_tiers`), so a
+        first call does not wait for inductor; on the caller's thread otherwise, and for a
+        block calling our ops (their owners must outlive a compile)."""
+        target = Compilable(graph, inputs, self, len(inputs))
+        ours = any(str(n.target).startswith("phi_torch_jit") for n in graph.graph.nodes)
+        if self.compile_on == "caller" or ours:
+            return target.compile()
+        return BackgroundBlock(graph, target.compile, _CAPTURE_LOCK, "a captured loop")
 
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
@@ -186,6 +199,8 @@ class TieredProgram:
             self._submit()
             if self.tier != self.fast_tier:  # compiled in this call (compile_on="caller")
                 return self.serve(*inputs)
+        else:  # blocks of loops captured since (a custom backward's, at its first backward)
+            submit_pending()
         self.calls += 1
         return self._fast(*inputs)
 
@@ -232,6 +247,7 @@ class TieredProgram:
             return
         if not self._claim():
             return
+        submit_pending()  # the blocks of captured loops first: the first calls run them
         if not submit_compile(self):  # interpreter exit
             self.failure = "the interpreter is exiting"
             self._settled.set()
@@ -345,10 +361,17 @@ class TieredProgram:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the compile finished (or failed); False if ``timeout`` s passed first.
-        Queues the compile if no call did yet."""
+        Queues the compile if no call did yet, and waits for the compiles of captured loops'
+        blocks too (they share the compile thread with every other function's compiles)."""
         if self._unsubmitted:
             self._submit(blocking=True)
-        return self._settled.wait(timeout)
+        if not self.on_caller:
+            submit_pending()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._settled.wait(timeout):
+            return False
+        # the blocks of captured loops compile on the same thread (_block_tiers)
+        return wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def describe(self) -> tuple[str, ...]:
         """The tier and the compile's progress, for ``explain()``."""

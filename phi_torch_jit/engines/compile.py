@@ -55,6 +55,7 @@ from .._compat import (
     mode_options,
     torchscript_available,
 )
+from .._fast_capture import fast_metadata
 from .._inductor_fixes import for_inductor
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import (
@@ -447,7 +448,8 @@ def _capture(
         return tuple(module(*tensors[:n]))
 
     try:
-        graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(*example_inputs, *state)
+        with fast_metadata():
+            graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(*example_inputs, *state)
     except RuntimeError as error:
         if VALUE_OUT_OF_GRAPH not in str(error):
             raise

@@ -1,0 +1,99 @@
+"""Blocks of captured loops served at once, compiled in the background (engine "auto").
+
+Engine "compile" compiles each block of a captured loop (:mod:`phi_torch_jit._loops`) with
+its backend when the loop first runs: in the first call of the jitted function, on the
+caller's thread (inductor: 1-3 s per block, most of a first call of a CG step). Engine "auto"
+with ``compile_on="background"`` instead serves the block's captured graph straight-line (the
+ops called one after another, eager speed, one host check per block) and leaves the backend's
+compile pending. Pending compiles are queued on the compile thread (:mod:`._background`) by
+the next call that finds a program on its fast tier, at the latest at the function's second
+call, together with the wrapper's compile: never while the first call still traces (the
+compile holds the tracing lock, and a first call finding it taken would run eagerly). When it
+is ready, one assignment switches the block to it. Values are the same graph's on both tiers
+(to float rounding).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import describe_error
+from ._background import submit
+from ._light import straight_line
+
+__all__ = ["BackgroundBlock", "submit_pending"]
+
+logger = logging.getLogger("phi_torch_jit")
+
+
+class BackgroundBlock:
+    """A block's graph, straight-line until the backend's compile replaces it."""
+
+    def __init__(
+        self,
+        graph: torch.fx.GraphModule,
+        compile_now: Callable[[], Callable[..., Any]],
+        lock: Any,
+        label: str,
+    ) -> None:
+        self.run: Callable[..., Any] = straight_line(graph)
+        self.tier = "straight-line"
+        self.compile_s: float | None = None
+        self.failure: str | None = None
+        self.label = label
+        self._compile_now: Callable[[], Callable[..., Any]] | None = compile_now
+        self._lock = lock
+        self.settled = threading.Event()
+        with _PENDING_LOCK:
+            _PENDING.append(self)
+
+    def __call__(self, *tensors: torch.Tensor) -> Any:
+        return self.run(*tensors)
+
+    def upgrade(self) -> None:
+        """Compile (on the compile thread, holding the engine's tracing lock) and switch."""
+        compile_now, self._compile_now = self._compile_now, None
+        if compile_now is None:
+            return
+        try:
+            start = time.perf_counter()
+            with self._lock:
+                compiled = compile_now()
+            self.compile_s = time.perf_counter() - start
+            self.run = compiled
+            self.tier = "compiled"
+            self.settled.set()
+        except Exception as error:  # the straight-line tier is right, only slower
+            self._settle(describe_error(error))
+            logger.warning(
+                "phi_torch_jit: the block of %s stays straight-line: its compile failed: %s",
+                self.label, self.failure,
+            )  # fmt: skip
+
+    def _settle(self, failure: str) -> None:
+        self.failure = failure
+        self._compile_now = None
+        self.settled.set()
+
+
+_PENDING: list[BackgroundBlock] = []
+"""Blocks whose compile is not queued yet."""
+_PENDING_LOCK = threading.Lock()
+
+
+def submit_pending() -> None:
+    """Queue the compiles of the blocks built since the last call (cheap when there are none)."""
+    if not _PENDING:
+        return
+    with _PENDING_LOCK:
+        blocks = list(_PENDING)
+        _PENDING.clear()
+    for block in blocks:
+        if not submit(block):  # interpreter exit
+            block._settle("the interpreter is exiting")
