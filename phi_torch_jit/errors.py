@@ -142,9 +142,25 @@ _INTERPRETER = "The following operation failed in the TorchScript interpreter."
 
 def describe_error(error: BaseException) -> str:
     """``Type: first line of the message`` (at most 200 characters), for logs and explain();
-    for an error of the TorchScript interpreter, the line that says what failed (its last)."""
+    for an error of the TorchScript interpreter, what failed and where (:func:`_interpreted`)."""
     lines = [line for line in str(error).splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
-    line = lines[-1] if lines[0].startswith(_INTERPRETER) else lines[0]
-    return f"{type(error).__name__}: {line.strip()[:200]}"
+    if lines[0].startswith(_INTERPRETER):
+        return f"{type(error).__name__}: {_interpreted(lines)}"
+    return f"{type(error).__name__}: {lines[0].strip()[:200]}"
+
+
+def _interpreted(lines: list[str]) -> str:
+    """The TorchScript interpreter's message: the error it reports (its last line, which is
+    only ``builtins.RuntimeError:`` when the scripted code raised without a message), then its
+    traceback's innermost ``File ..., line ...`` and the operation marked ``<--- HERE``."""
+    files = [line.strip() for line in lines if line.strip().startswith("File ")]
+    mark = next((i for i, line in enumerate(lines) if "<--- HERE" in line), None)
+    operation = lines[mark - 1].strip() if mark else ""
+    kind, colon, text = lines[-1].strip().partition(":")
+    if not colon or " " in kind:  # not "SomeError: message"
+        kind, text = "", lines[-1]
+    message = text.strip()[:200] or f"{kind} raised without a message"
+    where = f" [{files[-1]}: {operation}]" if files else ""
+    return f"{message}{where}"

@@ -59,3 +59,41 @@ def test_returning_inputs_and_views_of_inputs_is_supported() -> None:
     assert same is x or torch.equal(same, x)
     x.add_(1)  # views alias the input as in eager
     assert torch.equal(tail, x[1:]) and torch.equal(square, x.view(2, 2))
+
+
+INTERPRETER_ERRORS = [
+    (
+        "The following operation failed in the TorchScript interpreter.\n"
+        "Traceback of TorchScript (most recent call last):\n"
+        '  File "lib.py", line 5, in f\n'
+        "def f(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return x.view(3, 5)\n"
+        "           ~~~~~~ <--- HERE\n"
+        "RuntimeError: shape '[3, 5]' is invalid for input of size 4\n",
+        "RuntimeError: shape '[3, 5]' is invalid for input of size 4 "
+        '[File "lib.py", line 5, in f: return x.view(3, 5)]',
+    ),
+    (
+        "The following operation failed in the TorchScript interpreter.\n"
+        "Traceback of TorchScript (most recent call last):\n"
+        '  File "lib.py", line 9, in g\n'
+        "    if x.sum() > 0:\n"
+        "        raise RuntimeError()\n"
+        "        ~~~~~~~~~~~~~~~~~~ <--- HERE\n"
+        "    return x\n"
+        "builtins.RuntimeError: \n",
+        "RuntimeError: builtins.RuntimeError raised without a message "
+        '[File "lib.py", line 9, in g: raise RuntimeError()]',
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "described"), INTERPRETER_ERRORS)
+def test_a_torchscript_interpreter_error_is_described_by_what_failed_and_where(
+    message: str, described: str
+) -> None:
+    """The interpreter's message used to be cut to its last line: "RuntimeError: RuntimeError:"
+    for a scripted library function that raised without a message (issue 35)."""
+    from phi_torch_jit.errors import describe_error
+
+    assert describe_error(RuntimeError(message)) == described
