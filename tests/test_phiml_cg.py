@@ -78,6 +78,27 @@ def test_the_padded_row_product_equals_the_sparse_product() -> None:
         padded_rows(torch.eye(3))
 
 
+def test_a_matrix_with_one_long_row_is_multiplied_as_scattered_nonzeros() -> None:
+    """PhiML adds a row and a column of ones to a pressure matrix whose mean is free: padded to
+    that row, every row held the whole grid (1024 entries at 32x32, 13 ms per block of four
+    CG iterations); scattered into their rows, the nonzeros are all there is."""
+    from phi_torch_jit._loops._phiml_cg import _product, product_form
+
+    laplacian = _laplacian(8).to_dense()
+    n = laplacian.shape[0]
+    constrained = torch.zeros(n + 1, n + 1, dtype=torch.float64)
+    constrained[:n, :n] = laplacian
+    constrained[n, :n] = constrained[:n, n] = 1.0
+    matrix = constrained.to_sparse_csr()
+    form = product_form(matrix)
+    assert len(form) == 3 and form[0].numel() == matrix.values().numel()
+    b = torch.randn(2, n + 1, dtype=torch.float64)
+    want = phiml_torch.sparse_matmul(matrix, b)
+    torch.testing.assert_close(_product(form, b), want, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(_product(product_form(matrix.to_sparse_coo()), b), want)
+    assert len(product_form(_laplacian(6))) == 2  # five per row: padded rows
+
+
 def _solves(n: int) -> list[tuple[str, tuple[Any, ...]]]:
     """(what, PhiML's arguments): converging, at rest, max_iter reached, NaN, two right-hand
     sides converging at different iterations."""
@@ -193,6 +214,7 @@ def captured_serves(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("captured_serves")
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_jitted_phiflow_solve_runs_phimls_cg_captured_and_equals_eager() -> None:
     jitted = ptj.jit(project, engine="compile", backend="aot_eager", fallback="off")
     with warnings.catch_warnings(record=True) as caught:
@@ -211,6 +233,7 @@ def test_a_jitted_phiflow_solve_runs_phimls_cg_captured_and_equals_eager() -> No
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("captured_serves")
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_captured_phiml_solve_raises_its_solver_errors_as_eagerly() -> None:
     def starved(v: Any) -> Any:
         return fluid.make_incompressible(v, (), Solve("CG", 1e-9, 1e-9, max_iterations=3))[0]
@@ -227,6 +250,7 @@ def test_a_captured_phiml_solve_raises_its_solver_errors_as_eagerly() -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("captured_serves")
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_gradients_through_a_captured_phiml_solve_equal_eager() -> None:
     def loss(v: Any) -> Any:
         v, _ = fluid.make_incompressible(v, (), Solve("CG", 1e-5, 1e-5))
