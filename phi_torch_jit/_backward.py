@@ -28,8 +28,8 @@ from .engines import CompiledFunction, Engine, FunctionTarget
 from .errors import NotNow
 
 if TYPE_CHECKING:
+    from ._context import CustomCalls
     from ._custom import CustomFunction
-    from ._custom_op import NestedCalls
 
 __all__ = ["drop_none", "restore_none", "BackwardSpecialization", "LazyBackward"]
 
@@ -135,7 +135,7 @@ class LazyBackward:
         template: tuple[object, ...],
         n_outputs: int,
         engine: Engine,
-        nested: NestedCalls,
+        nested: CustomCalls,
     ) -> None:
         self.function = function
         self.template = template

@@ -14,7 +14,10 @@ pass a value between them. What a custom-function call hands from one step to th
 in this thread's :class:`CallState` (NOTE [call state] in docs/design.md): one documented
 object, not a side channel per need.
 
-This module is a leaf: it imports nothing else of the package at run time.
+This module is a leaf: it imports nothing else of the package, not even for type hints. What a
+frame holds is typed by the protocols below, which the stages' own classes satisfy (the
+recording, the replay cursor, the PhiML bridge...): each names only what is used of it through
+a frame, so no import circle runs through the frame.
 """
 
 from __future__ import annotations
@@ -25,22 +28,24 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import torch
+    import weakref
 
-    from ._custom_op import CompiledCall, NestedCalls
-    from ._phiml import PhiMLBridge
-    from ._record import Recording
-    from ._replay import ReplayCursor
-    from ._signature import Spec
-    from ._value_guards import Conversion
+    import torch
+    from torch import nn
 
 __all__ = [
     "Phase",
     "Frame",
     "TraceOutputs",
+    "CustomCallee",
+    "UnguardableNotes",
+    "Recorder",
+    "CustomCalls",
+    "Converted",
+    "Bridge",
     "current_frame",
     "entered",
     "no_frame",
@@ -69,8 +74,9 @@ class Phase(enum.Enum):
 class TraceOutputs:
     """What the traced wrapper found out about its result (trace phase)."""
 
-    spec: Spec | None = None
-    """Structure of the user function's result, set when the wrapper's forward returns."""
+    spec: tuple[Any, ...] | None = None
+    """Structure of the user function's result (a ``_signature.Spec``), set when the wrapper's
+    forward returns."""
     deferred: list[Any] = field(default_factory=list)
     """PhiML ``math.when_available`` callbacks met while tracing (``_phiml.Deferred``); the
     program returns their tensors after the value-guard tensors."""
@@ -89,18 +95,90 @@ class Frame:
     """Which pass is running."""
     owner: str
     """The jitted user function, as ``name (file:line)``, for messages."""
-    recording: Recording | None = None
+    recording: Recorder | None = None
     """Where the record pass stores what it sees (record phase only)."""
-    cursor: ReplayCursor | None = None
+    cursor: CustomCalls | None = None
     """Hands out recorded custom calls in order (trace phase only)."""
-    nested: NestedCalls | None = None
+    nested: CustomCalls | None = None
     """Compiles custom functions called inside the one being compiled (compile phase only)."""
-    conversions: list[Conversion] | None = None
+    conversions: list[Converted] | None = None
     """Tensor-to-Python conversions made by user code (trace phase, when value guards are on)."""
-    phiml: PhiMLBridge | None = None
+    phiml: Bridge | None = None
     """Lets PhiML's torch backend see this pass as its own jit (record and trace phases)."""
     outputs: TraceOutputs = field(default_factory=TraceOutputs)
     """Filled by the wrapper while it is traced; the trace stage returns it."""
+
+
+# What a frame holds, as the code below the stages that build it sees it: each protocol names
+# the class that satisfies it (module docstring).
+
+
+class CustomCallee(Protocol):
+    """A custom function as a frame hands it on: a ``_custom.CustomFunction``, which that module
+    (above this one) defines; a stage that keeps the function asserts the class."""
+
+    label: str
+    """``name (file:line)``, for messages."""
+
+
+class UnguardableNotes(Protocol):
+    """What a record pass saw that no compiled program repeats (``_unguardable.Unguardable``;
+    its lists of places are also filled by name)."""
+
+    created_functions: weakref.WeakSet[type]
+    per_call_functions: list[str]
+
+
+class Recorder(Protocol):
+    """Where the record pass notes what runs (``_record.Recording``)."""
+
+    side_effects: list[str]
+    eager_reasons: list[str]
+
+    @property
+    def unguardable(self) -> UnguardableNotes: ...
+
+    @property
+    def phiml(self) -> Bridge: ...
+
+    def add_module(self, module: nn.Module) -> None: ...
+
+    def add_call(
+        self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None
+    ) -> None: ...
+
+
+class CustomCalls(Protocol):
+    """Takes the custom-function calls of a trace pass (``_replay.ReplayCursor``) or of a body
+    being compiled (``_custom_op.NestedCalls``)."""
+
+    def call(self, function: CustomCallee, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """(the call's outputs, as ``f`` returns them, its call context)."""
+
+
+class Converted(Protocol):
+    """A tensor traced user code turned into a Python value (``_value_guards.Conversion``)."""
+
+    @property
+    def tensor(self) -> torch.Tensor: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def value(self) -> Any: ...
+
+    @property
+    def location(self) -> str: ...
+
+
+class Bridge(Protocol):
+    """PhiML's view of a pass as its own jit (``_phiml.PhiMLBridge``)."""
+
+    @property
+    def outer_tapes(self) -> tuple[Any, ...]: ...
+
+    def active(self, recording: bool = False) -> AbstractContextManager[None]: ...
 
 
 _FRAME: ContextVar[Frame | None] = ContextVar("phi_torch_jit_frame", default=None)
@@ -149,8 +227,8 @@ def note_module_call(module: Any) -> None:
 class Replaying:
     """The custom op call that the trace pass is replaying now."""
 
-    call: CompiledCall
-    """The compiled call whose op is being recorded into the trace."""
+    call: object
+    """The compiled call whose op is being recorded into the trace (compared by identity)."""
     outputs: tuple[torch.Tensor, ...]
     """The recorded outputs the op returns instead of computing."""
     context: Any

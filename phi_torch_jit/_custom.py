@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ._compat import get_tracing_state, set_tracing_state
-from ._context import Phase, call_state, current_frame, inside_custom_function
+from ._context import CustomCallee, Phase, call_state, current_frame, inside_custom_function
 from ._sources import is_user_file
 from .errors import CustomFunctionError, GradientError, UsageError, describe_function
 
@@ -128,8 +128,7 @@ class CustomFunction:
             assert frame.nested is not None
             return frame.nested.call(self, args)
         assert frame.cursor is not None
-        step = frame.cursor.next(self, args)
-        return step.compiled.replay(step.recorded, args), step.recorded.context
+        return frame.cursor.call(self, args)
 
     # -- the contract, shared by eager and compiled calls ------------------------------
 
@@ -214,7 +213,7 @@ class CustomFunction:
         read); the backward calls it as :meth:`gradients` does."""
         return self.gradient
 
-    def matches(self, other: CustomFunction) -> bool:
+    def matches(self, other: CustomCallee) -> bool:
         """Whether a call of ``other`` in the trace pass replays a recorded call of ``self``."""
         return other is self
 

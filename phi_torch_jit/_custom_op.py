@@ -39,7 +39,7 @@ from ._compat import (
     is_fake,
     is_view,
 )
-from ._context import Replaying, call_state, current_frame, no_frame
+from ._context import CustomCallee, Replaying, call_state, current_frame, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._graph_safety import backward_tags, forward_tags
 from ._phases import compiling
@@ -52,12 +52,11 @@ from ._phiml import (
     tapes_set_aside,
 )
 from ._record import RecordedCall
-from ._replay import ReplayStep
 from .engines import Engine, FunctionTarget
 from .engines._looped import is_phiml
 from .errors import TraceError
 
-__all__ = ["CompiledCall", "NestedCalls", "compile_calls", "original_error"]
+__all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error"]
 
 _OP_NUMBERS = itertools.count()
 
@@ -387,8 +386,9 @@ class NestedCalls:
         self.engine = engine
         self.calls: dict[Hashable, CompiledCall] = {}
 
-    def call(self, function: CustomFunction, args: tuple[Any, ...]) -> tuple[Any, Any]:
+    def call(self, function: CustomCallee, args: tuple[Any, ...]) -> tuple[Any, Any]:
         """(outputs, call context) of a custom function called by a body being compiled."""
+        assert isinstance(function, CustomFunction), "frames hand on custom functions only"
         # hidden from the enclosing capture: a TorchScript trace, or make_fx's dispatch modes
         with untraced(), disable_dispatch_modes(), no_frame(), torch.no_grad():
             outputs, single = function.run_forward(args)
@@ -409,6 +409,17 @@ def _dedup_key(recorded: RecordedCall) -> Hashable:
     except TypeError:
         return id(recorded)
     return (recorded.function, statics, metas, len(template), recorded.single)
+
+
+@dataclass(frozen=True)
+class ReplayStep:
+    """One recorded custom call and the compiled call that replays it (handed out in order by
+    the trace's :class:`._replay.ReplayCursor`)."""
+
+    recorded: RecordedCall
+    """What the record pass saw."""
+    compiled: CompiledCall
+    """The op that stands for it in the trace."""
 
 
 def compile_calls(

@@ -15,25 +15,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ._context import Frame, Phase, entered, note_module_call
+from ._context import (
+    Bridge,
+    Converted,
+    CustomCalls,
+    Frame,
+    Phase,
+    Recorder,
+    entered,
+    note_module_call,
+)
 from ._function import function_capture
 from ._patches import RefCounted
 from ._side_effects import print_capture
 from ._unguardable import UNGUARDABLE, GeneratorDraws
 from ._value_guards import conversion_capture
 from ._warnings import torchscript_notices_hidden
-
-if TYPE_CHECKING:
-    from ._custom_op import NestedCalls
-    from ._phiml import PhiMLBridge
-    from ._record import Recording
-    from ._replay import ReplayCursor
-    from ._value_guards import Conversion
 
 __all__ = ["Patch", "PATCHES", "MODULE_HOOK", "phase", "recording", "tracing", "compiling"]
 
@@ -124,16 +126,16 @@ def phase(frame: Frame) -> Iterator[Frame]:
         yield frame
 
 
-def recording(owner: str, recording: Recording) -> AbstractContextManager[Frame]:
+def recording(owner: str, recording: Recorder) -> AbstractContextManager[Frame]:
     """Stage 1: the record phase for ``owner``; ``recording`` collects what runs."""
     return phase(Frame(Phase.RECORD, owner, recording=recording, phiml=recording.phiml))
 
 
 def tracing(
     owner: str,
-    cursor: ReplayCursor,
-    conversions: list[Conversion] | None,
-    phiml: PhiMLBridge | None,
+    cursor: CustomCalls,
+    conversions: list[Converted] | None,
+    phiml: Bridge | None,
 ) -> AbstractContextManager[Frame]:
     """Stage 4: the trace phase for ``owner``; ``cursor`` replays the recording.
 
@@ -143,6 +145,6 @@ def tracing(
     return phase(frame)
 
 
-def compiling(owner: str, nested: NestedCalls) -> AbstractContextManager[Frame]:
+def compiling(owner: str, nested: CustomCalls) -> AbstractContextManager[Frame]:
     """Stage 2: a custom function's body is compiled; custom functions it calls are nested."""
     return phase(Frame(Phase.COMPILE, owner, nested=nested))

@@ -19,20 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from ._context import note_module_call
+from ._context import CustomCallee, note_module_call
+from ._custom import CustomFunction
 from ._phases import recording as recording_phase
 from ._phiml import PhiMLBridge
 from ._state import StateSnapshot
 from ._unguardable import Unguardable
 from .errors import TraceError
-
-if TYPE_CHECKING:
-    from ._custom import CustomFunction
 
 __all__ = ["RecordedCall", "Recording", "record", "register_module_call", "check_modules"]
 
@@ -90,9 +88,10 @@ class Recording:
             self.state.add_module(module)
 
     def add_call(
-        self, function: CustomFunction, args: tuple[Any, ...], outputs: Any, context: Any = None
+        self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None
     ) -> None:
         """Append a custom-function call (see :meth:`RecordedCall.of`)."""
+        assert isinstance(function, CustomFunction), "frames hand on custom functions only"
         self.calls.append(RecordedCall.of(function, args, outputs, context))
 
     def root_modules(self, read: Sequence[nn.Module] = ()) -> list[nn.Module]:

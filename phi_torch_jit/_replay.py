@@ -5,13 +5,13 @@ must call the same custom functions, in the same order, with the same static
 arguments, as during the record pass. The cursor knows which call comes next
 and raises :class:`~.errors.ReplayError` with the expected and actual
 function and index as soon as the trace diverges; :meth:`ReplayCursor.finish`
-catches calls that the trace skipped.
+catches calls that the trace skipped. It walks the steps that stage 2 made
+(:class:`._custom_op.ReplayStep`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,27 +19,16 @@ import torch
 from .errors import ReplayError, RunEagerly
 
 if TYPE_CHECKING:
-    from ._custom import CustomFunction
-    from ._custom_op import CompiledCall
-    from ._record import RecordedCall
+    from ._context import CustomCallee
+    from ._custom_op import ReplayStep
 
-__all__ = ["ReplayStep", "ReplayCursor"]
+__all__ = ["ReplayCursor"]
 
 _FIX = (
     " A jitted function must call its custom functions in the same order, with the same "
     "non-tensor arguments, on every run with the same inputs; keep randomness and global "
     "state out of the Python that decides which custom functions run."
 )
-
-
-@dataclass(frozen=True)
-class ReplayStep:
-    """One recorded custom call and the compiled call that replays it."""
-
-    recorded: RecordedCall
-    """What the record pass saw."""
-    compiled: CompiledCall
-    """The op that stands for it in the trace."""
 
 
 class ReplayCursor:
@@ -60,7 +49,13 @@ class ReplayCursor:
         """How many calls have been replayed."""
         return self._index
 
-    def next(self, function: CustomFunction, args: tuple[Any, ...]) -> ReplayStep:
+    def call(self, function: CustomCallee, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """The trace pass's call of ``function``: (the recorded outputs, which its op returns
+        into the trace, the recorded call context); raises as :meth:`next` does."""
+        step = self.next(function, args)
+        return step.compiled.replay(step.recorded, args), step.recorded.context
+
+    def next(self, function: CustomCallee, args: tuple[Any, ...]) -> ReplayStep:
         """The step for this call; raises ReplayError if it is not the one recorded next."""
         index = self._index
         if index >= len(self._steps):
@@ -85,7 +80,7 @@ class ReplayCursor:
         recorded: tuple[Any, ...],
         actual: tuple[Any, ...],
         index: int,
-        function: CustomFunction,
+        function: CustomCallee,
     ) -> None:
         """Non-tensor arguments must be the same values as recorded, or the run goes eager.
 

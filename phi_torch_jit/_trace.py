@@ -27,11 +27,13 @@ from typing import Any
 import torch
 
 from ._compat import any_autocast
+from ._context import Converted
+from ._custom_op import ReplayStep
 from ._phases import tracing
 from ._record import Recording
-from ._replay import ReplayCursor, ReplayStep
+from ._replay import ReplayCursor
 from ._signature import Spec
-from ._value_guards import Conversion, ValueGuard
+from ._value_guards import ValueGuard
 from ._wrapper import WrapperModule
 from .engines import CompiledModule, Engine
 from .errors import TraceError, ValueNotCaptured
@@ -101,7 +103,7 @@ def trace(
     start = time.perf_counter()
     cursor = ReplayCursor(steps, wrapper.owner)
     example = tuple(_trace_input(t) for t in tensors)
-    conversions: list[Conversion] | None = [] if guarding else None
+    conversions: list[Converted] | None = [] if guarding else None
     with recording.state.rewound(), _fresh_autocast_cache():
         with tracing(wrapper.owner, cursor, conversions, recording.phiml) as frame:
             try:
