@@ -159,7 +159,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="time steps per rollout (default 20)")
     parser.add_argument("--iters", type=int, default=10, help="optimization iterations")
     parser.add_argument(
-        "--engine", default="torchscript", choices=["torchscript", "eager"], help="jit engine"
+        "--engine",
+        default=None,
+        choices=["auto", "compile", "torchscript", "eager"],
+        help="jit engine (default: phi_torch_jit's default, 'auto'; torchscript is legacy)",
     )
     parser.add_argument("--reps", type=int, default=15, help="timed steps per variant (default 15)")
     parser.add_argument("--out", type=Path, default=Path("out/diffusion_cg"), help="output folder")
@@ -194,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     picture = args.out / "diffusion_cg.png"
     panels = [("initial", u0), (f"step {args.steps} (jit)", jit_u), ("optimized u0", found)]
     wrote = save_picture(picture, panels)
-    print(f"grid {args.size}x{args.size}, {args.steps} steps, engine {args.engine!r}")
+    engine = args.engine or "default"
+    print(f"grid {args.size}x{args.size}, {args.steps} steps, engine {engine!r}")
     print(f"first jitted call (record + compile + trace): {first_call * 1e3:.0f} ms")
     print(f"max |eager - jit| after {args.steps} steps: {max_diff:.2e}; at rest finite: {rest_ok}")
     print(f"optimizing u0 through the jitted rollout: loss {losses[0]:.3e} -> {losses[-1]:.3e}")

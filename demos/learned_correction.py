@@ -69,7 +69,7 @@ class Trainer(nn.Module):
     around the compiled call; see docs/distributed.md.
     """
 
-    def __init__(self, net: nn.Module, unroll: int, engine: str = "torchscript") -> None:
+    def __init__(self, net: nn.Module, unroll: int, engine: str | None = None) -> None:
         super().__init__()
         self.net = net
         self.loss = ptj.jit(make_unrolled_loss(make_corrected_step(net), unroll), engine=engine)
@@ -133,7 +133,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=60, help="training iterations (default 60)")
     parser.add_argument("--batch", type=int, default=4, help="initial conditions (default 4)")
     parser.add_argument(
-        "--engine", default="torchscript", choices=["torchscript", "eager"], help="jit engine"
+        "--engine",
+        default=None,
+        choices=["auto", "compile", "torchscript", "eager"],
+        help="jit engine (default: phi_torch_jit's default, 'auto'; torchscript is legacy)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/learned_correction"))
     parser.add_argument(

@@ -116,7 +116,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--eager-steps", type=int, default=8, help="eager steps for the comparison (default 8)"
     )
     parser.add_argument(
-        "--engine", default="torchscript", choices=["torchscript", "eager"], help="jit engine"
+        "--engine",
+        default=None,
+        choices=["auto", "compile", "torchscript", "eager"],
+        help="jit engine (default: phi_torch_jit's default, 'auto'; torchscript is legacy)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/rotating_bar"), help="output folder")
     return parser.parse_args(argv)
@@ -140,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
 
     args.out.mkdir(parents=True, exist_ok=True)
     pictures = save_pictures(args.out, jit_frames)
-    print(f"rotating bar {args.size}x{args.size}, {args.steps} steps, engine {args.engine!r}")
+    engine = args.engine or "default"
+    print(f"rotating bar {args.size}x{args.size}, {args.steps} steps, engine {engine!r}")
     print(f"first jitted call (record + compile + trace): {first_call:.2f} s")
     print(f"specializations for {args.steps + 1} angles: {jitted.num_traces}")
     print(f"max |eager - jit| / max |eager| of the vorticity after {n + 1} steps: {diff:.2e}")

@@ -111,7 +111,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--eager-steps", type=int, default=8, help="eager steps for the comparison (default 8)"
     )
     parser.add_argument(
-        "--engine", default="torchscript", choices=["torchscript", "eager"], help="jit engine"
+        "--engine",
+        default=None,
+        choices=["auto", "compile", "torchscript", "eager"],
+        help="jit engine (default: phi_torch_jit's default, 'auto'; torchscript is legacy)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/smoke_plume"), help="output folder")
     return parser.parse_args(argv)
@@ -135,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
 
     args.out.mkdir(parents=True, exist_ok=True)
     pictures = save_pictures(args.out, jit_frames)
-    print(f"smoke plume {args.size}x{args.size}, {args.steps} steps, engine {args.engine!r}")
+    engine = args.engine or "default"
+    print(f"smoke plume {args.size}x{args.size}, {args.steps} steps, engine {engine!r}")
     print(f"first jitted call (record + compile + trace): {first_call:.2f} s")
     print(f"max |eager - jit| of the smoke after {n} steps: {diff:.2e}")
     print(f"output: {', '.join(map(str, pictures)) if pictures else '(no matplotlib)'}")

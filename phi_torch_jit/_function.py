@@ -43,7 +43,7 @@ import torch
 from torch.utils.checkpoint import CheckpointFunction
 
 from ._compat import backward_hook_function, original_function_apply
-from ._context import Phase, current_frame
+from ._context import CustomCallee, Phase, current_frame
 from ._custom import CustomFunction, untraced
 from ._patches import RefCounted
 from ._sources import is_user_file
@@ -271,7 +271,10 @@ def run_backward(
         setattr(ctx, name, resolve(slot))
     for name, value in layout.static_attributes:
         setattr(ctx, name, value)
-    result = (source or cls.backward)(ctx, *grad_outputs[: layout.n_outputs])
+    from ._phiml import backward_scope  # PhiML's adjoint solve: no TorchScript on our path
+
+    with backward_scope(cls):
+        result = (source or cls.backward)(ctx, *grad_outputs[: layout.n_outputs])
     grads = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     while len(grads) > len(inputs) and grads[-1] is None:
         grads = grads[:-1]
@@ -317,7 +320,7 @@ class _AdapterFunction(CustomFunction):
         forward = cls.forward if _has_setup_context(cls) else _forward_of(cls)  # type: ignore[attr-defined]
         return forward  # type: ignore[no-any-return]
 
-    def matches(self, other: CustomFunction) -> bool:
+    def matches(self, other: CustomCallee) -> bool:
         """Same Function code, even if a factory made a new class for the trace pass (PhiML
         does): the recorded class is the one compiled and run."""
         if other is self:

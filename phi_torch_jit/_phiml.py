@@ -361,6 +361,20 @@ def _post_init_checks_only(cls: type, post_init: Any) -> bool:
 _CUSTOM_FUNCTION = ("phiml.backend.torch._torch_backend", "construct_torch_custom_function.")
 
 
+def _is_custom_function(cls: type) -> bool:
+    return cls.__module__ == _CUSTOM_FUNCTION[0] and cls.__qualname__.startswith(
+        _CUSTOM_FUNCTION[1]
+    )
+
+
+def backward_scope(cls: type) -> AbstractContextManager[Any]:
+    """What a PhiML custom-gradient Function's backward runs in when we run it: its adjoint
+    solve builds a sparse matrix with PhiML's ``sparse_coo_tensor``, which scripts itself with
+    TorchScript on every call; built directly here (``_SparseCoo``), as in its forward. Other
+    classes: nothing."""
+    return _SPARSE_COO.active() if _is_custom_function(cls) else nullcontext()
+
+
 def traceable_forward(cls: type) -> Callable[..., Any] | None:
     """The forward to run for a PhiML custom-gradient Function class, or None for other classes.
 
@@ -370,9 +384,7 @@ def traceable_forward(cls: type) -> Callable[..., Any] | None:
     traced paths, e.g. the scripted CG loop -- and fills ctx as PhiML's forward does (inputs and
     outputs saved, ``input_count`` set), which PhiML's backward reads.
     """
-    if cls.__module__ != _CUSTOM_FUNCTION[0] or not cls.__qualname__.startswith(
-        _CUSTOM_FUNCTION[1]
-    ):
+    if not _is_custom_function(cls):
         return None
     function: Any = cls.__dict__.get("forward")
     function = getattr(function, "__func__", function)
@@ -383,7 +395,8 @@ def traceable_forward(cls: type) -> Callable[..., Any] | None:
     wrapped = cells["jit_f"].cell_contents or cells["f"].cell_contents
 
     def forward(ctx: Any, *args: Any) -> Any:
-        outputs = wrapped(*args)
+        with _SPARSE_COO.active():
+            outputs = wrapped(*args)
         ctx.save_for_backward(*args, *outputs)
         ctx.input_count = len(args)
         return outputs
@@ -552,6 +565,43 @@ _LOOP_PATCH = _WhileLoop()
 _LOOPS = RefCounted(_LOOP_PATCH.install, _LOOP_PATCH.remove)
 
 
+class _SparseCoo:
+    """``TorchBackend.sparse_coo_tensor`` without ``torch.jit.script`` unless TorchScript traces.
+
+    PhiML scripts a helper on every call so that a TorchScript trace does not bake the sparse
+    matrix as a constant. Our passes and PhiML forwards (record, graph capture, bodies run as
+    Python) need no TorchScript (engine "auto" runs none): the matrix is built directly, as the
+    helper builds it; under a TorchScript trace (engine "torchscript") PhiML's own runs."""
+
+    def __init__(self) -> None:
+        self.original: Any = None
+
+    def install(self) -> None:
+        from phiml.backend.torch._torch_backend import TorchBackend, to_torch_dtype
+
+        original = self.original = TorchBackend.__dict__["sparse_coo_tensor"]
+
+        def sparse_coo_tensor(self_: Any, indices: Any, values: Any, shape: Any) -> Any:
+            if get_tracing_state() is not None:
+                return original(self_, indices, values, shape)
+            indices = self_.transpose(self_.to_int64(indices), [1, 0])
+            (values,) = self_.auto_cast(values)
+            size = torch.Size([int(shape[0]), int(shape[1])])
+            dtype = to_torch_dtype(self_.float_type)
+            return torch.sparse_coo_tensor(indices, values, size=size, dtype=dtype)
+
+        TorchBackend.sparse_coo_tensor = sparse_coo_tensor
+
+    def remove(self) -> None:
+        from phiml.backend.torch._torch_backend import TorchBackend
+
+        TorchBackend.sparse_coo_tensor = self.original
+
+
+_SPARSE_COO_PATCH = _SparseCoo()
+_SPARSE_COO = RefCounted(_SPARSE_COO_PATCH.install, _SPARSE_COO_PATCH.remove)
+
+
 _CHECK_PATCH = _ConvergenceCheck()
 _CHECKS = RefCounted(_CHECK_PATCH.install, _CHECK_PATCH.remove)
 
@@ -653,7 +703,8 @@ class PhiMLBridge:
         tracing.append(self)  # when_available asks PhiML's own jit stack
         try:
             with _AVAILABILITY.active(), _CHECKS.active(), _LOOPS.active(), VIEW.active():
-                yield
+                with _SPARSE_COO.active():
+                    yield
         finally:
             stack.remove(self)
             tracing.remove(self)

@@ -84,6 +84,7 @@ def specialize(
     before = snapshot(target.fn, modules_in(key[0]))
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     written_before = versions(tensors)
+    as_called = _as_called(tensors)
     result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]))
     written = written_inputs(tensors, written_before)
     output_spec, _ = flatten_outputs(result, target.owner)
@@ -100,7 +101,8 @@ def specialize(
     calls: tuple[CompiledCall, ...] = ()
     compile_s = 0.0
     if not eager_reason:
-        inputs = [*tensors, *(guard.captured() if guard is not None else ())]
+        arguments = tensors if written is None else as_called  # the trace sees them unwritten
+        inputs = [*arguments, *(guard.captured() if guard is not None else ())]
         try:
             traced, calls, compile_s = _compile(target, recording, wrapper, inputs)
         except NotNow:
@@ -227,6 +229,18 @@ class _EagerCall:
         return self.fn(*args, **kwargs)
 
 
+def _as_called(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The arguments as the caller passed them, for the trace in case the record pass writes
+    them in place: copies of those it could write (a leaf that requires grad cannot be
+    written). Traced on the written values, a branch on them took the record pass's path
+    after the write, and the first program failed its value guard on the next call (NOTE
+    [arguments written in place])."""
+    return [
+        t if t.requires_grad and t.is_leaf else t.detach().clone().requires_grad_(t.requires_grad)
+        for t in tensors
+    ]
+
+
 def _compile(
     target: Target, recording: Recording, wrapper: WrapperModule, tensors: list[torch.Tensor]
 ) -> tuple[Traced, tuple[CompiledCall, ...], float]:
@@ -234,13 +248,15 @@ def _compile(
 
     A PhiML program that the requested graph-capturing engine cannot capture faithfully (a
     sparse matrix built with ``bincount``: a shape that depends on values) is traced by
-    TorchScript where it exists, as before PhiML's custom gradients could be captured; the
-    note says so in ``explain()``."""
+    TorchScript where it exists and the engine may use it (``torchscript=True``: engine
+    "compile", not "auto"), as before PhiML's custom gradients could be captured; the note says
+    so in ``explain()``. Otherwise it runs eagerly."""
     engine = target.options.engine
     try:
         return _compile_with(engine, target, recording, wrapper, tensors)
     except RunEagerly as signal:
-        if not (recording.phiml.used and engine.captures_graph and torchscript_available()):
+        may_script = engine.captures_graph and getattr(engine, "torchscript", False)
+        if not (recording.phiml.used and may_script and torchscript_available()):
             raise
         note = f"engine {engine.name!r} used 'torchscript': {signal.reason}"
     traced, calls, compile_s = _compile_with(

@@ -1,12 +1,17 @@
 import functools
 import os
 import sys
+import sysconfig
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 import pytest
 import torch
 
+import phi_torch_jit
+from phi_torch_jit import _compat
 from phi_torch_jit.engines import register_engine
 from phi_torch_jit.engines.auto import AutoEngine
 
@@ -60,8 +65,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 NO_TORCHSCRIPT_ENV = "PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT"
 """Set to 1 (``make test-no-torchscript``): torch.jit.trace, trace_module and script raise for the
-whole session, as in a torch without TorchScript, and the shared suite runs with the engines
-that must work without it."""
+whole session, as in a torch without TorchScript; the suite runs, the shared suite with the
+engines that must work without it, and tests marked ``uses_torchscript`` or
+``torchscript_bodies`` are skipped."""
 
 NO_TORCHSCRIPT = os.environ.get(NO_TORCHSCRIPT_ENV, "") == "1"
 
@@ -100,15 +106,140 @@ if NO_TORCHSCRIPT:
     torch.jit.trace_module = _torchscript_removed  # type: ignore[assignment]
 
 
+_TORCHSCRIPT_FUNCTIONS = ("trace", "script", "trace_module")
+_TORCHSCRIPT_ENGINES = ("torchscript", "compile")
+"""The ENGINES entries that use TorchScript: "torchscript", and "compile", whose custom-function
+bodies TorchScript compiles by default (``CompileEngine(torchscript=True)``)."""
+
+_OURS = str(Path(phi_torch_jit.__file__).parent) + os.sep
+_TESTS = str(Path(__file__).parent) + os.sep
+_LIBRARIES = tuple({sysconfig.get_paths()[key] + os.sep for key in ("purelib", "platlib")})
+"""Where installed packages live (PhiML, torch, the corpus's libraries); phi_torch_jit is
+installed editable, so its files are not under these."""
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+class TorchScriptUsed(RuntimeError):
+    """A test that does not use TorchScript on purpose reached torch.jit.trace/script."""
+
+
+def _may_use_torchscript(item: pytest.Item) -> bool:
+    """Marked ``uses_torchscript``, or in the shared suite with an engine that uses it."""
+    if item.get_closest_marker("uses_torchscript"):
+        return True
+    callspec = getattr(item, "callspec", None)
+    engine = callspec.params.get("jit_engine") if callspec is not None else None
+    return engine is not None and str(engine).partition(":")[0] in _TORCHSCRIPT_ENGINES
+
+
+def _ours(frame: FrameType) -> bool:
+    return frame.f_code.co_filename.startswith(_OURS)
+
+
+def _library_by_itself(caller: FrameType) -> bool:
+    """Whether an installed library's own code makes this call: the caller is in an installed
+    package and no frame of phi_torch_jit is on the stack."""
+    if not caller.f_code.co_filename.startswith(_LIBRARIES):
+        return False
+    frame: FrameType | None = caller
+    while frame is not None:
+        if _ours(frame):
+            return False
+        frame = frame.f_back
+    return True
+
+
+def _call_path(caller: FrameType) -> str:
+    """The frames of phi_torch_jit and the tests that led to a call, innermost first."""
+    found = []
+    frame: FrameType | None = caller
+    while frame is not None and len(found) < 8:
+        name = frame.f_code.co_filename
+        if name.startswith((_OURS, _TESTS)):
+            found.append(f"{os.path.relpath(name)}:{frame.f_lineno} {frame.f_code.co_name}")
+        frame = frame.f_back
+    return " <- ".join(found)
+
+
+class _TorchScriptGuard:
+    """torch.jit.trace/script/trace_module for one test: libraries' own calls go through, every
+    other call is refused and remembered (a refusal the library catches fails the test too)."""
+
+    def __init__(self, test: str) -> None:
+        self.test = test
+        self.refused: list[str] = []
+
+    def stand_in(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            if _library_by_itself(caller):
+                return original(*args, **kwargs)
+            where = f"{os.path.relpath(caller.f_code.co_filename)}:{caller.f_lineno}"
+            self.refused.append(f"torch.jit.{name} from {where} (via {_call_path(caller)})")
+            raise TorchScriptUsed(
+                f"torch.jit.{name} called from {where} in {self.test}, which does not use "
+                "TorchScript: the default engine runs none (tests/conftest.py, "
+                "_no_torchscript_unless_asked). A test that uses TorchScript on purpose: mark "
+                "it @pytest.mark.uses_torchscript."
+            )
+
+        return guarded
+
+
+@pytest.fixture(autouse=True)
+def _no_torchscript_unless_asked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """torch.jit.trace, script and trace_module raise :class:`TorchScriptUsed` in every test
+    that does not use TorchScript on purpose: the default engine, and anything jit(f) does
+    without naming an engine, runs none.
+
+    The rule:
+
+    * A test may use TorchScript if it is marked ``uses_torchscript`` (it names engine
+      "torchscript", an engine with ``torchscript=True``, or tests TorchScript itself) or is
+      parametrized with an engine of :data:`_TORCHSCRIPT_ENGINES`.
+    * Elsewhere a call is refused, unless an installed library's own code makes it: the direct
+      caller is in site-packages and no phi_torch_jit frame is on the stack. PhiML's eager code
+      scripts its ``sparse_coo_tensor`` helper at every call, and its own ``jit_compile``
+      traces; gpytorch and PyG script helpers at import. Under our record, trace, compile or a
+      compiled call, or PhiML's jit routed to us by ``phiflow.install()``, a phi_torch_jit
+      frame is on the stack: refused, whoever calls.
+    * A refused call fails the test even where the library caught the error (a probe of
+      whether TorchScript works is a use of it).
+    """
+    if _may_use_torchscript(request.node):
+        yield
+        return
+    guard = _TorchScriptGuard(request.node.nodeid)
+    for name in _TORCHSCRIPT_FUNCTIONS:
+        monkeypatch.setattr(torch.jit, name, guard.stand_in(name, getattr(torch.jit, name)))
+    monkeypatch.setattr(_compat, "_TORCHSCRIPT_PROBED", {})  # a probe here calls the guard
+    yield
+    if guard.refused and not request.node.stash.get(_CALL_FAILED, False):
+        pytest.fail(f"TorchScript used without being asked for: {guard.refused}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Without TorchScript, custom-function bodies run as Python (loops kept): tests of their
-    compiled form, and PhiML code that scripts by itself, are skipped."""
+    """Without TorchScript, tests that use it on purpose are skipped, and so are those of
+    TorchScript-compiled custom-function bodies and of PhiML code that scripts by itself."""
     if not NO_TORCHSCRIPT:
         return
-    skip = pytest.mark.skip(reason="checks TorchScript-compiled bodies; TorchScript removed")
+    uses = pytest.mark.skip(reason="uses TorchScript on purpose; TorchScript removed")
+    bodies = pytest.mark.skip(reason="checks TorchScript-compiled bodies; TorchScript removed")
     for item in items:
-        if item.get_closest_marker("torchscript_bodies"):
-            item.add_marker(skip)
+        if item.get_closest_marker("uses_torchscript"):
+            item.add_marker(uses)
+        elif item.get_closest_marker("torchscript_bodies"):
+            item.add_marker(bodies)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -119,8 +250,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _engines_for(module: str) -> tuple[str, ...]:
     """ENGINES, except that the PhiFlow tests (the slowest, 5-10 s each) skip engine "auto":
-    PhiML's custom gradients are traced with TorchScript under every engine, and the rest of
-    their graphs is the one engine "compile" captures and compiles with the same backend."""
+    it captures a PhiFlow step as engine "compile" does (make_fx, PhiML's custom gradients
+    included: _phiml_graph_capture) and compiles it with the same backend. The default engine
+    runs PhiFlow, without TorchScript, in test_phiflow_programs.py and in the tests of
+    test_phiflow.py that name engine "auto"."""
     if module.endswith("test_phiflow"):
         return tuple(e for e in ENGINES if not e.startswith(AUTO_ON_CALLER))
     return ENGINES

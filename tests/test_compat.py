@@ -153,6 +153,7 @@ def _notices(caught: list[warnings.WarningMessage]) -> list[str]:
 
 @pytest.mark.all_engines
 @pytest.mark.torchscript_bodies
+@pytest.mark.uses_torchscript  # the user's function scripts a helper
 def test_torchscript_notices_do_not_reach_users_of_jitted_functions() -> None:
     step = ptj.jit(_scripting_step)
     x = torch.randn(3)
@@ -167,6 +168,7 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+@pytest.mark.uses_torchscript  # the user's function scripts a helper
 def test_notices_are_hidden_only_while_a_pass_runs() -> None:
     """Outside jit the user's own TorchScript calls warn as torch decides."""
     ptj.jit(_scripting_step)(torch.randn(3))

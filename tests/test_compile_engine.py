@@ -94,6 +94,7 @@ def test_environment_picks_the_default_engine_and_backend(monkeypatch: Any) -> N
         ptj.jit(torch.sin)
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_callable_backend_sees_one_graph_with_each_custom_call_as_one_opaque_node() -> None:
     graphs: list[torch.fx.GraphModule] = []
 
@@ -117,6 +118,7 @@ def test_callable_backend_sees_one_graph_with_each_custom_call_as_one_opaque_nod
     assert counter.forward == calls_before + 4  # 2 compiled calls + 2 eager references
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_registered_and_aot_autograd_backends_compile_forward_and_backward_in_the_first_call() -> (
     None
 ):
@@ -171,6 +173,7 @@ def test_a_parameter_frozen_or_unfrozen_after_the_compile_retraces_with_eager_gr
 
 @pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")  # dynamo
 @pytest.mark.filterwarnings("ignore:The .grad attribute:UserWarning")  # dynamo, raw compile
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_autograd_function_with_a_loop_causes_no_graph_break_unlike_raw_torch_compile() -> None:
     torch._dynamo.reset()
     net = Net().eval()
@@ -190,6 +193,7 @@ def test_autograd_function_with_a_loop_causes_no_graph_break_unlike_raw_torch_co
     assert "called on the captured graph: compiled in" in jitted.explain()
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_python_forward_with_other_ctx_values_than_compiled_raises_instead_of_wrong_grads() -> None:
     step = ptj.jit(lambda x: SavesDependingOnValue.apply(x) * 2, engine="compile")
     step(torch.ones(3))  # compiled with ctx.factor == 3
@@ -210,6 +214,7 @@ def test_tensor_in_a_plain_object_requiring_grad_is_a_program_input() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_inductor_training_matches_eager_with_dropout_batchnorm_and_optimizer_steps() -> None:
     """Inductor end to end: 3 SGD steps through 3 unrolled CG solves with a CNN in train mode."""
     torch.manual_seed(1)

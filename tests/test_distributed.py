@@ -32,7 +32,10 @@ def _worker(rank: int, port: int, out: str) -> None:
 
     import phi_torch_jit as ptj
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # the default engine with aot_eager: a spawned process knows no test-only engine
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PHI_TORCH_JIT_ENGINE="auto:aot_eager"
+    )
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         u0, targets, k = demo.training_data(8, UNROLL, BATCH, seed=0)
@@ -46,7 +49,9 @@ def _worker(rank: int, port: int, out: str) -> None:
             optimizer.zero_grad()
             model(u0[share], targets[:, share], k).backward()
             optimizer.step()
-        # the unsupported pattern: DDP called inside the jitted function
+        # the unsupported pattern: DDP called inside the jitted function (traced once the
+        # background compile of the trainer's loss is done: a first call meanwhile runs eagerly)
+        trainer.loss.wait_compiled()
         inner = demo.make_corrected_step(DistributedDataParallel(net))
         unsupported = ptj.jit(demo.make_unrolled_loss(inner, UNROLL), engine="auto")
         try:
@@ -118,7 +123,8 @@ def test_demo_trains_under_torchrun_with_two_processes(tmp_path: Path) -> None:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         demo, "--size", "8", "--iters", "2", "--batch", "2", "--unroll", "2",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the default engine, compiling with aot_eager (the processes know no test-only engine)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PHI_TORCH_JIT_ENGINE": "auto:aot_eager"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 ranks x 2 ICs" in done.stdout and "iterations per second (2 processes)" in done.stdout

@@ -63,6 +63,7 @@ def test_deprecation_warnings_are_not_shown() -> None:
     assert step.num_traces == 2
 
 
+@pytest.mark.uses_torchscript  # engine "torchscript"
 def test_tracer_warnings_reach_the_user_when_value_guards_are_off() -> None:
     def branchy(x: torch.Tensor) -> torch.Tensor:
         return x * 2 if x.sum() > 0 else x
@@ -104,6 +105,7 @@ class CountingEngine(Engine):
         return self.inner.compile_module(module, example_inputs, label)
 
 
+@pytest.mark.uses_torchscript  # delegates to engine "torchscript"
 def test_custom_engine_plugs_in_by_instance_and_by_name() -> None:
     engine = CountingEngine()
     solve = make_solve()

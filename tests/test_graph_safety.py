@@ -33,10 +33,13 @@ scale = ptj.custom_gradient(_scale, lambda i, o, g: (g[0] * 2,), name="scale")
 halve = ptj.custom_gradient(_halve_until_small, lambda i, o, g: (g[0],), name="halve")
 
 
-ENGINES = [{"engine": "torchscript"}, {"engine": "compile", "backend": "aot_eager"}]
+ENGINES = [
+    pytest.param(options, marks=pytest.mark.uses_torchscript)  # "compile": TorchScript bodies
+    for options in ({"engine": "torchscript"}, {"engine": "compile", "backend": "aot_eager"})
+]
 
 
-@pytest.mark.parametrize("options", ENGINES, ids=lambda o: o["engine"])
+@pytest.mark.parametrize("options", ENGINES, ids=["torchscript", "compile"])
 def test_a_traced_body_stays_in_the_graph_and_a_looping_one_is_a_boundary(options: dict) -> None:
     unsafe = torch.Tag.cudagraph_unsafe
     traced = ptj.jit(lambda x: scale(x) + 1, **options)
@@ -49,6 +52,7 @@ def test_a_traced_body_stays_in_the_graph_and_a_looping_one_is_a_boundary(option
     assert unsafe in forward  # a host check per iteration or block: never inside a graph
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_reduce_overhead_turns_graph_partitioning_on_and_runs_on_the_cpu() -> None:
     engine = get_engine("compile", {"mode": "reduce-overhead"})
     assert engine.backend_settings().get("graph_partition") is True  # type: ignore[attr-defined]

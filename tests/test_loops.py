@@ -234,6 +234,7 @@ def _like_eager_with_gradients(step: Any, backend: str, n: int) -> Any:
 
 
 @pytest.mark.parametrize("engine", ["aot_eager", "inductor"])
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_jitted_cg_step_is_looped_and_equals_eager_with_gradients(engine: str) -> None:
     jitted = _like_eager_with_gradients(_step, engine, 12)
     report = jitted.explain()
@@ -243,6 +244,7 @@ def test_a_jitted_cg_step_is_looped_and_equals_eager_with_gradients(engine: str)
     assert adjoint.forward.mode == "looped"
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_loops_false_keeps_the_functions_engine() -> None:
     jitted = ptj.jit(_step, engine="compile", backend="aot_eager", loops=False)
     jitted(_rhs(6))
@@ -307,6 +309,7 @@ def _sqrt_step(a: torch.Tensor) -> torch.Tensor:
     return NewtonSqrt.apply(a * 1.5) + 1  # type: ignore[no-any-return]
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_loop_in_an_autograd_function_forward_is_captured() -> None:
     jitted = ptj.jit(_sqrt_step, engine="compile", backend="aot_eager", fallback="off")
     for scale in (1.0, 100.0, 1e-3):
@@ -371,6 +374,7 @@ def _shrink_on_host(x: torch.Tensor) -> torch.Tensor:
 shrink_on_host = ptj.custom_gradient(_shrink_on_host, lambda i, o, g: (g[0],), name="shrink")
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_forward_whose_block_cannot_be_traced_keeps_the_functions_engine(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -436,6 +440,7 @@ def _strict(b: torch.Tensor) -> torch.Tensor:
 strict = ptj.custom_gradient(_strict, lambda i, o, g: (g[0],), name="strict")
 
 
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_solver_error_after_a_captured_loop_is_raised_as_eagerly() -> None:
     jitted = ptj.jit(lambda b: strict(b) * 2, engine="compile", backend="aot_eager")
     easy = torch.full((3,), 1e-6)
@@ -519,6 +524,7 @@ def test_a_called_function_with_a_side_effect_in_its_loop_is_not_captured() -> N
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_jitted_autograd_function_whose_solver_is_a_called_function_is_looped(
     backend: str,
 ) -> None:
@@ -571,6 +577,7 @@ def _adjoint_step(v: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("step", [_implicit_step, _adjoint_step], ids=["Function", "custom"])
+@pytest.mark.uses_torchscript  # engine "compile": TorchScript compiles its custom-function bodies
 def test_a_loop_in_a_backward_is_captured_and_its_gradients_equal_eager(step: Any) -> None:
     jitted = ptj.jit(step, engine="compile", backend="aot_eager", fallback="off")
     for seed in range(3):

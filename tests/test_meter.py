@@ -140,6 +140,7 @@ class SlowEngine(Engine):
         return dataclasses.replace(compiled, run=run)
 
 
+@pytest.mark.uses_torchscript  # SlowEngine runs engine "torchscript"'s programs
 def test_end_to_end_a_slow_specialization_serves_eager_code_and_says_so(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -190,6 +191,7 @@ class TieredEngine(SlowEngine):
             listener()
 
 
+@pytest.mark.uses_torchscript  # SlowEngine runs engine "torchscript"'s programs
 def test_a_specialization_is_measured_afresh_when_another_program_takes_over(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:

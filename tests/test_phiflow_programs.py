@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("phi")
 pytest.importorskip("phiml")
@@ -127,3 +128,31 @@ def test_optimization_through_a_simulation_equals_eager(path: str) -> None:
     assert losses[-1] < losses[0]  # the descent works, as eagerly
     assert not [w for w in caught if issubclass(w.category, ptj.JitWarning)]
     assert ours is not None and 1 <= ours.num_traces <= MAX_TRACES
+
+
+@math.jit_compile_linear
+def _tridiagonal(x: Any) -> Any:
+    left, right = math.shift(x, (-1, 1), padding=0)
+    return 3 * x - left - right
+
+
+def _solve_and_count_levels(y: Any) -> Any:
+    x = math.solve_linear(_tridiagonal, y, math.Solve("CG", 1e-5, 1e-5, x0=y * 0))
+    levels = torch.unique(math.reshaped_native(y, [y.shape]).round()).shape[0]
+    return x * levels
+
+
+def test_a_phiml_program_the_capture_refuses_runs_eagerly_without_torchscript() -> None:
+    """A PhiML program whose shape depends on values (``unique``) cannot be captured: the
+    default engine runs it eagerly, warned once; only engines that may use TorchScript (engine
+    "compile") fall back to tracing it with TorchScript (tests/conftest.py refuses it here)."""
+    y = math.tensor(torch.tensor([1.0, 2.0, 2.0, 3.0]), math.spatial("x"))
+    jitted = ptj.jit(_solve_and_count_levels)
+    with pytest.warns(ptj.JitWarning, match="runs eagerly"):
+        got = jitted(y)
+    for _ in range(2):
+        got = jitted(y)
+    with phiml_eager():
+        want = _solve_and_count_levels(y)
+    assert float(math.max(abs(got - want))) <= 1e-5
+    assert "used 'torchscript'" not in jitted.explain()

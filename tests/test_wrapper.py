@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import make_solve
 from torch import nn
@@ -36,6 +37,7 @@ def test_wrapper_is_named_after_function_and_holds_tensors_by_reference() -> Non
     assert spec is not None and spec[2][1] == ("S", str, "done")
 
 
+@pytest.mark.uses_torchscript  # engine "torchscript"
 def test_trace_holds_one_opaque_node_per_custom_call() -> None:
     solve = make_solve()
     net = nn.Linear(8, 8)
