@@ -305,8 +305,9 @@ DECOMPOSITIONS = _api(
 FAKE_MODE = _api(
     "torch._subclasses.fake_tensor.FakeTensorMode",
     "the fake tensors a backend compiles from; made here with a shape environment so that "
-    "inductor's on-disk caches are used (dynamo makes one the same way)",
-    "engines.compile, engines.auto",
+    "inductor's on-disk caches are used (dynamo makes one the same way); the node metadata "
+    "of real-tensor captures, one mode per thread",
+    "engines.compile, engines.auto, _fast_capture",
 )
 SHAPE_ENV = _api(
     "torch.fx.experimental.symbolic_shapes.ShapeEnv",

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ._compat import PROXY_TENSOR
+from ._compat import FAKE_MODE, PROXY_TENSOR
 from ._patches import RefCounted
 
 __all__ = ["fast_metadata"]
@@ -34,9 +34,7 @@ _MODES = _Modes()
 def _shared_mode() -> Any:
     mode = _MODES.mode
     if mode is None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = _MODES.mode = FakeTensorMode(allow_fallback_kernels=True)
+        mode = _MODES.mode = FAKE_MODE.find()(allow_fallback_kernels=True)
     return mode
 
 

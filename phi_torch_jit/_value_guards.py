@@ -21,7 +21,8 @@ key. Functions without conversions pay nothing. See NOTE [value guards].
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +42,12 @@ from ._patches import RefCounted
 from ._read_records import same_value
 from ._sources import user_location
 from ._static_shapes import static_form
+from ._tensor_reads import PASS, watching
 
 __all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
 
 GUARD_POLICIES = ("retrace", "eager", "error", "off")
 """Accepted values of ``jit(on_guard_failure=...)``."""
-
-_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy")
-"""Tensor-to-Python conversions; ``numpy`` also serves ``np.asarray(t)`` (``Tensor.__array__``)."""
 
 
 @dataclass(frozen=True)
@@ -131,28 +130,24 @@ def _from_shapes(tensor: torch.Tensor) -> bool:
     return not pending
 
 
-def _intercepting(kind: str) -> Callable[..., Any]:
-    original = tensor_conversion(kind)
-
-    def convert(self: torch.Tensor, *args: Any) -> Any:
-        frame = current_frame()
-        if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:
-            return original(self, *args)
-        # Guarded (user code) or a shape check inside torch: torch's TracerWarning is moot.
-        # Graph capture (make_fx on real tensors) refuses conversions; the value is real.
-        with warnings.catch_warnings(), disable_dispatch_modes():
-            warnings.simplefilter("ignore", TracerWarning)
-            value = original(self, *args)
-        if kind == "numpy":  # a copy: the array shares the tensor's memory
-            value = value.copy()
-        # who converted the tensor (for numpy past torch's own Tensor.__array__)
-        location = user_location(1, skip_torch=kind == "numpy")
-        if location is not None and not _from_shapes(self):
-            frame.conversions.append(Conversion(self, kind, value, location))
-        return value
-
-    convert.__name__ = kind
-    return convert
+def _guard_read(kind: str, tensor: torch.Tensor, args: tuple[Any, ...], read: Any) -> Any:
+    """The :mod:`._tensor_reads` watcher of the trace phase: a read user code makes in a trace
+    frame is recorded as a :class:`Conversion`."""
+    frame = current_frame()
+    if frame is None or frame.phase is not Phase.TRACE or frame.conversions is None:
+        return PASS
+    # Guarded (user code) or a shape check inside torch: torch's TracerWarning is moot.
+    # Graph capture (make_fx on real tensors) refuses conversions; the value is real.
+    with warnings.catch_warnings(), disable_dispatch_modes():
+        warnings.simplefilter("ignore", TracerWarning)
+        value = read(tensor, *args)
+    if kind == "numpy":  # a copy: the array shares the tensor's memory
+        value = value.copy()
+    # who read the tensor (past the patched method; for numpy past torch's Tensor.__array__)
+    location = user_location(2, skip_torch=kind == "numpy")
+    if location is not None and not _from_shapes(tensor):
+        frame.conversions.append(Conversion(tensor, kind, value, location))
+    return value
 
 
 _READS_IN_OPS = ("aten.item.default", "aten._local_scalar_dense.default")
@@ -231,8 +226,6 @@ def _guarded_equal(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _install() -> None:
-    for kind in _CONVERSIONS:
-        setattr(torch.Tensor, kind, _intercepting(kind))
     torch.Tensor.equal = _guarded_equal(torch.Tensor.equal)  # type: ignore[method-assign]
     torch.equal = _guarded_equal(torch.equal)
     proxy_tensor = PROXY_TENSOR.find()
@@ -240,8 +233,6 @@ def _install() -> None:
 
 
 def _remove() -> None:
-    for kind in _CONVERSIONS:
-        delattr(torch.Tensor, kind)
     del torch.Tensor.equal
     torch.equal = torch.equal.__wrapped__  # type: ignore[attr-defined]
     proxy_tensor = PROXY_TENSOR.find()
@@ -251,6 +242,8 @@ def _remove() -> None:
 _CAPTURE = RefCounted(_install, _remove)
 
 
-def conversion_capture() -> Any:
-    """Context manager: record user conversions made in trace frames while the block runs."""
-    return _CAPTURE.active()
+@contextmanager
+def conversion_capture() -> Iterator[None]:
+    """Record user conversions made in trace frames while the block runs."""
+    with watching(_guard_read), _CAPTURE.active():
+        yield

@@ -81,10 +81,11 @@ def test_the_padded_row_product_equals_the_sparse_product() -> None:
 def test_a_matrix_with_one_long_row_is_multiplied_as_scattered_nonzeros() -> None:
     """PhiML adds a row and a column of ones to a pressure matrix whose mean is free: padded to
     that row, every row held the whole grid (1024 entries at 32x32, 13 ms per block of four
-    CG iterations); scattered into their rows, the nonzeros are all there is."""
-    from phi_torch_jit._loops._phiml_cg import _product, product_form
+    CG iterations); scattered into their rows, the nonzeros are all there is. Small matrices
+    keep their padded rows (and the rounding of their sums)."""
+    from phi_torch_jit._loops._phiml_cg import PADDED_ENTRIES, _product, product_form
 
-    laplacian = _laplacian(8).to_dense()
+    laplacian = _laplacian(16).to_dense()  # 257 rows padded to 257: past PADDED_ENTRIES
     n = laplacian.shape[0]
     constrained = torch.zeros(n + 1, n + 1, dtype=torch.float64)
     constrained[:n, :n] = laplacian
@@ -96,7 +97,10 @@ def test_a_matrix_with_one_long_row_is_multiplied_as_scattered_nonzeros() -> Non
     want = phiml_torch.sparse_matmul(matrix, b)
     torch.testing.assert_close(_product(form, b), want, rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(_product(product_form(matrix.to_sparse_coo()), b), want)
+    assert (n + 1) ** 2 > PADDED_ENTRIES
     assert len(product_form(_laplacian(6))) == 2  # five per row: padded rows
+    small = constrained[:50, :50].clone()  # a long row too, but few entries: padded still
+    assert len(product_form(small.to_sparse_csr())) == 2
 
 
 def _solves(n: int) -> list[tuple[str, tuple[Any, ...]]]:

@@ -49,17 +49,24 @@ _ACTIVE: ContextVar[Solvers | None] = ContextVar("phi_torch_jit_phiml_solvers", 
 _INSTALL_LOCK = threading.Lock()
 
 
+PADDED_ENTRIES = 1 << 16
+"""Padded rows up to this many entries are kept even when mostly padding: their sums round
+as before (a closed box's 12x12 pressure solve, singular but for PhiML's constraint row, is
+so sensitive in float32 that summing in another order made its CG diverge where eager's
+converged), and their cost is small."""
+
+
 def product_form(matrix: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The form :func:`_product` multiplies with: :func:`padded_rows`, unless padding would more
-    than double the entries (one long row, such as the constraint on the mean that PhiML adds
-    to a pressure matrix without a fixed boundary value, padded every row of a 32x32 grid's
-    matrix to 1024 entries: a product 150x the sparse one's work, 13 ms per block of four CG
-    iterations). Then the nonzeros scattered into their rows, ``(rows, columns, values)``:
-    ``index_add`` of ``values * b[columns]`` at ``rows`` (the same terms, summed in another
-    order)."""
+    than quadruple the entries of a large matrix (:data:`PADDED_ENTRIES`). One long row, such
+    as the constraint on the mean that PhiML adds to a pressure matrix without a fixed
+    boundary value, padded every row of a 32x32 grid's matrix to 1024 entries: a product 150x
+    the sparse one's work, 13 ms per block of four CG iterations. Then the nonzeros scattered
+    into their rows, ``(rows, columns, values)``: ``index_add`` of ``values * b[columns]`` at
+    ``rows`` (the same terms, summed in another order)."""
     columns, values = padded_rows(matrix)
     nonzeros = int(torch.count_nonzero(values)) if values.numel() else 0
-    if values.numel() <= 2 * nonzeros + values.shape[0]:
+    if values.numel() <= max(4 * nonzeros, PADDED_ENTRIES):
         return columns, values
     csr = matrix.coalesce().to_sparse_csr() if matrix.layout == torch.sparse_coo else matrix
     crow = csr.crow_indices()

@@ -19,7 +19,7 @@ import time
 import weakref
 from typing import Any, Protocol
 
-__all__ = ["Upgradable", "submit", "wait_idle", "worker_alive"]
+__all__ = ["Upgradable", "submit", "wait_idle", "worker_alive", "exiting"]
 
 
 class Upgradable(Protocol):
@@ -129,3 +129,10 @@ def wait_idle(timeout: float | None = None) -> bool:
 def worker_alive() -> bool:
     """Whether the compile thread runs now (it ends after a second without jobs)."""
     return _WORKER.alive()
+
+
+def exiting() -> bool:
+    """Whether the interpreter is shutting down: the main thread has ended. A compile still
+    running then fails (inductor's worker pool is shut down before ``atexit`` hooks run:
+    "cannot schedule new futures after interpreter shutdown"); that is no failure to report."""
+    return not threading.main_thread().is_alive()

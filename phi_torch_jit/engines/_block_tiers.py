@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import describe_error
-from ._background import submit
+from ._background import exiting, submit
 from ._light import straight_line
 
 __all__ = ["BackgroundBlock", "submit_pending"]
@@ -71,7 +71,7 @@ class BackgroundBlock:
             self.settled.set()
         except Exception as error:  # the straight-line tier is right, only slower
             self._settle(describe_error(error))
-            logger.warning(
+            (logger.debug if exiting() else logger.warning)(
                 "phi_torch_jit: the block of %s stays straight-line: its compile failed: %s",
                 self.label, self.failure,
             )  # fmt: skip

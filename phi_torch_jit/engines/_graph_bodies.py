@@ -28,6 +28,7 @@ from torch import nn
 
 from .._compat import CURRENT_DISPATCH_MODE, TORCHSCRIPT_NOTICE
 from .._fast_capture import fast_metadata
+from .._tensor_reads import PASS, watching
 from ..errors import NotNow
 from ._light import straight_line
 from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
@@ -35,8 +36,9 @@ from .torchscript import _reproduces
 
 __all__ = ["GraphBodies", "capture_body", "data_dependent_shape"]
 
-_DIRECT_READS = ("tolist", "numpy", "__array__")
-"""Tensor methods that read memory without an op make_fx could refuse."""
+_DIRECT_READS = ("tolist", "numpy")
+"""Tensor reads that read memory without an op make_fx could refuse (``np.asarray(t)`` calls
+``numpy``)."""
 
 
 _DATA_DEPENDENT = frozenset(("nonzero", "nonzero_numpy", "argwhere", "_unique", "_unique2",
@@ -81,42 +83,28 @@ class _Local(threading.local):
 
 
 _LOCAL = _Local()
-_LOCK = threading.RLock()
-"""Guards the patching of Tensor's direct reads."""
 _OWN_LOCK = threading.Lock()
 """The tracing lock of a GraphBodies made without one."""
 
 
-def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        # only under make_fx's dispatch mode: a nested call's eager run reads values freely
-        if _LOCAL.depth and CURRENT_DISPATCH_MODE.find()() is not None:
-            raise _NotFaithful(f"its Python reads tensor values (Tensor.{name})")
-        return original(self, *args, **kwargs)
-
-    return read
+def _refuse_direct_reads(kind: str, tensor: torch.Tensor, args: tuple[Any, ...], read: Any) -> Any:
+    """The :mod:`.._tensor_reads` watcher of body captures: a direct read on this thread under
+    make_fx's dispatch mode raises (a nested call's eager run reads values freely)."""
+    if kind in _DIRECT_READS and _LOCAL.depth and CURRENT_DISPATCH_MODE.find()() is not None:
+        raise _NotFaithful(f"its Python reads tensor values (Tensor.{kind})")
+    return PASS
 
 
 @contextmanager
 def _direct_reads_refused() -> Iterator[None]:
-    """Tensor.tolist/numpy/__array__ raise on this thread while the block runs and make_fx
+    """Tensor.tolist/numpy (np.asarray) raise on this thread while the block runs and make_fx
     traces."""
-    with _LOCK:
-        saved = {name: torch.Tensor.__dict__.get(name) for name in _DIRECT_READS}
-        if not _LOCAL.depth:
-            for name in _DIRECT_READS:
-                setattr(torch.Tensor, name, _refusing(name, getattr(torch.Tensor, name)))
+    with watching(_refuse_direct_reads):
         _LOCAL.depth += 1
         try:
             yield
         finally:
             _LOCAL.depth -= 1
-            if not _LOCAL.depth:
-                for name, value in saved.items():
-                    if value is None:
-                        delattr(torch.Tensor, name)
-                    else:
-                        setattr(torch.Tensor, name, value)
 
 
 def capture_body(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> Any:

@@ -35,8 +35,8 @@ from torch import nn
 
 from .._compat import any_autocast
 from ..errors import ConfigurationError, JitError, NotNow, describe_error
+from ._background import exiting, wait_idle
 from ._background import submit as submit_compile
-from ._background import wait_idle
 from ._block_tiers import BackgroundBlock, submit_pending
 from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
@@ -321,7 +321,7 @@ class TieredProgram:
                 listener()
         except Exception as error:  # any backend failure: the fast tier is right, only slower
             self.failure = describe_error(error)
-            logger.warning(
+            (logger.debug if exiting() else logger.warning)(
                 "phi_torch_jit: %s for %s failed; it stays on the %s tier: %s",
                 self.target.backend_name, self.owner, self.fast_tier, self.failure,
             )  # fmt: skip

@@ -1,0 +1,53 @@
+"""One patch of the tensor reads for every watcher (phi_torch_jit._tensor_reads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from phi_torch_jit._tensor_reads import PASS, READS, watching
+
+
+def test_watchers_leaving_in_any_order_leave_torch_as_it_was() -> None:
+    """Two stages that each patched and restored Tensor.tolist themselves restored each
+    other's patch, or removed it twice, when two threads' uses overlapped (the second exit
+    raised "type object 'Tensor' has no attribute 'tolist'")."""
+    before = {kind: torch.Tensor.__dict__.get(kind) for kind in READS}
+    seen: list[str] = []
+
+    def first(kind: str, tensor: torch.Tensor, args: tuple[Any, ...], read: Any) -> Any:
+        seen.append(f"first {kind}")
+        return PASS
+
+    def second(kind: str, tensor: torch.Tensor, args: tuple[Any, ...], read: Any) -> Any:
+        seen.append(f"second {kind}")
+        return 7 if kind == "item" else PASS
+
+    t = torch.tensor([1.5, 2.0])
+    a, b = watching(first), watching(second)
+    a.__enter__()
+    b.__enter__()
+    assert t.tolist() == [1.5, 2.0] and t[0].item() == 7
+    assert seen == ["first tolist", "second tolist", "first item", "second item"]
+    a.__exit__(None, None, None)  # the first leaves before the second (another thread's)
+    seen.clear()
+    assert t[0].item() == 7 and seen == ["second item"]
+    b.__exit__(None, None, None)
+    assert t.tolist() == [1.5, 2.0] and t[0].item() == 1.5 and bool(t[1]) is True
+    assert {kind: torch.Tensor.__dict__.get(kind) for kind in READS} == before
+
+
+def test_a_watcher_that_raises_decides_the_read() -> None:
+    def refuse(kind: str, tensor: torch.Tensor, args: tuple[Any, ...], read: Any) -> Any:
+        if kind == "numpy":
+            raise LookupError("refused")
+        return PASS
+
+    t = torch.ones(2)
+    with watching(refuse):
+        with pytest.raises(LookupError, match="refused"):
+            t.numpy()
+        assert t.tolist() == [1.0, 1.0]
+    assert t.numpy().tolist() == [1.0, 1.0]
