@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,20 +35,11 @@ class BackgroundBlock:
     """A block's graph, straight-line until the backend's compile replaces it."""
 
     def __init__(
-        self,
-        graph: torch.fx.GraphModule,
-        compile_now: Callable[[], Callable[..., Any]],
-        lock: Any,
-        label: str,
+        self, graph: torch.fx.GraphModule, compile_now: Callable[[], Callable[..., Any]], lock: Any
     ) -> None:
         self.run: Callable[..., Any] = straight_line(graph)
-        self.tier = "straight-line"
-        self.compile_s: float | None = None
-        self.failure: str | None = None
-        self.label = label
         self._compile_now: Callable[[], Callable[..., Any]] | None = compile_now
         self._lock = lock
-        self.settled = threading.Event()
         with _PENDING_LOCK:
             _PENDING.append(self)
 
@@ -62,24 +52,13 @@ class BackgroundBlock:
         if compile_now is None:
             return
         try:
-            start = time.perf_counter()
             with self._lock:
-                compiled = compile_now()
-            self.compile_s = time.perf_counter() - start
-            self.run = compiled
-            self.tier = "compiled"
-            self.settled.set()
+                self.run = compile_now()
         except Exception as error:  # the straight-line tier is right, only slower
-            self._settle(describe_error(error))
             (logger.debug if exiting() else logger.warning)(
-                "phi_torch_jit: the block of %s stays straight-line: its compile failed: %s",
-                self.label, self.failure,
+                "phi_torch_jit: the block of a captured loop stays straight-line: its compile "
+                "failed: %s", describe_error(error),
             )  # fmt: skip
-
-    def _settle(self, failure: str) -> None:
-        self.failure = failure
-        self._compile_now = None
-        self.settled.set()
 
 
 _PENDING: list[BackgroundBlock] = []
@@ -95,5 +74,4 @@ def submit_pending() -> None:
         blocks = list(_PENDING)
         _PENDING.clear()
     for block in blocks:
-        if not submit(block):  # interpreter exit
-            block._settle("the interpreter is exiting")
+        submit(block)  # False at interpreter exit: the block stays straight-line

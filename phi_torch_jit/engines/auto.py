@@ -112,7 +112,7 @@ class AutoEngine(CompileEngine):
         ours = any(str(n.target).startswith("phi_torch_jit") for n in graph.graph.nodes)
         if self.compile_on == "caller" or ours:
             return target.compile()
-        return BackgroundBlock(graph, target.compile, _CAPTURE_LOCK, "a captured loop")
+        return BackgroundBlock(graph, target.compile, _CAPTURE_LOCK)
 
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
