@@ -32,6 +32,8 @@ import bench_peers as peers_bench
 
 import phi_torch_jit as ptj
 
+PEERS = ""  # --peers: which peers run (all when empty)
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -76,7 +78,10 @@ def _bench(
 
     running: dict[str, Any] = {}
     cells: dict[str, str] = {}
-    for peer, f in _peers(fn, phiml_fn).items():
+    wanted = [name for name in PEERS.split(",") if name]
+    peers = {p: f for p, f in _peers(fn, phiml_fn).items() if not wanted or p == "eager"
+             or any(w in p for w in wanted)}  # fmt: skip
+    for peer, f in peers.items():
         try:
             for _ in range(3):  # first call (compile), a second (backward compiles), warm
                 call(f)
@@ -106,7 +111,9 @@ def _bench(
     for peer, samples in times.items():
         median = statistics.median(samples)
         cells[peer] = f"{median * 1e3:.2f} ms ({median / eager:.2f}x)"
-    return [f"| {name} | {peer} | {cell} |" for peer, cell in cells.items()]
+    rows = [f"| {name} | {peer} | {cell} |" for peer, cell in cells.items()]
+    print("\n".join(rows), flush=True)  # as each workload ends: a run cut short keeps them
+    return rows
 
 
 def main() -> None:
@@ -116,7 +123,10 @@ def main() -> None:
     parser.add_argument("--workloads", default="abc", help="subset of abc")
     parser.add_argument("--phiflow", action="store_true", help="also the PhiFlow smoke step")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--peers", default="", help="comma-separated substrings of peer names")
     args = parser.parse_args()
+    global PEERS
+    PEERS = args.peers
     device = torch.device(args.device)
     torch.set_default_device(device)
     warnings.filterwarnings("ignore")

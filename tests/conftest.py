@@ -2,6 +2,7 @@ import functools
 import os
 import sys
 import sysconfig
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -33,7 +34,9 @@ if TEST_DEVICE.type == "cuda":
 
 def _pin_phiml() -> None:
     try:
-        from phiml.backend import torch as phiml_torch
+        with warnings.catch_warnings():  # PhiML's import-time notices, outside any test's filter
+            warnings.simplefilter("ignore")
+            from phiml.backend import torch as phiml_torch
     except ImportError:
         return
     backend = phiml_torch.TORCH
