@@ -60,6 +60,23 @@ def test_data_dependent_loop_is_scripted_not_baked() -> None:
     assert step.num_traces == 1
 
 
+def test_data_dependent_loop_is_not_baked_under_a_default_device() -> None:
+    """``torch.set_default_device``/``with torch.device(...)`` is a torch-function mode that
+    calls each op from torch's own frame: a tracer warning raised by the loop's ``bool(rs >
+    tol)`` came out attributed to torch, was taken for torch's own check, and the CG was traced
+    with a fixed iteration count (NaN or nonzero at rest; found on a GPU)."""
+    with torch.device("cpu"):
+        solve = make_solve(scriptable=True)
+        step = ptj.jit(lambda b, k: solve(b, k))
+        k = torch.tensor(0.5)
+        step(torch.randn(16), k)
+        (call,) = step.specializations[0].calls
+        assert call.forward.mode in ("scripted", "looped")
+        assert torch.equal(step(torch.zeros(16), k), torch.zeros(16))
+        new = torch.randn(16) * 10
+        assert torch.allclose(step(new, k), cg_loop(new, k), atol=1e-5)
+
+
 def test_unscriptable_loop_runs_as_python_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     counter = Counter()
     solve = make_solve(counter, scriptable=False)
