@@ -188,6 +188,12 @@ PROXY_TENSOR = _api(
     "alpha=t), torch.ones(n) with tensors t, n); the trace phase guards such reads instead",
     "_value_guards",
 )
+ENGINE_RUN_BACKWARD = _api(
+    "torch.autograd._engine_run_backward",
+    "every torch.autograd.grad and backward() runs the engine through this name, however the "
+    "caller imported grad; the capture replaces it to trace gradients as ops (no public hook)",
+    "_inner_grad",
+)
 BACKWARD_HOOK_FUNCTION = _api(
     "torch.nn.modules._functions.BackwardHookFunction",
     "the autograd.Function behind module backward hooks must pass through our interception",
@@ -337,6 +343,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     CURRENT_DISPATCH_MODE,
     TORCH_C,
     PROXY_TENSOR,
+    ENGINE_RUN_BACKWARD,
     BACKWARD_HOOK_FUNCTION,
     GLOBAL_HOOKS,
     TENSOR_BASE,

@@ -256,6 +256,8 @@ def _compile(
         return _compile_with(engine, target, recording, wrapper, tensors)
     except RunEagerly as signal:
         may_script = engine.captures_graph and getattr(engine, "torchscript", False)
+        if recording.unguardable.gradients:  # TorchScript's tracer has no gradient capture
+            may_script = False
         if not (recording.phiml.used and may_script and torchscript_available()):
             raise
         note = f"engine {engine.name!r} used 'torchscript': {signal.reason}"
@@ -364,6 +366,12 @@ def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
             f"it runs autograd inside the function ({', '.join(seen.autograd[:3])}), which a "
             "compiled program does not repeat faithfully; jit the forward or the loss and call "
             "backward() and the optimizer outside it to have it compiled"
+        )
+    if seen.gradients and not engine.captures_autograd:
+        reasons.append(
+            f"it runs autograd inside the function ({', '.join(seen.gradients[:3])}), which "
+            f"engine {engine.name!r} does not capture; the default engine compiles "
+            "torch.autograd.grad inside the function"
         )
     if seen.tensor_hooks:
         reasons.append(

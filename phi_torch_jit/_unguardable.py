@@ -8,8 +8,9 @@ table, :mod:`._phases`; each wrapper checks that it runs in a record frame of it
   from a ``torch.Generator`` object (``torch.randn(..., generator=g)``: a compiled program
   would draw from the global RNG instead), by any code the function runs;
 * grad-mode changes (``torch.no_grad()`` blocks) -- TorchScript's tracer drops them;
-* autograd run inside the function (``loss.backward()``, ``torch.autograd.grad``), by any code
-  the function runs: an optimizer step after it, a gradient used as a value;
+* autograd run inside the function by any code it runs: ``loss.backward()`` (an optimizer step
+  after it), and ``torch.autograd.grad``, which engines that capture graphs compile
+  (:mod:`._inner_grad`) and the others run eagerly;
 * ``Tensor.register_hook`` -- a hook on an intermediate tensor is not part of any graph;
 * ``torch.func`` transforms and ``Tensor.data``.
 
@@ -56,7 +57,10 @@ class Unguardable:
     data: list[str] = field(default_factory=list)
     """Places where user code reads or writes ``Tensor.data`` (outside autograd's view)."""
     autograd: list[str] = field(default_factory=list)
-    """Places where autograd ran inside the function (``backward()``, ``autograd.grad``)."""
+    """Places where ``backward()`` ran inside the function (it writes ``.grad``)."""
+    gradients: list[str] = field(default_factory=list)
+    """Places where ``torch.autograd.grad`` ran inside the function (captured by engines
+    whose ``captures_autograd`` is set, :mod:`._inner_grad`)."""
     per_call_functions: list[str] = field(default_factory=list)
     """``autograd.Function`` classes defined during the call whose code closes over
     tensors or objects holding them (a new class, and new values, on every call)."""
@@ -89,7 +93,7 @@ def _from_anyone(frame: types.FrameType | None) -> bool:
     return frame is not None
 
 
-_ANYWHERE = frozenset({"autograd"})
+_ANYWHERE = frozenset({"autograd", "gradients"})
 """Kinds noted whoever calls (a library's ``autograd.grad`` is as uncapturable as the user's)."""
 
 
@@ -140,9 +144,8 @@ def _targets() -> list[tuple[Any, str, str, str]]:
     targets.append((*grad_mode_setter(), "grad_mode", ""))
     targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
     # Tensor.backward calls torch.autograd.backward
-    targets += [
-        (torch.autograd, n, "autograd", f"torch.autograd.{n}") for n in ("grad", "backward")
-    ]
+    targets.append((torch.autograd, "grad", "gradients", "torch.autograd.grad"))
+    targets.append((torch.autograd, "backward", "autograd", "torch.autograd.backward"))
     for owner, prefix in ((torch.func, "torch.func"), (torch, "torch")):
         targets += [(owner, n, "functorch", f"{prefix}.{n}") for n in _TRANSFORMS
                     if owner.__dict__.get(n) is not None]  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import pytest
@@ -289,3 +290,50 @@ def test_per_call_ctx_contents_reach_their_own_backward() -> None:
         factor = 3.0 if x.sum() > 0 else 1.0
         assert torch.equal(x.grad, torch.full((3,), 2 * factor))
     assert not step.specializations[0].eager_reason
+
+
+def test_a_function_saving_for_forward_mode_runs_eagerly_naming_it() -> None:
+    """``ctx.save_for_forward`` (a ``jvp`` formula) is not compiled: one warning names it, and
+    values, gradients and forward-mode tangents are eager's."""
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return x * x
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+            ctx.save_for_backward(inputs[0])
+            ctx.save_for_forward(inputs[0])
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+        @staticmethod
+        def jvp(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+            (x,) = ctx.saved_tensors
+            return 2 * x * t
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return Square.apply(x).sin()
+
+    jitted = ptj.jit(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(3, requires_grad=True)
+            y = jitted(x)
+            torch.testing.assert_close(y, f(x))
+            (g,) = torch.autograd.grad(y.sum(), x)
+            torch.testing.assert_close(g, 2 * x.detach() * torch.cos(x.detach() ** 2))
+    said = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(said) == 1 and "ctx.save_for_forward" in said[0]
+    import torch.autograd.forward_ad as fw
+
+    x = torch.randn(3)
+    with fw.dual_level(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch scripts its jvp rules once
+        tangent = fw.unpack_dual(jitted(fw.make_dual(x, torch.ones(3)))).tangent
+    torch.testing.assert_close(tangent, 2 * x * torch.cos(x**2))

@@ -654,8 +654,8 @@ def test_phiml_gradient_jacobian_and_custom_gradient_of_a_jitted_function_equal_
 
 def test_a_jitted_function_containing_phiml_gradients_equals_eager_with_one_warning() -> None:
     """Issue 27, deliverable 1: ``math.gradient`` and ``custom_gradient`` inside the jitted
-    function. Autograd inside a program is not repeated faithfully by a compiled program, so
-    the function runs eagerly, said once (a JitWarning naming the call)."""
+    function. A gradient through a custom gradient is not captured, so the function runs
+    eagerly, said once (a JitWarning naming the call)."""
     sine = math.custom_gradient(lambda x: math.sin(x), _doubled)
 
     def descend(x: Any) -> tuple[Any, Any]:
@@ -674,7 +674,9 @@ def test_a_jitted_function_containing_phiml_gradients_equals_eager_with_one_warn
                 got = jitted(x)
                 assert _largest(got[0], want[0]) <= 1e-6 and _largest(got[1], want[1]) <= 1e-6
     said = [w for w in caught if issubclass(w.category, ptj.JitWarning)]
-    assert len(said) == 1 and "autograd inside the function" in str(said[0].message)
+    # engine torchscript: "runs autograd inside the function"; engine compile captures
+    # autograd.grad (test_inner_grad.py) but not through PhiML's custom gradient: it says so
+    assert len(said) == 1 and "autograd" in str(said[0].message)
 
 
 def test_solver_errors_carry_eagers_message_on_record_and_compiled_calls() -> None:

@@ -123,6 +123,9 @@ class Engine(abc.ABC):
     keeps_functorch: ClassVar[bool] = True
     """Whether torch.func transforms applied inside the function (``vmap``, ``grad``) are
     compiled faithfully; if not, such functions run eagerly."""
+    captures_autograd: ClassVar[bool] = False
+    """Whether ``torch.autograd.grad`` inside the function becomes ops of the compiled program
+    (:mod:`.._inner_grad`); if not, such functions run eagerly."""
     captures_graph: ClassVar[bool] = False
     """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
     receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""

@@ -57,6 +57,7 @@ from .._compat import (
 )
 from .._fast_capture import fast_metadata
 from .._inductor_fixes import for_inductor
+from .._inner_grad import functional_autograd
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import (
     ConfigurationError,
@@ -137,6 +138,7 @@ class CompileEngine(Engine):
     captures_graph = True
     keeps_grad_mode = True
     keeps_functorch = False
+    captures_autograd = True
 
     def __init__(
         self,
@@ -228,6 +230,25 @@ class CompileEngine(Engine):
 
 _CAPTURE_LOCK = threading.Lock()
 
+WITHOUT_GRAD = "phi_torch_jit.without_grad"
+"""Graph meta: the outputs that needed no gradient when captured (detached, computed under
+``no_grad``, a gradient taken with ``create_graph=False``)."""
+
+
+class _Detached:
+    """A backend's program whose outputs that eager returns without autograd history are
+    returned detached: AOTAutograd returns every floating output as requiring grad."""
+
+    def __init__(self, compiled: Callable[..., Any], indices: tuple[int, ...]) -> None:
+        self.compiled = compiled
+        self.indices = indices
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        outputs = list(self.compiled(*inputs))
+        for i in self.indices:
+            outputs[i] = outputs[i].detach()
+        return outputs
+
 
 class Compilable:
     """What a backend needs to compile a captured graph: the graph and its inputs' metadata
@@ -262,8 +283,9 @@ class Compilable:
             graph = for_inductor(self.graph) if self.backend == "inductor" else self.graph
             compiled = compile_captured(self.backend, graph, inputs, dict(self.settings))
         if needs_twice(self.grad_enabled, [t.requires_grad for t in inputs[: self.n_arguments]]):
-            return TwiceDifferentiable(compiled, self.graph)
-        return compiled
+            compiled = TwiceDifferentiable(compiled, self.graph)
+        without_grad = self.graph.meta.get(WITHOUT_GRAD, ())
+        return _Detached(compiled, without_grad) if without_grad else compiled
 
     @property
     def backend_name(self) -> str:
@@ -443,12 +465,17 @@ def _capture(
     from torch.fx.experimental.proxy_tensor import make_fx
 
     n = len(example_inputs)
+    without_grad: list[int] = []
 
     def flat(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(module(*tensors[:n]))
+        outputs = tuple(module(*tensors[:n]))
+        if torch.is_grad_enabled():
+            without_grad[:] = [i for i, t in enumerate(outputs)
+                               if isinstance(t, torch.Tensor) and not t.requires_grad]  # fmt: skip
+        return outputs
 
     try:
-        with fast_metadata():
+        with fast_metadata(), functional_autograd():
             graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(*example_inputs, *state)
     except RuntimeError as error:
         if VALUE_OUT_OF_GRAPH not in str(error):
@@ -458,6 +485,7 @@ def _capture(
             "'auto') cannot hold (a tensor used as a size, e.g. torch.ones(n) or "
             "x.repeat(n)); pass it as an int, or use engine 'torchscript'"
         ) from None
+    graph.meta[WITHOUT_GRAD] = tuple(without_grad)
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
     _reject_rnn_dropout(graph)

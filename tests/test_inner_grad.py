@@ -1,0 +1,307 @@
+"""Stage 2 (trace): torch.autograd.grad inside the step, captured as ops (_inner_grad).
+
+Engines that capture a graph (compile, auto) compile forces, PINN residuals and Hamiltonian
+flows; the training loss differentiates the captured gradient again, equal to eager. Engine
+torchscript runs them eagerly with one warning. Refused captures run eagerly with one warning
+naming why (backward() inside, a random or in-place op on the gradient's way).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from helpers import captures_graph, gradcheck, gradgradcheck
+from torch import nn
+from torch.autograd import grad as imported_grad
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _warnings_of(call: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call(*args)
+    return result, [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+
+
+def _compiled(jitted: Any) -> bool:
+    return "runs eagerly" not in jitted.explain()
+
+
+def _potential() -> nn.Module:
+    return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1)).double()
+
+
+def _energy_and_forces(potential: nn.Module, grad: Callable[..., Any]) -> Callable[..., Any]:
+    def loss(pos: torch.Tensor, energy: torch.Tensor, forces: torch.Tensor) -> torch.Tensor:
+        pos = pos.detach().requires_grad_(True)
+        e = potential(pos).sum()
+        (g,) = grad(e, pos, create_graph=True)
+        return (e - energy) ** 2 + ((-g - forces) ** 2).mean()
+
+    return loss
+
+
+def _train(step: Callable[..., Any], potential: nn.Module, batches: list[Any]) -> list[Any]:
+    optimizer = torch.optim.Adam(potential.parameters(), lr=1e-2)
+    losses = []
+    for batch in batches:
+        optimizer.zero_grad()
+        loss = step(*batch)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return [*losses, *[p.detach().clone() for p in potential.parameters()]]
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(6, 3, generator=g, dtype=torch.float64),
+         torch.randn((), generator=g, dtype=torch.float64),
+         torch.randn(6, 3, generator=g, dtype=torch.float64))
+        for _ in range(n)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("grad", [torch.autograd.grad, imported_grad], ids=["attribute", "import"])
+def test_a_potential_trained_on_energies_and_forces_equals_eager(
+    jit_engine: str, grad: Callable[..., Any]
+) -> None:
+    torch.manual_seed(0)
+    eager_model = _potential()
+    jit_model = _potential()
+    jit_model.load_state_dict(eager_model.state_dict())
+    want = _train(_energy_and_forces(eager_model, grad), eager_model, _batches(5))
+    jitted = ptj.jit(_energy_and_forces(jit_model, grad))
+    got, said = _warnings_of(lambda: _train(jitted, jit_model, _batches(5)))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert jitted.num_traces == 1
+    if captures_graph(jit_engine):
+        assert said == [] and _compiled(jitted)
+    else:
+        assert len(said) == 1 and "torch.autograd.grad" in said[0]
+
+
+def _pinn(net: nn.Module) -> Callable[..., Any]:
+    """The residual of viscous Burgers u_t + u u_x - nu u_xx on collocation points."""
+
+    def residual_loss(xt: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
+        xt = xt.detach().requires_grad_(True)
+        u = net(xt)
+        (du,) = torch.autograd.grad(u.sum(), xt, create_graph=True)
+        u_x, u_t = du[:, :1], du[:, 1:]
+        (ddu,) = torch.autograd.grad(u_x.sum(), xt, create_graph=True)
+        u_xx = ddu[:, :1]
+        return ((u_t + u * u_x - nu * u_xx) ** 2).mean()
+
+    return residual_loss
+
+
+def test_a_pinn_residual_with_second_derivatives_trains_like_eager(jit_engine: str) -> None:
+    torch.manual_seed(0)
+
+    def make() -> nn.Module:
+        layers = [nn.Linear(2, 12), nn.Tanh(), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 1)]
+        return nn.Sequential(*layers).double()
+
+    eager_net, jit_net = make(), make()
+    jit_net.load_state_dict(eager_net.state_dict())
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.rand(16, 2, generator=g, dtype=torch.float64),
+                torch.tensor(0.01, dtype=torch.float64)) for _ in range(4)]  # fmt: skip
+    want = _train(_pinn(eager_net), eager_net, batches)
+    jitted = ptj.jit(_pinn(jit_net))
+    got, said = _warnings_of(lambda: _train(jitted, jit_net, batches))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert jitted.num_traces == 1
+    assert (said == [] and _compiled(jitted)) if captures_graph(jit_engine) else len(said) == 1
+
+
+def test_a_hamiltonian_flow_integrated_inside_the_step_equals_eager(jit_engine: str) -> None:
+    torch.manual_seed(0)
+    hamiltonian = nn.Sequential(nn.Linear(2, 16), nn.Softplus(), nn.Linear(16, 1)).double()
+
+    def flow(q: torch.Tensor, p: torch.Tensor, dt: float = 0.05) -> torch.Tensor:
+        for _ in range(4):  # symplectic Euler on dH/dq, dH/dp
+            qp = torch.stack([q, p], -1).requires_grad_(True)
+            (dh,) = torch.autograd.grad(hamiltonian(qp).sum(), qp, create_graph=True)
+            p = p - dt * dh[..., 0]
+            q = q + dt * dh[..., 1]
+        return (q**2).sum() + (p**2).sum()
+
+    jitted = ptj.jit(flow)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        q, p = (torch.randn(5, generator=g, dtype=torch.float64) for _ in range(2))
+        got, _ = _warnings_of(jitted, q, p)
+        want = flow(q, p)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        params = list(hamiltonian.parameters())[:-1]  # the last bias does not reach dH
+        for a, b in zip(torch.autograd.grad(got, params), torch.autograd.grad(want, params)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert jitted.num_traces == 1
+    assert _compiled(jitted) == captures_graph(jit_engine)
+
+
+def test_gradgradcheck_through_a_step_with_forces(jit_engine: str) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+
+    def forces(pos: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        pos = pos.detach().requires_grad_(True)
+        energy = torch.tanh(pos @ w).sum()
+        (g,) = torch.autograd.grad(energy, pos, create_graph=True)
+        return -g
+
+    jitted = ptj.jit(forces)
+    pos = torch.randn(5, 3, dtype=torch.float64)
+    assert _warnings_of(lambda: gradcheck(lambda w: jitted(pos, w), (w,)))[0]
+    assert gradgradcheck(lambda w: jitted(pos, w), (w,))
+    assert jitted.num_traces == 1
+    assert _compiled(jitted) == captures_graph(jit_engine)
+
+
+def test_create_graph_false_and_unused_inputs_behave_as_eager(jit_engine: str) -> None:
+    w = torch.randn(3, requires_grad=True)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[Any, ...]:
+        x = x.detach().requires_grad_(True)
+        y = y.detach().requires_grad_(True)
+        gx, gy = torch.autograd.grad((x * w).sin().sum(), (x, y), allow_unused=True)
+        return gx, gy, (x * w).sum()
+
+    jitted = ptj.jit(step)
+    for _ in range(3):
+        x, y = torch.randn(3), torch.randn(3)
+        (gx, gy, s), _ = _warnings_of(jitted, x, y)
+        want = step(x, y)
+        torch.testing.assert_close(gx, want[0])
+        assert gy is None and not gx.requires_grad  # create_graph=False: detached, as eager
+        torch.testing.assert_close(s, want[2])
+    assert _compiled(jitted) == captures_graph(jit_engine)
+
+
+def test_the_gradient_follows_new_values_and_cuts_where_eager_cuts(jit_engine: str) -> None:
+    """A value under no_grad or detached enters the gradient as a constant, as in eager."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        with torch.no_grad():
+            scale = x.abs().sum()
+        y = x * scale + x.detach() ** 2 * x
+        (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        return g
+
+    jitted = ptj.jit(step)
+    for seed in range(3):
+        x = torch.randn(4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        got, _ = _warnings_of(jitted, x)
+        torch.testing.assert_close(got, step(x))
+    assert jitted.num_traces == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda net: lambda x: torch.nn.functional.dropout(net(x), 0.5).sum(), "random op"),
+        (lambda net: lambda x: net(x).relu_().sum(), "in-place op"),
+    ],
+    ids=["dropout", "in-place"],
+)
+def test_a_gradient_through_ops_a_replay_would_repeat_runs_eagerly_with_one_warning(
+    jit_engine: str, make: Callable[..., Any], reason: str
+) -> None:
+    torch.manual_seed(0)
+    net = nn.Linear(3, 3)
+    energy = make(net)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        return torch.autograd.grad(energy(x), x, create_graph=True)[0]
+
+    jitted = ptj.jit(step)
+    x = torch.randn(4, 3)
+    (_, said) = _warnings_of(jitted, x)
+    torch.manual_seed(1)
+    got = jitted(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, step(x))
+    assert len(said) == 1 and not _compiled(jitted)
+    if captures_graph(jit_engine):
+        assert reason in said[0]
+
+
+def test_backward_inside_the_step_still_runs_eagerly_with_one_warning(jit_engine: str) -> None:
+    w = torch.randn(3, requires_grad=True)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        loss = (x * w).sum()
+        loss.backward()
+        return loss.detach()
+
+    jitted = ptj.jit(step)
+    _, said = _warnings_of(lambda: jitted(torch.randn(3)))
+    assert len(said) == 1 and "backward" in said[0] and not _compiled(jitted)
+
+
+def test_autograd_on_other_threads_is_untouched_while_a_capture_runs() -> None:
+    from phi_torch_jit._inner_grad import functional_autograd
+
+    x = torch.randn(3, requires_grad=True)
+    results: list[Any] = []
+    with functional_autograd():  # this thread is not tracing: the engine runs as always
+        import threading
+
+        thread = threading.Thread(target=lambda: results.append(torch.autograd.grad(
+            (x**2).sum(), x)[0]))  # fmt: skip
+        thread.start()
+        thread.join()
+        mine = torch.autograd.grad((x**3).sum(), x)[0]
+    torch.testing.assert_close(results[0], 2 * x.detach())
+    torch.testing.assert_close(mine, 3 * x.detach() ** 2)
+    assert torch.autograd._engine_run_backward.__module__ == "torch.autograd.graph"
+
+
+def test_an_inner_step_on_parameters_and_a_jacobian_inside_the_step_equal_eager(
+    jit_engine: str,
+) -> None:
+    """Gradients with respect to module parameters (a MAML-style inner step) and
+    ``torch.autograd.functional.jacobian``, which runs autograd.grad under its own name."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+
+    def inner_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        params = list(net.parameters())
+        loss = ((net(x) - y) ** 2).mean()
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+        w, b = (p - 0.1 * g for p, g in zip(params, grads))
+        return (((x @ w.t() + b) - y) ** 2).mean()
+
+    def jacobian_norm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        f = lambda z: torch.tanh(net(z)).sum(0)  # noqa: E731
+        return torch.autograd.functional.jacobian(f, x, create_graph=True).square().sum() + y.sum()
+
+    for step in (inner_step, jacobian_norm):
+        jitted = ptj.jit(step)
+        for seed in range(3):
+            g = torch.Generator().manual_seed(seed)
+            x = torch.randn(4, 3, generator=g, dtype=torch.float64)
+            y = torch.randn(4, 1, generator=g, dtype=torch.float64)
+            got, _ = _warnings_of(jitted, x, y)
+            want = step(x, y)
+            torch.testing.assert_close(got, want)
+            params = list(net.parameters())
+            for a, b in zip(torch.autograd.grad(got, params), torch.autograd.grad(want, params)):
+                torch.testing.assert_close(a, b)
+        assert jitted.num_traces == 1
+        assert _compiled(jitted) == captures_graph(jit_engine)
