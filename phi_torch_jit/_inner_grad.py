@@ -49,6 +49,8 @@ class _State(threading.local):
     """This thread is capturing: autograd runs are traced functionally."""
     busy = False
     """A gradient graph is being built (torch.func.vjp runs the engine itself)."""
+    grad_mode = True
+    """The grad mode the capture started in (before any ``_set_grad_enabled`` node)."""
 
 
 _STATE = _State()
@@ -81,11 +83,12 @@ def functional_autograd() -> Iterator[None]:
     """Capture autograd runs of this thread as ops of the graph make_fx is tracing (see the
     module); other threads' autograd runs as before."""
     with _PATCH.active():
-        previous, _STATE.active = _STATE.active, True
+        previous = _STATE.active, _STATE.grad_mode
+        _STATE.active, _STATE.grad_mode = True, torch.is_grad_enabled()
         try:
             yield
         finally:
-            _STATE.active = previous
+            _STATE.active, _STATE.grad_mode = previous
 
 
 def _dispatch(outputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -180,7 +183,7 @@ class _Subgraph:
         """Whether eager autograd would differentiate through each node's value: a live tensor
         says so itself; a released one is judged as autograd does (grad mode on, an input that
         needs it, a floating or complex result, not ``detach``)."""
-        grad_mode = torch.is_grad_enabled()
+        grad_mode = _STATE.grad_mode
         set_grad_enabled = _set_grad_enabled()
         modes: list[bool] = []
         needs: dict[torch.fx.Node, bool] = {}

@@ -197,7 +197,9 @@ def test_the_gradient_follows_new_values_and_cuts_where_eager_cuts(jit_engine: s
         x = x.detach().requires_grad_(True)
         with torch.no_grad():
             scale = x.abs().sum()
-        y = x * scale + x.detach() ** 2 * x
+        with torch.no_grad():
+            released = [x.abs().sum()]  # no name holds it once popped: judged by the rule
+        y = x * scale + x.detach() ** 2 * x + (x + released.pop().exp())  # add saves neither
         (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
         return g
 
