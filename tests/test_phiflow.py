@@ -785,7 +785,6 @@ def test_a_converged_compiled_solve_builds_its_solve_info_only_for_a_tape(
     its flags alone: building PhiML's SolveInfo costs about 1 ms a call (a heat step is 6)."""
     from phiml.math._optimize import SolveInfo
 
-
     def project(v: Any) -> Any:
         return fluid.make_incompressible(v, (), Solve("CG-adaptive", 1e-5, 1e-5))[0]
 
