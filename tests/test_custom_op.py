@@ -42,8 +42,7 @@ def test_compiled_forward_runs_its_ops_once_and_no_python() -> None:
     assert _op_count(lambda: prefix(x), "aten::cumsum") == 1  # sanity: the profiler sees it
 
 
-@pytest.mark.torchscript_bodies
-def test_data_dependent_loop_is_scripted_not_baked() -> None:
+def _assert_the_loop_is_not_baked() -> None:
     solve = make_solve(scriptable=True)
     step = ptj.jit(lambda b, k: solve(b, k))
     k = torch.tensor(0.5)
@@ -60,21 +59,30 @@ def test_data_dependent_loop_is_scripted_not_baked() -> None:
     assert step.num_traces == 1
 
 
+@pytest.mark.torchscript_bodies
+def test_data_dependent_loop_is_scripted_not_baked() -> None:
+    _assert_the_loop_is_not_baked()
+
+
 def test_data_dependent_loop_is_not_baked_under_a_default_device() -> None:
     """``torch.set_default_device``/``with torch.device(...)`` is a torch-function mode that
     calls each op from torch's own frame: a tracer warning raised by the loop's ``bool(rs >
     tol)`` came out attributed to torch, was taken for torch's own check, and the CG was traced
-    with a fixed iteration count (NaN or nonzero at rest; found on a GPU)."""
+    with a fixed iteration count (NaN or nonzero at rest; found on a GPU). The warning is now
+    placed at the line that called the op."""
     with torch.device("cpu"):
-        solve = make_solve(scriptable=True)
-        step = ptj.jit(lambda b, k: solve(b, k))
-        k = torch.tensor(0.5)
-        step(torch.randn(16), k)
-        (call,) = step.specializations[0].calls
-        assert call.forward.mode in ("scripted", "looped")
-        assert torch.equal(step(torch.zeros(16), k), torch.zeros(16))
-        new = torch.randn(16) * 10
-        assert torch.allclose(step(new, k), cg_loop(new, k), atol=1e-5)
+        _assert_the_loop_is_not_baked()
+
+
+def test_warnings_under_a_default_device_are_placed_at_the_calling_line() -> None:
+    import inspect
+
+    from phi_torch_jit.engines.torchscript import _caught_warnings
+
+    with torch.device("cpu"), _caught_warnings() as caught:
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        torch.tensor(torch.ones(1))  # torch warns in C++: copy-construct from a tensor
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
 
 
 def test_unscriptable_loop_runs_as_python_logged_once(caplog: pytest.LogCaptureFixture) -> None:

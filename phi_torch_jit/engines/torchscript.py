@@ -16,6 +16,7 @@ never reach the user. Everything else torch warns about is re-emitted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -66,7 +67,22 @@ _CAPTURED_CONSTANT = "Cannot insert a Tensor that requires grad as a constant"
 def _caught_warnings() -> Iterator[list[warnings.WarningMessage]]:
     with _WARNINGS_LOCK, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        warnings._showwarnmsg_impl = functools.partial(_attributed, caught)  # type: ignore[attr-defined]
         yield caught
+
+
+def _attributed(caught: list[warnings.WarningMessage], message: warnings.WarningMessage) -> None:
+    """Record ``message`` at the line that called the op, where a torch-function mode of
+    torch's own (:data:`_MODE_FRAMES`) called it on that line's behalf."""
+    if message.filename in _MODE_FRAMES:
+        frame: types.FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename != message.filename:
+            frame = frame.f_back  # down to the mode's frame, which warnings named
+        while frame is not None and frame.f_code.co_filename in _MODE_FRAMES:
+            frame = frame.f_back
+        if frame is not None:
+            message.filename, message.lineno = frame.f_code.co_filename, frame.f_lineno
+    caught.append(message)
 
 
 _MODE_FRAMES = frozenset(
@@ -76,7 +92,8 @@ _MODE_FRAMES = frozenset(
 torch.device(...)``: a DeviceContext) call each op from their own frame, so a tracer warning
 raised by the user's ``bool(rs > tol)`` is attributed there. Taken for torch's own check, the
 CG loop of a custom function was traced with a fixed iteration count (found on a GPU, where
-the suite sets the default device)."""
+the suite sets the default device). :func:`_attributed` moves such warnings to the line that
+called the op (the user's, or a library's); one it cannot place counts as the user's."""
 
 
 def _is_library_check(w: warnings.WarningMessage) -> bool:
