@@ -335,5 +335,6 @@ def test_a_function_saving_for_forward_mode_runs_eagerly_naming_it() -> None:
     x = torch.randn(3)
     with fw.dual_level(), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch scripts its jvp rules once
+        warnings.simplefilter("ignore", FutureWarning)  # (torch 2.15 says so as a FutureWarning)
         tangent = fw.unpack_dual(jitted(fw.make_dual(x, torch.ones(3)))).tangent
     torch.testing.assert_close(tangent, 2 * x * torch.cos(x**2))
