@@ -150,7 +150,7 @@ class _Subgraph:
         reached = [n for n in self.inputs if n in ancestors]
         self.used = [n in ancestors for n in self.inputs]
         if len(set(reached)) != len(reached) or any(
-            other in ancestors and other is not node and self._depends(node, other)
+            other is not node and self._depends(node, other)
             for node in reached
             for other in reached
         ):
@@ -161,7 +161,8 @@ class _Subgraph:
         self.reached = reached
         inner = [n for n in tracer.graph.nodes if n in ancestors and n not in reached]
         self.ops = [n for n in inner if n.op == "call_function" and needs_grad[n]]
-        self.constants = [n for n in inner if n not in self.ops]
+        replayed = set(self.ops)
+        self.constants = [n for n in inner if n not in replayed]
         for node in self.ops:
             _check_replayable(node)
 

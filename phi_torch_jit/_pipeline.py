@@ -255,9 +255,11 @@ def _compile(
     try:
         return _compile_with(engine, target, recording, wrapper, tensors)
     except RunEagerly as signal:
-        may_script = engine.captures_graph and getattr(engine, "torchscript", False)
-        if recording.unguardable.gradients:  # TorchScript's tracer has no gradient capture
-            may_script = False
+        may_script = (  # TorchScript's tracer has no gradient capture
+            engine.captures_graph
+            and getattr(engine, "torchscript", False)
+            and not recording.unguardable.gradients
+        )
         if not (recording.phiml.used and may_script and torchscript_available()):
             raise
         note = f"engine {engine.name!r} used 'torchscript': {signal.reason}"
