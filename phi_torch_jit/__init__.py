@@ -45,3 +45,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+from .adapters import phiml as _phiml_adapter  # noqa: F401  registers PhiML's hooks
+from .adapters import pytree as _pytree_adapter  # noqa: F401  registers its value type

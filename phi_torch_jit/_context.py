@@ -45,7 +45,7 @@ __all__ = [
     "Recorder",
     "CustomCalls",
     "Converted",
-    "Bridge",
+    "LibraryHooks",
     "current_frame",
     "entered",
     "no_frame",
@@ -78,7 +78,8 @@ class TraceOutputs:
     """Structure of the user function's result (a ``_signature.Spec``), set when the wrapper's
     forward returns."""
     deferred: list[Any] = field(default_factory=list)
-    """PhiML ``math.when_available`` callbacks met while tracing (``_phiml.Deferred``); the
+    """Callbacks a library deferred to after each compiled call (PhiML's ``when_available``,
+    ``adapters.phiml``), each with ``count`` and ``call(tensors)``; the
     program returns their tensors after the value-guard tensors."""
     deferred_tensors: list[torch.Tensor] = field(default_factory=list)
     """The traced tensors the deferred callbacks receive, in order."""
@@ -103,8 +104,8 @@ class Frame:
     """Compiles custom functions called inside the one being compiled (compile phase only)."""
     conversions: list[Converted] | None = None
     """Tensor-to-Python conversions made by user code (trace phase, when value guards are on)."""
-    phiml: Bridge | None = None
-    """Lets PhiML's torch backend see this pass as its own jit (record and trace phases)."""
+    libraries: LibraryHooks | None = None
+    """The registered libraries' hooks around this pass (record and trace phases)."""
     outputs: TraceOutputs = field(default_factory=TraceOutputs)
     """Filled by the wrapper while it is traced; the trace stage returns it."""
 
@@ -139,7 +140,7 @@ class Recorder(Protocol):
     def unguardable(self) -> UnguardableNotes: ...
 
     @property
-    def phiml(self) -> Bridge: ...
+    def libraries(self) -> LibraryHooks: ...
 
     def add_module(self, module: nn.Module) -> None: ...
 
@@ -172,11 +173,8 @@ class Converted(Protocol):
     def location(self) -> str: ...
 
 
-class Bridge(Protocol):
-    """PhiML's view of a pass as its own jit (``_phiml.PhiMLBridge``)."""
-
-    @property
-    def outer_tapes(self) -> tuple[Any, ...]: ...
+class LibraryHooks(Protocol):
+    """The registered libraries' hooks around a pass (``_libraries.LibraryPasses``)."""
 
     def active(self, recording: bool = False) -> AbstractContextManager[None]: ...
 

@@ -39,21 +39,13 @@ from ._compat import (
     is_fake,
     is_view,
 )
-from ._context import CustomCallee, Replaying, call_state, current_frame, no_frame
+from ._context import CustomCallee, Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._graph_safety import backward_tags, forward_tags
+from ._libraries import ForwardChecks, forward_checks, owned_by_library
 from ._phases import compiling
-from ._phiml import (
-    ForwardChecks,
-    add_to_tapes,
-    deferred_checks,
-    open_tapes,
-    solve_infos,
-    tapes_set_aside,
-)
 from ._record import RecordedCall
 from .engines import Engine, FunctionTarget
-from .engines._looped import is_phiml
 from .errors import TraceError
 
 __all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error"]
@@ -76,11 +68,11 @@ class _FlatForward:
         self.source = source
         """Runs in place of the function's ``loop_source`` (its loops captured)."""
         self.defer = defer
-        """Run as Python, PhiML's checks still become outputs, as when traced: a PhiML solve
-        run around its captured CG in place of its traced forward."""
+        """Run as Python, a library's deferred checks still become outputs, as when traced: a
+        library's solve run around its captured loop in place of its traced forward."""
         self.checks = ForwardChecks()
-        """PhiML convergence checks met by the latest traced run; their tensors follow the
-        outputs (none when values were available: the checks then ran)."""
+        """Checks libraries deferred in the latest traced run (a solve's convergence check);
+        their tensors follow the outputs (none when values were available: the checks ran)."""
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args = merge_tensors(self.template, tensors)
@@ -88,9 +80,10 @@ class _FlatForward:
         if not tracing and not self.defer:  # run as Python (every call): checks see real values
             return self.function.run_forward(args, self.source)[0]
         # traced once, by the compile; or run as Python with the traced form's outputs
-        with deferred_checks(always=not tracing) as checks, tapes_set_aside():
+        with forward_checks(always=not tracing) as collecting:
             outputs = self.function.run_forward(args, None if tracing else self.source)[0]
-        if checks.checks:
+        checks = collecting.checks
+        if checks:
             self.checks = checks
         return (*outputs, *checks.tensors)
 
@@ -134,7 +127,7 @@ class CompiledCall:
         self.nested = NestedCalls(engine)
         flat = _FlatForward(function, template)
         looped: list[_FlatForward] = []
-        defer = is_phiml(function.loop_source)  # its looped form returns PhiML's checks too
+        defer = owned_by_library(function.loop_source)  # its looped form defers its checks too
 
         def with_loop_source(source: Any) -> _FlatForward:
             looped.append(_FlatForward(function, template, source, defer))
@@ -157,10 +150,10 @@ class CompiledCall:
             self.checks = looped[-1].checks
         else:
             self.checks = ForwardChecks()
-        """Convergence checks the compiled forward returns the values of (NOTE [PhiML bridge])."""
+        """Deferred checks the compiled forward returns the values of (NOTE [PhiML bridge])."""
         self.n_info = len(self.checks.tensors)
-        """Outputs of the op after the function's own: the values of the checks' solves (for
-        PhiML's SolveTape, NOTE [SolveTape under jit])."""
+        """Outputs of the op after the function's own: the values the checks need (and a
+        library's records of the call, NOTE [SolveTape under jit])."""
         self.info_recorded = tuple(t.detach().clone() for t in self.checks.tensors)
         """Those values for the recorded inputs (the compile ran the forward on them)."""
         # A compiled forward runs no Python, so its context is the one of the compile run.
@@ -185,7 +178,7 @@ class CompiledCall:
         inputs = ", ".join(f"Tensor x{i}" for i in range(self.n_inputs))
         total = self.n_outputs + self.n_info
         returns = "Tensor" if total == 1 else f"({', '.join(['Tensor'] * total)})"
-        tags = forward_tags(self.forward.mode, bool(self.checks.checks))
+        tags = forward_tags(self.forward.mode, bool(self.checks))
         self._library.define(f"{name}({inputs}) -> {returns}", tags=tags)
         # torch's registry is C++ and would keep strong references alive forever: register
         # weak ones, and remove the op when this object is collected (NOTE [custom calls as ops]).
@@ -221,17 +214,10 @@ class CompiledCall:
             finally:
                 state.replaying = previous
             outputs = result if isinstance(result, tuple) else (result,)
-            if self.n_info:
-                self._tape_traced(outputs[self.n_outputs :])
+            if self.n_info:  # libraries note the call around its traced values
+                self.checks.traced(outputs[self.n_outputs :])
                 outputs = outputs[: self.n_outputs]
         return outputs[0] if self.single else tuple(outputs)
-
-    def _tape_traced(self, info: Sequence[torch.Tensor]) -> None:
-        """The trace pass: SolveTapes the function opened get the solve's SolveInfo around
-        the traced values, so compiled calls return what each call's solve did."""
-        frame = current_frame()
-        outer = frame.phiml.outer_tapes if frame is not None and frame.phiml is not None else ()
-        add_to_tapes(solve_infos(self.checks.checks, info, real=False), skip=outer)
 
     def _impl(self, *tensors: torch.Tensor) -> Any:
         state = call_state()
@@ -241,11 +227,8 @@ class CompiledCall:
         else:
             try:
                 results = self.forward.run(*tensors)
-                if self.checks.checks:  # raises like eager PhiML (NotConverged, Diverged)
-                    info = results[self.n_outputs :]
-                    if open_tapes():  # SolveInfo costs ~1 ms a call (PhiML formats it)
-                        add_to_tapes(solve_infos(self.checks.checks, info, real=True))  # outer
-                    self.checks.run(info)
+                if self.checks:  # raises as eager code does (PhiML's NotConverged, Diverged)
+                    self.checks.run(results[self.n_outputs :])
             except BaseException as error:  # re-raised unchanged by Specialization.run
                 state.last_error = error
                 raise

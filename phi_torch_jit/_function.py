@@ -10,12 +10,10 @@ torch.compile, which recognizes ``Function.apply``, is not disturbed).
 Each call of a user Function goes through a
 :class:`FunctionAdapter`: a custom function (see :mod:`._custom`) whose
 
-* forward runs the Function's ``forward`` (and ``setup_context``) with a
-  :class:`FunctionContext` instead of torch's ctx, and returns the user's
-  outputs followed by the tensors the context holds -- saved tensors and
-  tensor attributes that are neither inputs nor outputs ("residuals");
-* gradient rebuilds a context from the inputs, outputs and residuals
-  (:class:`ContextLayout` says where each piece goes) and calls ``backward``.
+* forward runs the Function's ``forward`` with a stand-in ctx and returns its
+  outputs followed by the tensors the ctx holds ("residuals");
+* gradient rebuilds a ctx from the inputs, outputs and residuals and calls
+  ``backward`` (both in :mod:`._function_ctx`, which says how).
 
 So a Function gets everything a custom function gets: recorded once,
 forward compiled once, backward compiled lazily per needs-input-grad
@@ -36,7 +34,6 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +42,16 @@ from torch.utils.checkpoint import CheckpointFunction
 from ._compat import backward_hook_function, original_function_apply
 from ._context import CustomCallee, Phase, current_frame
 from ._custom import CustomFunction, untraced
+from ._function_ctx import (
+    ContextLayout,
+    FunctionContext,
+    NeedsInputGrad,
+    Unsupported,
+    forward_of,
+    has_setup_context,
+    run_backward,
+    run_forward,
+)
 from ._patches import RefCounted
 from ._sources import is_user_file
 from ._warnings import torchscript_notices_hidden
@@ -97,188 +104,11 @@ def interception_installed() -> bool:
     return _FUNCTION.__dict__["apply"] is not _ORIGINAL
 
 
-class Unsupported(Exception):
-    """A Function uses a feature the adapter cannot express."""
-
-
-Slot = tuple[Any, ...]
-"""Where a ctx tensor lives: ("none",), ("in", i), ("out", j) or ("res", r)."""
-
-
-class FunctionContext:
-    """Stands in for torch's ctx while a Function's forward or backward runs inside jit."""
-
-    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
-        self.needs_input_grad = needs_input_grad
-        self._ptj_saved: tuple[torch.Tensor | None, ...] = ()
-        self._ptj_non_differentiable: list[torch.Tensor] = []
-        self._ptj_materialize = True
-
-    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
-        self._ptj_saved = tensors
-
-    @property
-    def saved_tensors(self) -> tuple[torch.Tensor | None, ...]:
-        return self._ptj_saved
-
-    saved_variables = saved_tensors
-
-    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None:
-        self._ptj_non_differentiable.extend(tensors)
-
-    def set_materialize_grads(self, value: bool) -> None:
-        self._ptj_materialize = value
-
-    def mark_dirty(self, *tensors: torch.Tensor) -> None:
-        raise Unsupported("it modifies inputs in place (ctx.mark_dirty)")
-
-    def save_for_forward(self, *tensors: torch.Tensor | None) -> None:
-        raise Unsupported("it saves tensors for forward-mode AD (ctx.save_for_forward)")
-
-    def user_attributes(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_ptj_")}
-
-
-@dataclass(frozen=True)
-class ContextLayout:
-    """What a Function's forward left on ctx, apart from the residual tensors themselves."""
-
-    saved: tuple[Slot, ...]
-    """One slot per ``save_for_backward`` entry."""
-    tensor_attributes: tuple[tuple[str, Slot], ...]
-    """ctx attributes holding tensors, with their slots."""
-    static_attributes: tuple[tuple[str, Any], ...]
-    """ctx attributes holding anything else (baked into compiled programs)."""
-    non_differentiable: tuple[int, ...]
-    """Indices of outputs marked non-differentiable."""
-    n_outputs: int
-    """Number of the Function's own outputs (residuals follow them)."""
-    single: bool
-    """Whether forward returned a bare tensor."""
-
-
-def _slot(t: Any, args: Sequence[Any], outs: Sequence[torch.Tensor], residuals: list[Any]) -> Slot:
-    if t is None:
-        return ("none",)
-    if not isinstance(t, torch.Tensor):
-        raise Unsupported(f"it saves a {type(t).__name__} with save_for_backward")
-    for i, a in enumerate(args):
-        if a is t:
-            return ("in", i)
-    for j, o in enumerate(outs):
-        if o is t:
-            return ("out", j)
-    residuals.append(t)
-    return ("res", len(residuals) - 1)
-
-
-_FORWARDS: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
-
-
-def _forward_of(cls: Any) -> Any:
-    """``cls.forward``, or PhiML's wrapped function for its custom gradients (NOTE [PhiML
-    bridge]): PhiML's own forward returns stale outputs under a trace. Found once per class."""
-    forward = _FORWARDS.get(cls)
-    if forward is None:
-        from ._phiml import traceable_forward
-
-        forward = _FORWARDS[cls] = traceable_forward(cls) or cls.forward
-    return forward
-
-
 def _needs_grad(args: Sequence[Any]) -> tuple[bool, ...]:
     """A backward's needs_input_grad when autograd gives none: every differentiable tensor."""
     return tuple(
         isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) for a in args
     )
-
-
-class NeedsInputGrad(tuple):  # type: ignore[type-arg]
-    """``ctx.needs_input_grad`` of one ``apply``, as eager autograd computes it (an input that
-    requires grad, in grad mode), passed to the captured forward as a last static argument:
-    a forward that branches on it (or refuses a pattern) is compiled per pattern."""
-
-    @classmethod
-    def of(cls, args: Sequence[Any]) -> NeedsInputGrad:
-        grad = torch.is_grad_enabled()
-        return cls(grad and isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-
-
-def _has_setup_context(cls: type) -> bool:
-    return cls.setup_context is not torch.autograd.Function.setup_context  # type: ignore[attr-defined]
-
-
-def run_forward(
-    cls: Any, args: tuple[Any, ...], needs: tuple[bool, ...], source: Any = None
-) -> tuple[tuple[torch.Tensor, ...], ContextLayout]:
-    """Run ``cls.forward`` (or ``source`` in its place) with a :class:`FunctionContext` whose
-    ``needs_input_grad`` is ``needs``; return (outputs + residuals, layout)."""
-    ctx = FunctionContext(tuple(needs))
-    with torch.no_grad():
-        if _has_setup_context(cls):
-            out = (source or cls.forward)(*args)
-            cls.setup_context(ctx, args, out)
-        else:
-            out = (source or _forward_of(cls))(ctx, *args)
-    single = isinstance(out, torch.Tensor)
-    outs = (out,) if single else tuple(out) if isinstance(out, (tuple, list)) else None
-    if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
-        raise Unsupported("its forward returns non-tensor values")
-    residuals: list[torch.Tensor] = []
-    saved = tuple(_slot(t, args, outs, residuals) for t in ctx.saved_tensors)
-    tensor_attrs, static_attrs = [], []
-    for name, value in ctx.user_attributes().items():
-        if name == "needs_input_grad":
-            continue
-        if isinstance(value, torch.Tensor):
-            tensor_attrs.append((name, _slot(value, args, outs, residuals)))
-        else:
-            static_attrs.append((name, value))
-    marked = {id(t) for t in ctx._ptj_non_differentiable}
-    layout = ContextLayout(
-        saved=saved,
-        tensor_attributes=tuple(tensor_attrs),
-        static_attributes=tuple(static_attrs),
-        non_differentiable=tuple(j for j, o in enumerate(outs) if id(o) in marked),
-        n_outputs=len(outs),
-        single=single,
-    )
-    return (*outs, *residuals), layout
-
-
-def run_backward(
-    cls: Any,
-    layout: ContextLayout,
-    inputs: tuple[Any, ...],
-    outputs: tuple[torch.Tensor, ...],
-    grad_outputs: tuple[torch.Tensor, ...],
-    needs_input_grad: tuple[bool, ...],
-    source: Any = None,
-) -> tuple[Any, ...]:
-    """Rebuild ctx from ``layout`` and call ``cls.backward`` (or ``source`` in its place);
-    trailing extra Nones are dropped."""
-    own, residuals = outputs[: layout.n_outputs], outputs[layout.n_outputs :]
-
-    def resolve(slot: Slot) -> torch.Tensor | None:
-        kind = slot[0]
-        if kind == "none":
-            return None
-        return {"in": inputs, "out": own, "res": residuals}[kind][slot[1]]  # type: ignore[no-any-return]
-
-    ctx = FunctionContext(needs_input_grad)
-    ctx.save_for_backward(*(resolve(s) for s in layout.saved))
-    for name, slot in layout.tensor_attributes:
-        setattr(ctx, name, resolve(slot))
-    for name, value in layout.static_attributes:
-        setattr(ctx, name, value)
-    from ._phiml import backward_scope  # PhiML's adjoint solve: no TorchScript on our path
-
-    with backward_scope(cls):
-        result = (source or cls.backward)(ctx, *grad_outputs[: layout.n_outputs])
-    grads = tuple(result) if isinstance(result, (tuple, list)) else (result,)
-    while len(grads) > len(inputs) and grads[-1] is None:
-        grads = grads[:-1]
-    return grads
 
 
 class _AdapterFunction(CustomFunction):
@@ -317,7 +147,7 @@ class _AdapterFunction(CustomFunction):
     def loop_source(self) -> Callable[..., Any]:
         """``forward`` (with its ctx argument unless the class has ``setup_context``)."""
         cls = self.adapter.cls
-        forward = cls.forward if _has_setup_context(cls) else _forward_of(cls)  # type: ignore[attr-defined]
+        forward = cls.forward if has_setup_context(cls) else forward_of(cls)  # type: ignore[attr-defined]
         return forward  # type: ignore[no-any-return]
 
     def matches(self, other: CustomCallee) -> bool:
@@ -422,7 +252,7 @@ def _positional(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     try:
         signature = inspect.signature(cls.forward)
         params = list(signature.parameters.values())
-        if not _has_setup_context(cls):
+        if not has_setup_context(cls):
             signature = signature.replace(parameters=params[1:])  # drop ctx
         bound = signature.bind(*args, **kwargs)
     except (TypeError, ValueError):

@@ -21,10 +21,10 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ._context import (
-    Bridge,
     Converted,
     CustomCalls,
     Frame,
+    LibraryHooks,
     Phase,
     Recorder,
     entered,
@@ -102,9 +102,10 @@ PATCHES: tuple[Patch, ...] = (
           lambda f: conversion_capture() if f.conversions is not None else None),
     Patch("torch's TorchScript deprecation notices are hidden", _ALL,
           lambda f: torchscript_notices_hidden()),
-    Patch("PhiML's jit stack: PhiML custom gradients see this pass as its jit",
+    Patch("registered libraries' pass hooks (PhiML's custom gradients see this pass as its jit)",
           frozenset({Phase.RECORD, Phase.TRACE}),
-          lambda f: f.phiml.active(f.phase is Phase.RECORD) if f.phiml is not None else None),
+          lambda f: (f.libraries.active(f.phase is Phase.RECORD)
+                     if f.libraries is not None else None)),
     Patch("random, clocks, torch RNG state, grad mode, autograd, tensor hooks: calls "
           "that no compiled program repeats are noted", _RECORD,
           lambda f: UNGUARDABLE.active()),
@@ -128,20 +129,20 @@ def phase(frame: Frame) -> Iterator[Frame]:
 
 def recording(owner: str, recording: Recorder) -> AbstractContextManager[Frame]:
     """Stage 1: the record phase for ``owner``; ``recording`` collects what runs."""
-    return phase(Frame(Phase.RECORD, owner, recording=recording, phiml=recording.phiml))
+    return phase(Frame(Phase.RECORD, owner, recording=recording, libraries=recording.libraries))
 
 
 def tracing(
     owner: str,
     cursor: CustomCalls,
     conversions: list[Converted] | None,
-    phiml: Bridge | None,
+    libraries: LibraryHooks | None,
 ) -> AbstractContextManager[Frame]:
     """Stage 4: the trace phase for ``owner``; ``cursor`` replays the recording.
 
     ``conversions``, if not None, collects the tensor-to-Python conversions of user code.
     """
-    frame = Frame(Phase.TRACE, owner, cursor=cursor, conversions=conversions, phiml=phiml)
+    frame = Frame(Phase.TRACE, owner, cursor=cursor, conversions=conversions, libraries=libraries)
     return phase(frame)
 
 

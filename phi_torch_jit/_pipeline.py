@@ -260,7 +260,7 @@ def _compile(
             and getattr(engine, "torchscript", False)
             and not recording.unguardable.gradients
         )
-        if not (recording.phiml.used and may_script and torchscript_available()):
+        if not (recording.libraries.used and may_script and torchscript_available()):
             raise
         note = f"engine {engine.name!r} used 'torchscript': {signal.reason}"
     traced, calls, compile_s = _compile_with(

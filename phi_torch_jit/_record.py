@@ -26,8 +26,8 @@ from torch import nn
 
 from ._context import CustomCallee, note_module_call
 from ._custom import CustomFunction
+from ._libraries import LibraryPasses
 from ._phases import recording as recording_phase
-from ._phiml import PhiMLBridge
 from ._state import StateSnapshot
 from ._unguardable import Unguardable
 from .errors import TraceError
@@ -73,8 +73,9 @@ class Recording:
     """RNG and buffer state from before the pass."""
     side_effects: list[str] = field(default_factory=list)
     """Python side effects seen (``print at file:line``) that compiled calls will not repeat."""
-    phiml: PhiMLBridge = field(default_factory=PhiMLBridge)
-    """Lets PhiML's torch backend see our record and trace passes as its jit."""
+    libraries: LibraryPasses = field(default_factory=LibraryPasses)
+    """The registered libraries' hooks around the record and trace passes (PhiML's torch
+    backend sees them as its jit)."""
     eager_reasons: list[str] = field(default_factory=list)
     """Why the specialization must run eagerly (e.g. an uncapturable autograd.Function)."""
     unguardable: Unguardable = field(default_factory=Unguardable)

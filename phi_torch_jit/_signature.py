@@ -22,7 +22,8 @@ tag    node                                                 meaning
 ``D``  ``("D", dict type, keys, children)``                 dict
 ``C``  ``("C", dataclass, field names, children)``          dataclass, or a namespace
                                                               (``NAMESPACES``) by its attributes
-``P``  ``("P", PhiKey)``                                    PhiML/PhiFlow value
+``X``  ``("X", ValueType, key, n_tensors)``               a registered library's value
+                                                              (``extend.register_values``)
 =====  ===================================================  ==================
 
 Static leaves are ``None``, bool, int, float, complex, str, bytes, enums,
@@ -45,8 +46,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._phiml import assemble, disassemble, is_phiml
 from .errors import OutputError, SignatureError
+from .extend import value_type_of
 
 __all__ = [
     "Spec",
@@ -112,8 +113,11 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
         return ("Q", cls, _flatten_items(obj, tensors, meta, None))
     if cls in _PRIMITIVES:
         return ("S", cls, obj)
-    if is_phiml(obj):
-        return ("P", disassemble(obj, tensors))
+    value_type = value_type_of(obj)
+    if value_type is not None:
+        start = len(tensors)
+        key = value_type.flatten(obj, tensors)
+        return ("X", value_type, key, len(tensors) - start)
     if isinstance(obj, dict):
         keys = tuple(obj)
         for key in keys:
@@ -245,8 +249,8 @@ def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
         return obj
     if tag == "M":
         return spec[1]
-    if tag == "P":
-        return assemble(spec[1], tensors)
+    if tag == "X":
+        return spec[1].unflatten(spec[2], tensors)
     raise AssertionError(f"unknown spec tag {tag!r}")
 
 
@@ -282,21 +286,21 @@ def count_program_outputs(spec: Spec) -> int:
     """How many tensors a program returns for an output spec (tensor and number leaves)."""
     if spec[0] in ("T", "I"):
         return 1
-    if spec[0] == "P":  # a PhiML value: its torch natives
-        return sum(slot is None for slot in spec[1].slots)
+    if spec[0] == "X":  # a registered library's value: its torch tensors
+        return int(spec[3])
     if spec[0] in ("Q", "N", "D", "C"):
         return sum(count_program_outputs(c) for c in spec[-1])
     return 0
 
 
-def _nodes(spec: Spec, tag: str) -> list[Any]:
-    """The payloads of the ``tag`` nodes of ``spec``, in argument order."""
+def _nodes(spec: Spec, tag: str, at: int = 1) -> list[Any]:
+    """The payloads (entry ``at``) of the ``tag`` nodes of ``spec``, in argument order."""
     found: list[Any] = []
     stack = [spec]
     while stack:
         node = stack.pop()
         if node[0] == tag:
-            found.append(node[1])
+            found.append(node[at])
         elif node[0] in ("Q", "N", "D", "C", "A"):
             children = node[-1] if node[0] != "A" else node[1] + node[3]
             stack.extend(reversed(children))
@@ -309,9 +313,10 @@ def modules_in(spec: Spec) -> list[nn.Module]:
 
 
 def converts_natives(spec: Spec) -> bool:
-    """Whether a PhiML argument had float natives of another backend made torch tensors: the
-    record pass must then see the converted values, as the trace does."""
-    return any(key.converted for key in _nodes(spec, "P"))
+    """Whether a registered library's value had other data made torch tensors (PhiML's float
+    natives of another backend): the record pass must then see the converted values, as the
+    trace does."""
+    return any(getattr(key, "converted", False) for key in _nodes(spec, "X", at=2))
 
 
 def describe_spec(spec: Spec) -> str:
@@ -333,8 +338,8 @@ def describe_spec(spec: Spec) -> str:
         return f"{spec[1].__name__} (computed)"
     if tag == "M":
         return f"<{type(spec[1]).__name__} module>"
-    if tag == "P":
-        return repr(spec[1])
+    if tag == "X":
+        return repr(spec[2])
     children = spec[-1]
     inner = ", ".join(describe_spec(c) for c in children)
     if tag == "D":
@@ -365,13 +370,13 @@ def first_difference(old: Spec, new: Spec, arg_names: Sequence[str] = ()) -> str
 def _difference(a: Spec, b: Spec, path: str) -> str | None:
     if a == b:
         return None
-    if a[0] != b[0] or a[0] in ("T", "S", "M", "P") or a[:-1] != b[:-1]:
+    if a[0] != b[0] or a[0] in ("T", "S", "M", "X") or a[:-1] != b[:-1]:
         if a[0] == b[0] == "T":
             fields = ("shape", "dtype", "device", "requires_grad")
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
             return f"{path}: " + ", ".join(changes)
-        if a[0] == b[0] == "P":
-            return f"{path}: {a[1].difference(b[1])}"
+        if a[0] == b[0] == "X" and a[1] == b[1] and hasattr(a[2], "difference"):
+            return f"{path}: {a[2].difference(b[2])}"
         return f"{path}: {describe_spec(a)} -> {describe_spec(b)}"
     labels: Sequence[Any] = range(len(a[-1]))
     if a[0] in ("D", "C"):

@@ -110,7 +110,7 @@ class Specialization:
     """Buffers the function replaces by new tensors: the program returns their new values
     last, and they are copied in after the value guards passed (NOTE [side effects once])."""
     deferred: tuple[Any, ...] = ()
-    """PhiML ``math.when_available`` callbacks (``_phiml.Deferred``): called after each call
+    """Callbacks a library deferred (PhiML's ``math.when_available``): called after each call
     with their tensors, which follow the value-guard tensors among the program's outputs."""
     eager: Callable[[list[torch.Tensor]], Any] | None = None
     """For a specialization that runs eagerly: calls the Python function on the arguments

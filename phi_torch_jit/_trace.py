@@ -105,7 +105,7 @@ def trace(
     example = tuple(_trace_input(t) for t in tensors)
     conversions: list[Converted] | None = [] if guarding else None
     with recording.state.rewound(), _fresh_autocast_cache():
-        with tracing(wrapper.owner, cursor, conversions, recording.phiml) as frame:
+        with tracing(wrapper.owner, cursor, conversions, recording.libraries) as frame:
             try:
                 compiled = engine.compile_module(wrapper, example, wrapper.owner)
             except ValueNotCaptured:
@@ -116,7 +116,7 @@ def trace(
         if conversions and compiled.defer is not None:  # a path of values: compile on reuse
             notes = compiled.defer(len(conversions))
         elif compiled.warm_up is not None:  # a run on the trace inputs: no SolveTape sees it
-            with recording.phiml.tapes_hidden():
+            with recording.libraries.outside_user_call():
                 notes = compiled.warm_up()
         else:
             notes = ()

@@ -99,7 +99,9 @@ class WrapperModule(nn.Module):
         frame.outputs.spec = spec  # the trace stage returns what the trace saw
         if frame.conversions:  # value guards: see _value_guards
             flat += [c.tensor for c in frame.conversions]
-        flat += frame.outputs.deferred_tensors  # PhiML when_available: see _phiml.Deferred
+        flat += (
+            frame.outputs.deferred_tensors
+        )  # a library's deferred callbacks (PhiML when_available)
         writes = put_back(slots)  # NOTE [side effects once]
         frame.outputs.buffer_writes = tuple(original for original, _ in writes)
         return (*flat, *(new for _, new in writes))

@@ -254,9 +254,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def _engines_for(module: str) -> tuple[str, ...]:
     """ENGINES, except that the PhiFlow tests (the slowest, 5-10 s each) skip engine "auto":
     it captures a PhiFlow step as engine "compile" does (make_fx, PhiML's custom gradients
-    included: _phiml_graph_capture) and compiles it with the same backend. The default engine
-    runs PhiFlow, without TorchScript, in test_phiflow_programs.py and in the tests of
-    test_phiflow.py that name engine "auto"."""
+    included: adapters/phiml/_graph_capture) and compiles it with the same backend. The
+    default engine runs PhiFlow, without TorchScript, in test_phiflow_programs.py and in the
+    tests of test_phiflow.py that name engine "auto"."""
     if module.endswith("test_phiflow"):
         return tuple(e for e in ENGINES if not e.startswith(AUTO_ON_CALLER))
     return ENGINES

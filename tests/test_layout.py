@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import phi_torch_jit as ptj
@@ -88,15 +89,94 @@ def test_cycle_finder_sees_cycles() -> None:
 def test_lower_floors_do_not_import_higher_ones() -> None:
     graph = _graph()
     leaves = ("errors", "_compat", "_patches", "_sources", "_context", "_read_records")
+    compat = {m for m in graph if m.startswith("phi_torch_jit._compat.")}
     for leaf in leaves:
-        allowed = {"phi_torch_jit.errors"} if leaf == "_compat" else set()
+        allowed = {"phi_torch_jit.errors", *compat} if leaf == "_compat" else set()
         assert graph[f"phi_torch_jit.{leaf}"] <= allowed, leaf
+    for module in compat:  # the compat package's modules: errors and each other only
+        assert graph[module] <= {"phi_torch_jit.errors", *compat}, module
     for engine in ("engines", "engines.compile", "engines.torchscript", "engines.eager"):
         imported = graph[f"phi_torch_jit.{engine}"]
         assert "phi_torch_jit._context" not in imported, engine  # engines are told, not asking
         assert not any(m.startswith("phi_torch_jit._") and m.rsplit(".", 1)[-1] in
                        ("_jit", "_pipeline", "_trace", "_record", "_custom_op")
                        for m in imported), engine  # fmt: skip
+
+
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("records and services (leaves)",
+     ("errors", "extend", "_compat", "_patches", "_sources", "_context", "_read_records",
+      "_libraries", "_warnings")),
+    ("stage 0: signature", ("_signature",)),
+    ("the phases' watches (what each phase patches)",
+     ("_side_effects", "_unguardable", "_custom", "_function_ctx", "_function", "_tensor_reads",
+      "_static_shapes", "_value_guards", "_inner_grad", "_state", "_phases")),
+    ("stage 1: record", ("_code_walk", "_reads", "_mutations", "_written_inputs", "_record")),
+    ("stage 2: compile custom functions",
+     ("_fast_capture", "_inductor_fixes", "_loops", "engines", "_backward", "_graph_safety",
+      "_custom_op")),
+    ("stage 3: wrapper", ("_wrapper",)),
+    ("stage 4: trace", ("_replay", "_trace")),
+    ("stage 5: serve", ("_meter", "_guards", "_specialization", "_cache", "_explain")),
+    ("the driver", ("_options", "_pipeline", "_jit")),
+    ("public surface and library adapters", ("", "phiflow", "adapters")),
+)  # fmt: skip
+"""The package in pipeline order (docs/design.md, "Floors"): a module imports modules of its
+own floor or lower ones, never higher. A name covers its subpackage; "" is ``__init__``."""
+
+
+def _floor(module: str) -> int:
+    name = module.removeprefix("phi_torch_jit").removeprefix(".")
+    for number, (_, names) in enumerate(FLOORS):
+        if any(name == n or (n and name.startswith(n + ".")) for n in names):
+            return number
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS (and docs/design.md)")
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` that go to a higher floor."""
+    return [
+        f"{module} ({FLOORS[_floor(module)][0]}) imports {imported} ({FLOORS[_floor(imported)][0]})"
+        for module, imports in sorted(graph.items())
+        for imported in sorted(imports)
+        if _floor(imported) > _floor(module)
+    ]
+
+
+def test_each_module_imports_only_its_floor_and_lower_ones() -> None:
+    """Stage k imports stages before it and the leaf records, never a later stage; so the core
+    (every floor below the last) imports no library adapter."""
+    graph = _graph()
+    upward = _upward(graph)
+    assert not upward, "\n".join(upward)
+    leaves = {m for m in graph if _floor(m) == 0}
+    assert all(graph[m] <= leaves for m in leaves)
+
+
+def test_the_floor_check_sees_an_upward_import() -> None:
+    assert _floor("phi_torch_jit._record") < _floor("phi_torch_jit._custom_op")
+    assert _floor("phi_torch_jit.engines.compile") == _floor("phi_torch_jit._loops._block")
+    assert _floor("phi_torch_jit.adapters.phiml._bridge") == len(FLOORS) - 1
+    record, adapter = "phi_torch_jit._record", "phi_torch_jit.adapters.phiml"
+    assert _upward({record: {adapter}, adapter: {record}}) == [
+        f"{record} (stage 1: record) imports {adapter} (public surface and library adapters)"
+    ]
+    with pytest.raises(AssertionError, match="on no floor"):
+        _floor("phi_torch_jit._somewhere_new")
+
+
+def test_the_core_names_no_library() -> None:
+    """Below the adapters no module imports PhiML or PhiFlow (nor mentions their modules in an
+    import inside a function): library knowledge lives in ``adapters``."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if _floor(module) == len(FLOORS) - 1:
+            continue
+        for imported in _imports(path):
+            if imported.split(".")[0] in ("phiml", "phi"):
+                found.append(f"{module}: {imported}")
+    assert not found, found
 
 
 def _modules_crossed(call: Any) -> set[str]:

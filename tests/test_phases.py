@@ -13,11 +13,12 @@ from torch import nn
 from phi_torch_jit._context import Phase, current_frame
 from phi_torch_jit._custom_op import NestedCalls
 from phi_torch_jit._function import interception_installed
+from phi_torch_jit._libraries import LibraryPasses
 from phi_torch_jit._phases import MODULE_HOOK, PATCHES, compiling, recording, tracing
-from phi_torch_jit._phiml import PhiMLBridge
 from phi_torch_jit._record import Recording
 from phi_torch_jit._replay import ReplayCursor
 from phi_torch_jit._warnings import TORCHSCRIPT_NOTICE
+from phi_torch_jit.adapters.phiml import PhiMLBridge
 from phi_torch_jit.engines import get_engine
 
 
@@ -68,10 +69,11 @@ def test_compile_phase_captures_functions_and_hides_notices() -> None:
 
 def test_phiml_bridge_is_on_phimls_jit_stack_in_record_and_trace() -> None:
     backend = pytest.importorskip("phiml.backend.torch._torch_backend")
-    bridge = PhiMLBridge()
-    with recording("f", Recording(phiml=bridge)):
+    passes = LibraryPasses()  # the registered libraries' hooks: PhiML's adapter's included
+    (bridge,) = [h for h in passes.hooks if isinstance(h, PhiMLBridge)]
+    with recording("f", Recording(libraries=passes)):
         assert backend.CURRENT_JIT_CALLS[-1] is bridge
-    with tracing("f", ReplayCursor([], "f"), None, bridge):
+    with tracing("f", ReplayCursor([], "f"), None, passes):
         assert backend.CURRENT_JIT_CALLS[-1] is bridge
     assert bridge not in backend.CURRENT_JIT_CALLS
 

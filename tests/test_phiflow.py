@@ -203,8 +203,8 @@ def test_native_dtype_and_requires_grad_are_part_of_the_key() -> None:
 
 
 def test_retrace_reason_says_what_differs_in_a_phiml_value() -> None:
-    from phi_torch_jit._phiml import PhiKey
     from phi_torch_jit._signature import first_difference, flatten_arguments
+    from phi_torch_jit.adapters.phiml._values import PhiKey
 
     def key(native: torch.Tensor) -> Any:
         return flatten_arguments((math.tensor(native, spatial("x")),), {}, "f", ("s",))[0]
@@ -220,6 +220,7 @@ def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import phi_torch_jit.phiflow as integration
+    from phi_torch_jit.adapters.phiml import _install
 
     compiled: list[Any] = []
     original = ptj.JitFunction
@@ -228,7 +229,7 @@ def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
         compiled.append(original(f, **kwargs))
         return compiled[-1]
 
-    monkeypatch.setattr(integration, "JitFunction", spy)
+    monkeypatch.setattr(_install, "JitFunction", spy)
     integration.install()
     integration.install()  # idempotent
     try:
@@ -247,7 +248,7 @@ def test_install_routes_phiml_jit_compile_through_phi_torch_jit(
     assert not integration.installed()
     from phiml.backend.torch._torch_backend import TorchBackend
 
-    assert TorchBackend.jit_compile is not integration._compile_with_phi_torch_jit
+    assert TorchBackend.jit_compile is not _install._compile_with_phi_torch_jit
 
 
 @pytest.mark.parametrize("path", ["ptj.jit", "install()"])
@@ -416,7 +417,7 @@ def test_fields_are_rebuilt_without_repeating_their_shape_check(
     from phi.field import _field
     from phi.field._field import Field
 
-    from phi_torch_jit import _phiml
+    from phi_torch_jit.adapters.phiml import _values as _phiml
 
     assert _phiml._checks_only(Field)  # the PhiFlow version installed: a shape check only
     jitted = ptj.jit(smoke_step)
@@ -447,7 +448,7 @@ def test_fields_are_rebuilt_without_repeating_their_shape_check(
 def test_post_init_with_unknown_code_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     from phi.field._field import Field
 
-    from phi_torch_jit import _phiml
+    from phi_torch_jit.adapters.phiml import _values as _phiml
 
     calls: list[Any] = []
 

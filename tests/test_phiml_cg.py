@@ -1,4 +1,4 @@
-"""PhiML's CG solvers with their loops captured (``phi_torch_jit._loops._phiml_cg``,
+"""PhiML's CG solvers with their loops captured (``phi_torch_jit.adapters.phiml._cg``,
 docs/loops.md): the padded-row product equals the sparse one; the captured solvers return
 what PhiML's own return (solution, residual, iteration and evaluation counts, convergence
 flags) on solves that converge, start at rest, hit ``max_iter`` or meet NaN, running blocks;
@@ -24,7 +24,7 @@ from phi.torch.flow import ZERO_GRADIENT, Box, Noise, Solve, StaggeredGrid, fiel
 from phiml.backend.torch import _torch_backend as phiml_torch
 
 import phi_torch_jit as ptj
-from phi_torch_jit._loops._phiml_cg import SOLVERS, padded_rows
+from phi_torch_jit.adapters.phiml._cg import SOLVERS, padded_rows
 from phi_torch_jit.engines import _looped
 from phi_torch_jit.engines import compile as compile_engine
 from phi_torch_jit.engines.base import CompiledFunction, FunctionTarget
@@ -63,7 +63,7 @@ def _laplacian(n: int, empty_row: bool = False) -> torch.Tensor:
 
 
 def test_the_padded_row_product_equals_the_sparse_product() -> None:
-    from phi_torch_jit._loops._phiml_cg import _product
+    from phi_torch_jit.adapters.phiml._cg import _product
 
     for matrix in (_laplacian(6), _laplacian(5, empty_row=True)):
         b = torch.randn(3, matrix.shape[1], dtype=torch.float64)
@@ -83,7 +83,7 @@ def test_a_matrix_with_one_long_row_is_multiplied_as_scattered_nonzeros() -> Non
     that row, every row held the whole grid (1024 entries at 32x32, 13 ms per block of four
     CG iterations); scattered into their rows, the nonzeros are all there is. Small matrices
     keep their padded rows (and the rounding of their sums)."""
-    from phi_torch_jit._loops._phiml_cg import PADDED_ENTRIES, _product, product_form
+    from phi_torch_jit.adapters.phiml._cg import PADDED_ENTRIES, _product, product_form
 
     laplacian = _laplacian(16).to_dense()  # 257 rows padded to 257: past PADDED_ENTRIES
     n = laplacian.shape[0]
@@ -134,9 +134,19 @@ def _assert_same_result(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor,
         assert torch.equal(a, b), (a, b)
 
 
+def _uncompiled_solvers() -> Any:
+    """The PhiML adapter's captured solvers, as an engine gets them for PhiML's code (its
+    blocks run as traced, uncompiled graphs)."""
+    from phiml.math import solve_linear
+
+    solvers = _looped.solvers_of(solve_linear, None, threading.Lock())
+    assert solvers is not None
+    return solvers
+
+
 @pytest.mark.parametrize("name", SOLVERS)
 def test_a_captured_solver_returns_what_phimls_returns(name: str) -> None:
-    solvers = _looped.phiml_solvers(None, threading.Lock())  # blocks as uncompiled graphs
+    solvers = _uncompiled_solvers()  # blocks as uncompiled graphs
     for what, args in _solves(8):
         want = _original(name)(*args[:2], args[2].clone(), *args[3:])
         runs = solvers.runs
@@ -153,7 +163,7 @@ def test_a_captured_solver_returns_what_phimls_returns(name: str) -> None:
 def test_outside_a_compiled_solve_phiml_runs_its_own_solver(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    solvers = _looped.phiml_solvers(None, threading.Lock())
+    solvers = _uncompiled_solvers()
     with solvers.active():
         pass  # PhiML's functions are dispatchers from now on
     dispatch = phiml_torch.torch_sparse_cg
@@ -275,7 +285,7 @@ def test_gradients_through_a_captured_phiml_solve_equal_eager() -> None:
 def test_a_phiml_whose_solvers_differ_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another PhiML release (a solver with other parameters): nothing is replaced, PhiML's
     function runs, and the engine sees that no captured solver ran."""
-    from phi_torch_jit._loops import _phiml_cg
+    from phi_torch_jit.adapters.phiml import _cg as _phiml_cg
 
     phimls = _original("torch_sparse_cg")
 

@@ -302,7 +302,7 @@ def _signature(state: Sequence[Any], invariants: Sequence[Any]) -> Any:
 
 def _is_tensor_tuple(value: Any) -> bool:
     """A tuple of tensors, which an invariant may be (a sparse matrix's index and value
-    tensors, :mod:`._phiml_cg`): the block takes its tensors as inputs."""
+    tensors, PhiML's CG in ``adapters.phiml._cg``): the block takes its tensors as inputs."""
     return type(value) is tuple and all(isinstance(t, torch.Tensor) for t in value)
 
 

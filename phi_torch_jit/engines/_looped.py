@@ -6,23 +6,26 @@ predicated iterations compiled by the engine's backend. The captured function is
 the recorded inputs and must reproduce the recorded outputs; otherwise, or when no loop can be
 captured, the body keeps what the ``functions`` engine made of it, and the reason is logged.
 
-PhiML's custom functions (its solves' forward and backward) reach their loops through PhiML's
-backend, where loop capture does not follow calls: they run with PhiML's CG solvers captured
-instead (:mod:`phi_torch_jit._loops._phiml_cg`), checked the same way, and only if a captured
-solver ran in the check.
+A registered library's custom functions (PhiML's solves' forward and backward) reach their loops
+through the library's code, where loop capture does not follow calls: they run with the
+library's solvers captured instead (:meth:`phi_torch_jit.extend.Library.loop_solvers`; PhiML's
+CG solvers, ``adapters.phiml``), checked the same way, and only if a captured solver ran in the
+check.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from .._libraries import library_solvers
 from .._loops import Captured, capture_loops
-from .._loops._phiml_cg import Solvers
+from ..extend import LoopSolvers
 from .base import CompiledFunction, FunctionTarget
 from .torchscript import _AsTuple, _reproduces
 
@@ -47,10 +50,9 @@ def with_captured_loops(
     else:
         return None
     captured: Captured | str = capture_loops(source, target.label, compile_graph, lock=lock)
-    solvers = None
-    if isinstance(captured, str) and is_phiml(source):
-        solvers = phiml_solvers(compile_graph, lock)
-        captured = Captured(solvers.calling(source), (), ())
+    solvers = solvers_of(source, compile_graph, lock) if isinstance(captured, str) else None
+    if solvers is not None:
+        captured = Captured(cast(types.FunctionType, solvers.calling(source)), (), ())
     if isinstance(captured, str):
         _not_captured(target, captured)
         return None
@@ -72,9 +74,9 @@ def with_captured_loops(
         _not_captured(target, f"{type(error).__name__}: {error}".splitlines()[0])
         return None
     if solvers is not None and solvers.runs == runs:
-        _not_captured(target, "it ran none of PhiML's CG solvers")
+        _not_captured(target, "it ran none of the library's captured solvers")
         return None
-    if not _reproduces(actual[: len(expected)], expected):  # then a PhiML solve's checks
+    if not _reproduces(actual[: len(expected)], expected):  # then a library's deferred checks
         _not_captured(target, "the captured loop did not reproduce the recorded outputs")
         return None
     loops = solvers.loops() if solvers is not None else captured.loops
@@ -113,35 +115,39 @@ def faster(target: FunctionTarget, *programs: CompiledFunction) -> CompiledFunct
     return programs[chosen]
 
 
-def is_phiml(source: Any) -> bool:
-    """Whether ``source`` is PhiML's code (its custom functions' forward or backward)."""
-    module = getattr(source, "__module__", None) or ""
-    return module == "phiml" or module.startswith("phiml.")
+def _capture(compile_graph: Any, lock: Any) -> Callable[[Any, str], Captured | str]:
+    def capture(fn: Any, label: str) -> Captured | str:
+        return capture_loops(fn, label, compile_graph, lock=lock)
+
+    return capture
 
 
-_UNCOMPILED: dict[Any, Solvers] = {}
-"""PhiML's solvers whose blocks run as traced, uncompiled graphs (``compile_graph`` None)."""
+_UNCOMPILED: dict[Any, dict[Any, LoopSolvers | None]] = {}
+"""Libraries' solvers whose blocks run as traced, uncompiled graphs (``compile_graph`` None),
+by lock."""
 
 
-def phiml_solvers(compile_graph: Any, lock: Any) -> Solvers:
-    """The captured PhiML solvers whose blocks ``compile_graph`` (an engine's method) compiles:
-    made once per engine, kept on it (forgotten with it), shared by all its solves."""
+def _solver_cache(compile_graph: Any, lock: Any) -> dict[Any, LoopSolvers | None]:
+    """Where the libraries' captured solvers whose blocks ``compile_graph`` (an engine's
+    method) compiles are kept: on the engine (forgotten with it), shared by all its solves."""
     owner = getattr(compile_graph, "__self__", None)
-    solvers = _UNCOMPILED.get(lock) if owner is None else getattr(owner, _ATTRIBUTE, None)
-    if solvers is None:
-
-        def capture(fn: Any, label: str) -> Captured | str:
-            return capture_loops(fn, label, compile_graph, lock=lock)
-
-        solvers = Solvers(capture)
-        if owner is None:
-            _UNCOMPILED[lock] = solvers
-        else:
-            setattr(owner, _ATTRIBUTE, solvers)
-    return solvers
+    if owner is None:
+        return _UNCOMPILED.setdefault(lock, {})
+    cache: dict[Any, LoopSolvers | None] | None = getattr(owner, _ATTRIBUTE, None)
+    if cache is None:
+        cache = {}
+        setattr(owner, _ATTRIBUTE, cache)
+    return cache
 
 
-_ATTRIBUTE = "_phi_torch_jit_phiml_solvers"
+def solvers_of(source: Any, compile_graph: Any, lock: Any) -> LoopSolvers | None:
+    """The captured solvers of the library owning ``source`` (None: no library's code)."""
+    return library_solvers(
+        source, _capture(compile_graph, lock), _solver_cache(compile_graph, lock)
+    )
+
+
+_ATTRIBUTE = "_phi_torch_jit_library_solvers"
 
 
 def _not_captured(target: FunctionTarget, reason: str) -> None:

@@ -4,11 +4,9 @@ torch.compile's front end (dynamo) would have to trace through our record and
 replay Python, and it breaks the graph at every data-dependent loop of a
 custom function. This engine avoids both:
 
-1. The wrapper module is run once under ``make_fx`` on real tensors, with the
-   parameters and buffers of the recorded modules passed as extra inputs. The
-   replay cursor is active as for any trace, so each custom call appears as one
-   node of its ``phi_torch_jit::`` op; the Python of the user function, the
-   modules and their hooks is gone from the graph.
+1. The wrapper module is captured once as an FX graph (:mod:`._capture`): each
+   custom call one node of its ``phi_torch_jit::`` op, the Python of the user
+   function, the modules and their hooks gone.
 2. The backend is called on that graph directly (``compile_fx`` for inductor),
    forward and backward at once, in the first call of the jitted function (after
    the trace, module state and RNG rewound). No dynamo: nothing re-traces the
@@ -25,7 +23,7 @@ are compiled by the ``functions`` engine, TorchScript by default: traced where
 that is faithful, scripted where a loop depends on values, Python otherwise.
 A body whose loop depends on values has its loops captured as compiled blocks
 instead (``phi_torch_jit._loops``, docs/loops.md); a PhiML solve runs its CG
-captured (``_loops._phiml_cg``) when that measures faster than its traced form
+captured (``adapters.phiml._cg``) when that measures faster than its traced form
 on the recorded inputs.
 
 Parameters and buffers are inputs of the compiled program, fetched from the
@@ -37,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -47,7 +44,6 @@ import torch
 from torch import nn
 
 from .._compat import (
-    VALUE_OUT_OF_GRAPH,
     backend_exists,
     compile_captured,
     import_inductor,
@@ -55,35 +51,23 @@ from .._compat import (
     mode_options,
     torchscript_available,
 )
-from .._fast_capture import fast_metadata
 from .._inductor_fixes import for_inductor
-from .._inner_grad import functional_autograd
+from .._libraries import owned_by_library
 from .._warnings import TORCHSCRIPT_NOTICE
-from ..errors import (
-    ConfigurationError,
-    JitError,
-    RunEagerly,
-    TraceError,
-    UsageError,
-    ValueNotCaptured,
-    describe_error,
-)
-from ._graph_bodies import GraphBodies, data_dependent_shape
-from ._looped import faster, is_phiml, with_captured_loops
+from ..errors import ConfigurationError, JitError, UsageError, describe_error
+from ._capture import CAPTURE_LOCK, WITHOUT_GRAD, capture, uses_rng
+from ._graph_bodies import GraphBodies
+from ._looped import faster, with_captured_loops
 from ._twice import TwiceDifferentiable, needs_twice
-from .base import (
-    RANDOM_OPS,
-    CompiledFunction,
-    CompiledModule,
-    Engine,
-    FunctionTarget,
-    captured_tensor_message,
-)
+from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
 from .torchscript import TorchScriptEngine
 
 __all__ = ["CompileEngine", "Backend", "Compilable", "check_backend", "grads_of"]
 
 logger = logging.getLogger("phi_torch_jit")
+
+_CAPTURE_LOCK, _capture, _uses_rng = CAPTURE_LOCK, capture, uses_rng
+"""The capture step (:mod:`._capture`) under the names engine auto imports from here."""
 
 Backend = str | Callable[..., Any]
 """A torch.compile backend: a registered name or a callable ``(gm, example_inputs) -> callable``."""
@@ -168,7 +152,7 @@ class CompileEngine(Engine):
         self.functions = (
             functions
             if functions is not None
-            else (TorchScriptEngine() if torchscript else GraphBodies(_CAPTURE_LOCK))
+            else (TorchScriptEngine() if torchscript else GraphBodies(CAPTURE_LOCK))
         )
         options.setdefault("dynamic", False)
         if backend == "inductor":
@@ -188,17 +172,17 @@ class CompileEngine(Engine):
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         functions = self.functions
         if isinstance(functions, TorchScriptEngine) and not torchscript_available():
-            functions = GraphBodies(_CAPTURE_LOCK)  # TorchScript's would run bodies as Python
+            functions = GraphBodies(CAPTURE_LOCK)  # TorchScript's would run bodies as Python
         compiled = functions.compile_function(target)
         if not self.options.get("loops", True):
             return compiled
-        if compiled.mode == "traced" and not is_phiml(target.loop_source):
+        if compiled.mode == "traced" and not owned_by_library(target.loop_source):
             return compiled
         compile_graph = None if self.options.get("disable") else self._block
-        looped = with_captured_loops(target, compile_graph, _CAPTURE_LOCK)
+        looped = with_captured_loops(target, compile_graph, CAPTURE_LOCK)
         if looped is None:
             return compiled
-        if compiled.mode == "traced":  # PhiML's traced solve, its CG scripted: run as Python
+        if compiled.mode == "traced":  # a library's traced solve (PhiML's, CG scripted): Python
             # around a captured CG, it is 1.5x faster on a pipe flow, 2x slower on a Karman
             # vortex street (PhiML's Python around a short solve): the faster one serves
             return faster(target, looped, compiled)
@@ -213,12 +197,12 @@ class CompileEngine(Engine):
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
     ) -> CompiledModule:
         state = (*module.parameters(), *module.buffers())
-        with _CAPTURE_LOCK:  # FX tracing (ours and the backend's) keeps process-wide state
-            graph = _capture(module, example_inputs, state, label)
+        with CAPTURE_LOCK:  # FX tracing (ours and the backend's) keeps process-wide state
+            graph = capture(module, example_inputs, state, label)
         target = Compilable(graph, (*example_inputs, *state), self, len(example_inputs))
         program = _Program(graph, state, example_inputs, target, label)
         return CompiledModule(
-            program, (), _uses_rng(graph), (), program.warm_up,
+            program, (), uses_rng(graph), (), program.warm_up,
             defer=program.compile_on_reuse, served=program.served,
             on_new_program=program.listeners.append,
         )  # fmt: skip
@@ -226,13 +210,6 @@ class CompileEngine(Engine):
     def __repr__(self) -> str:
         backend = self.backend if isinstance(self.backend, str) else repr(self.backend)
         return f"<{type(self).__name__} backend={backend}>"
-
-
-_CAPTURE_LOCK = threading.Lock()
-
-WITHOUT_GRAD = "phi_torch_jit.without_grad"
-"""Graph meta: the outputs that needed no gradient when captured (detached, computed under
-``no_grad``, a gradient taken with ``create_graph=False``)."""
 
 
 class _Detached:
@@ -330,7 +307,7 @@ class _Program:
         start = time.perf_counter()
         example, self._example = self._example, ()
         try:
-            with _CAPTURE_LOCK:
+            with CAPTURE_LOCK:
                 self._compiled = self.target.compile()
             compile_s = time.perf_counter() - start
             # One run on the trace inputs (the trace stage rewinds state and RNG after it):
@@ -378,7 +355,7 @@ class _Program:
     def _serve_until_reused(self, *inputs: torch.Tensor) -> Any:
         if self._uncompiled_calls > 0:
             return self.graph.forward(*inputs)
-        with _CAPTURE_LOCK:
+        with CAPTURE_LOCK:
             if self.serve == self._serve_until_reused:  # not compiled by another thread
                 self.serve = self._compile_for_reuse()
         program = self.serve
@@ -455,101 +432,9 @@ def grads_of(tensors: tuple[torch.Tensor, ...]) -> tuple[bool, ...]:
     return tuple(map(_requires_grad, tensors))
 
 
-def _capture(
-    module: nn.Module,
-    example_inputs: tuple[torch.Tensor, ...],
-    state: tuple[torch.Tensor, ...],
-    label: str,
-) -> torch.fx.GraphModule:
-    """The wrapper's forward as an FX graph of (inputs, parameters and buffers)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    n = len(example_inputs)
-    without_grad: list[int] = []
-
-    def flat(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outputs = tuple(module(*tensors[:n]))
-        if torch.is_grad_enabled():
-            without_grad[:] = [i for i, t in enumerate(outputs)
-                               if isinstance(t, torch.Tensor) and not t.requires_grad]  # fmt: skip
-        return outputs
-
-    try:
-        with fast_metadata(), functional_autograd():
-            graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(*example_inputs, *state)
-    except RuntimeError as error:
-        if VALUE_OUT_OF_GRAPH not in str(error):
-            raise
-        raise ValueNotCaptured(
-            "a tensor is read as a Python value that a captured graph (engines 'compile', "
-            "'auto') cannot hold (a tensor used as a size, e.g. torch.ones(n) or "
-            "x.repeat(n)); pass it as an int, or use engine 'torchscript'"
-        ) from None
-    graph.meta[WITHOUT_GRAD] = tuple(without_grad)
-    _reject_captured(graph, label)
-    _reject_data_dependent_shapes(graph)
-    _reject_rnn_dropout(graph)
-    return graph
-
-
-_RNNS = ("aten.gru.input", "aten.lstm.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
-
-
-def _reject_rnn_dropout(graph: torch.fx.GraphModule) -> None:
-    """torch's Python decomposition of multi-layer RNNs (``_rnn_helper``, which AOTAutograd
-    applies) drops the dropout between layers in train mode (torch 2.11-2.15: the condition
-    ``num_layers < i - 1`` is never true): compiled, such a GRU/LSTM trains as if in eval mode.
-    Found by the corpus (tests/corpus); such functions run eagerly until torch fixes it."""
-    for node in graph.graph.nodes:
-        if node.op != "call_function" or str(node.target) not in _RNNS:
-            continue
-        num_layers, dropout, train = node.args[4:7]
-        if train and dropout and num_layers > 1:
-            raise RunEagerly(
-                f"it runs a {num_layers}-layer {str(node.target)[5:-6].upper()} with dropout "
-                f"{dropout} in train mode, whose decomposition in torch drops that dropout "
-                "(a torch bug); use engine 'torchscript', or call eval() to compile it"
-            )
-
-
-def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:
-    """A captured graph has the shapes of this run baked in; an op whose output shape depends
-    on values would give other calls wrong sizes. Boolean indices, ``nonzero``,
-    ``torch.where(mask)``, ``masked_select`` and ``repeat_interleave`` reach the graph in a
-    static form with their sizes guarded (NOTE [value-dependent sizes]); what is left here
-    (``unique``, ``bincount``, such an op in torch's own code with guards off) runs eagerly."""
-    name = data_dependent_shape(graph)
-    if name:
-        raise RunEagerly(
-            "a captured graph (engines 'compile', 'auto') would bake the output shape of "
-            f"{name} (it depends on tensor values); use ops with static shapes (torch.where "
-            "with three arguments, nonzero_static, index_add into zeros), or engine "
-            "'torchscript'"
-        )
-
-
 def _import_inductor_quietly() -> None:
     """Import inductor now, without the notice torch.jit gives while inductor imports
     ``torch.utils.mkldnn`` (a deprecation of torch's own code, not the user's)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
         import_inductor()
-
-
-def _reject_captured(graph: torch.fx.GraphModule, label: str) -> None:
-    """Tensors that require grad but are neither inputs nor module state would lose gradients."""
-    for node in graph.graph.nodes:
-        if node.op == "get_attr":
-            value = getattr(graph, node.target, None)
-            if isinstance(value, torch.Tensor) and value.requires_grad:
-                raise TraceError(captured_tensor_message(label))
-
-
-def _uses_rng(graph: torch.fx.GraphModule) -> bool:
-    """Whether the captured graph may draw random numbers (our ops count as may)."""
-    for node in graph.graph.nodes:
-        if node.op == "call_function":
-            name = str(node.target)
-            if name.startswith("phi_torch_jit") or any(r in name for r in RANDOM_OPS):
-                return True
-    return False

@@ -36,6 +36,7 @@ from .._compat import (
     set_graph_executor_optimize,
     torchscript_available,
 )
+from .._libraries import harmless_tracer_warning, reads_input_shape
 from .._sources import TORCH_DIR, is_user_file
 from .._warnings import describe_warning, is_torchscript_notice, reemit
 from ..errors import RunEagerly, TraceError
@@ -100,35 +101,14 @@ def _is_library_check(w: warnings.WarningMessage) -> bool:
     """A tracer warning that cannot mean a wrong result (see NOTE [tracer warnings]).
 
     Raised by torch's own Python (e.g. BatchNorm's batch-size check): those convert shapes,
-    and shapes are part of the cache key. Or PhiML turning its numpy constants into tensors:
-    those constants are part of the cache key too, compared by value.
+    and shapes are part of the cache key. Or a registered library's own (PhiML turning its numpy
+    constants into tensors: those constants are part of the cache key too, compared by value).
     """
     if not issubclass(w.category, TracerWarning):
         return False
     if w.filename.startswith(TORCH_DIR) and w.filename not in _MODE_FRAMES:
         return True
-    return "registered as constants" in str(w.message) and w.filename.startswith(_phiml_dirs())
-
-
-_SHAPE_READ = "Converting a tensor to a Python integer"
-
-
-def is_phiml_shape_read(w: warnings.WarningMessage) -> bool:
-    """PhiML's torch backend reading a traced tensor's shape (``TorchBackend.staticshape``).
-
-    Shapes of the compiled call's inputs are part of its key; a shape computed from tensor
-    *values* would be baked, so a trace with such warnings is only used when its graph has no
-    op whose output shape depends on values (:func:`_has_value_dependent_shapes`).
-    """
-    if not issubclass(w.category, TracerWarning) or _SHAPE_READ not in str(w.message):
-        return False
-    backend = sys.modules.get("phiml.backend.torch._torch_backend")
-    code = getattr(getattr(getattr(backend, "TorchBackend", None), "staticshape", None),
-                   "__code__", None)  # fmt: skip
-    if code is None or w.filename != code.co_filename:
-        return False
-    lines: list[int] = [line for _, _, line in code.co_lines() if line is not None]
-    return bool(min(lines) <= w.lineno <= max(lines))
+    return harmless_tracer_warning(w)
 
 
 _VALUE_SHAPED = ("aten::nonzero", "aten::unique", "aten::_unique", "aten::masked_select",
@@ -153,14 +133,6 @@ def _refuse_baked_sizes(tracer: list[warnings.WarningMessage], graph: Any, label
             f"at {first.filename}:{first.lineno} ({str(first.message).split('.')[0]}); use "
             "x.shape[0] and tensor operations"
         )
-
-
-def _phiml_dirs() -> tuple[str, ...]:
-    return tuple(
-        os.path.dirname(module.__file__) + os.sep
-        for name in ("phiml", "phi")
-        if (module := sys.modules.get(name)) is not None and module.__file__
-    )
 
 
 def _sort_warnings(
@@ -325,7 +297,7 @@ class TorchScriptEngine(Engine):
                 traced, failure = None, f"tracing failed: {type(error).__name__}: {error}"
         tracer, other = _sort_warnings(caught)
         reemit(other)
-        if traced is not None and tracer and all(is_phiml_shape_read(w) for w in tracer):
+        if traced is not None and tracer and all(reads_input_shape(w) for w in tracer):
             if not _has_value_dependent_shapes(traced.inlined_graph):
                 tracer = []
         if traced is not None and not tracer:  # runs below autograd: nothing to differentiate

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from ._compat import TORCH_C, get_tracing_state
-from ._patches import RefCounted
+from ..._compat import TORCH_C, get_tracing_state
+from ..._patches import RefCounted
 
 __all__ = ["VIEW", "capturing"]
 

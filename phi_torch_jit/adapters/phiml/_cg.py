@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import torch
 
-from .._compat import get_tracing_state
+from ..._compat import get_tracing_state
 
 __all__ = ["Solvers", "SOLVERS", "padded_rows", "product_form"]
 

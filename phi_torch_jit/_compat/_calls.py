@@ -1,0 +1,158 @@
+"""Small functions that call the private APIs of :mod:`._private`, for the rest of the
+package: the C functions read on every jitted call, bound at import (looked up at the first
+call instead where this torch lacks one), and accessors of torch's hooks, classes and
+modules."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import TorchVersionError
+from ._private import (
+    ANY_AUTOCAST,
+    BACKWARD_HOOK_FUNCTION,
+    DISABLE_MODES,
+    EAGER_FUNCTIONS,
+    FUNCTORCH_STACK,
+    GLOBAL_HOOKS,
+    GRAPH_EXECUTOR_OPTIMIZE,
+    IS_FAKE,
+    KEEP_GRAPH,
+    LIBRARY_DESTROY,
+    OP_OVERLOAD,
+    PYTREE,
+    SET_GRAD_ENABLED,
+    SET_GRAPH_EXECUTOR_OPTIMIZE,
+    SET_TRACING_STATE,
+    TENSOR_BASE,
+    TRACER_WARNING,
+    TRACING_STATE,
+    VALUE_TRACE,
+    VERSION_COUNTER,
+    PrivateAPI,
+)
+
+
+class _Lazy:
+    """Calls the function of a private API, looked up at the first call (imports stay cheap)."""
+
+    def __init__(self, api: PrivateAPI) -> None:
+        self.api = api
+        self.__name__ = api.names[0].rsplit(".", 1)[-1]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.api.find()(*args)  # find() caches the lookup
+
+
+def _now_or_lazy(api: PrivateAPI) -> Callable[..., Any]:
+    """Hot-path C functions are bound at import; a missing one raises when first used."""
+    try:
+        return api.find()  # type: ignore[no-any-return]
+    except TorchVersionError:
+        return _Lazy(api)
+
+
+TracerWarning: type[Warning] = TRACER_WARNING.find()
+"""torch.jit's TracerWarning class."""
+get_tracing_state: Callable[[], Any] = _now_or_lazy(TRACING_STATE)
+"""The running TorchScript trace's state, None when none runs (read on every jitted call)."""
+functorch_transform: Callable[[], Any] = _now_or_lazy(FUNCTORCH_STACK)
+"""The innermost running torch.func transform, None outside any (read on every jitted call)."""
+any_autocast: Callable[[], bool] = _now_or_lazy(ANY_AUTOCAST)
+"""Whether autocast is enabled for some device (read on every jitted call)."""
+set_tracing_state: Callable[[Any], None] = _now_or_lazy(SET_TRACING_STATE)
+"""Install a tracing state (None pauses the trace)."""
+value_trace: Callable[[torch.Tensor], Any] = _now_or_lazy(VALUE_TRACE)
+"""The graph value a tensor has in the running TorchScript trace (RuntimeError if none)."""
+graph_executor_optimize: Callable[[], bool] = _now_or_lazy(GRAPH_EXECUTOR_OPTIMIZE)
+"""Whether TorchScript's graph executor optimizes (this thread)."""
+set_graph_executor_optimize: Callable[[bool], None] = _now_or_lazy(SET_GRAPH_EXECUTOR_OPTIMIZE)
+"""Switch TorchScript's graph executor optimizations (this thread)."""
+set_version_counters: Callable[[tuple[torch.Tensor, ...], tuple[int, ...]], None] = _Lazy(
+    VERSION_COUNTER
+)
+"""Set tensors' version counters (what autograd compares to detect in-place edits)."""
+is_fake: Callable[[Any], bool] = _Lazy(IS_FAKE)
+"""Whether a tensor is a fake (or functional wrapper of a fake) tensor."""
+disable_dispatch_modes: Callable[[], Any] = _Lazy(DISABLE_MODES)
+"""Context manager: no Python dispatch mode (make_fx's) is active in the block."""
+
+
+def grad_mode_setter() -> tuple[Any, str]:
+    """(module, attribute) of torch's C function that every grad-mode change calls, so the
+    record pass can watch it."""
+    SET_GRAD_ENABLED.find()
+    return importlib.import_module("torch._C"), "_set_grad_enabled"
+
+
+def backward_hook_function() -> type:
+    """The autograd.Function class torch uses to fire module backward hooks."""
+    return BACKWARD_HOOK_FUNCTION.find()  # type: ignore[no-any-return]
+
+
+def global_module_hooks() -> tuple[dict[Any, Any], ...]:
+    """torch's global module hook dicts: forward pre, forward, backward pre, backward."""
+    module = importlib.import_module("torch.nn.modules.module")
+    GLOBAL_HOOKS.find()  # the first one: a clear error if torch renamed them
+    return tuple(
+        getattr(module, f"_global_{kind}_hooks")
+        for kind in ("forward_pre", "forward", "backward_pre", "backward")
+    )
+
+
+def tensor_conversion(kind: str) -> Callable[..., Any]:
+    """The C implementation of a tensor-to-Python conversion (``__bool__``, ``item``...)."""
+    return getattr(TENSOR_BASE.find(), kind)  # type: ignore[no-any-return]
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a view of another tensor."""
+    return bool(tensor._is_view())
+
+
+def version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter (advanced by every in-place write)."""
+    return int(tensor._version)
+
+
+def destroy_library(library: Any) -> Callable[[], None]:
+    """A callable that removes ``library``'s operators from torch's registry."""
+    return LIBRARY_DESTROY.find().__get__(library)  # type: ignore[no-any-return]
+
+
+def original_function_apply(descriptor: Any) -> Callable[..., Any]:
+    """``(cls, *args) -> cls.apply(*args)`` for the descriptor found in
+    ``torch.autograd.Function.__dict__["apply"]``.
+
+    torch 2.13 defines ``apply`` as a Python classmethod (with ``__func__``); 2.15 as a C-level
+    ``classmethod_descriptor`` (without). Binding through ``__get__`` works for both.
+    """
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return descriptor.__get__(None, cls)(*args, **kwargs)
+
+    return apply
+
+
+def graph_kept() -> bool:
+    """Whether the backward running on this thread keeps its graph (``retain_graph``)."""
+    return bool(KEEP_GRAPH.find()())
+
+
+def op_overload() -> Any:
+    """The class of the ops in captured graphs (``torch.ops.aten.add.Tensor``...)."""
+    return OP_OVERLOAD.find()  # type: ignore[no-any-return]
+
+
+def pytree() -> Any:
+    """torch's pytree module (``tree_flatten``, ``tree_unflatten``, ``SUPPORTED_NODES``)."""
+    return PYTREE.find()
+
+
+def eager_functions() -> Any:
+    """The namespace of C functions behind ``torch.<op>``."""
+    return EAGER_FUNCTIONS.find()

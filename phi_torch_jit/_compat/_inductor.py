@@ -1,0 +1,155 @@
+"""Compiling a captured graph without dynamo (:func:`compile_captured`): its backward with
+its forward, off the caller's thread for engine auto without rewinding the caller's random
+draws, with inductor's on-disk caches and decompositions; and inductor's settings and
+torch.compile's backend names."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._private import (
+    COMPILE_FX,
+    DECOMPOSITIONS,
+    FAKE_MODE,
+    INDUCTOR,
+    INVALID_BACKEND,
+    LOOKUP_BACKEND,
+    MODE_OPTIONS,
+    NON_LAZY_BACKWARD,
+    PRESERVE_RNG,
+    SHAPE_ENV,
+)
+
+
+def backend_exists(name: str) -> bool:
+    """Whether torch.compile knows a backend by this name (built in, registered or an entry
+    point)."""
+    try:
+        LOOKUP_BACKEND.find()(name)
+    except INVALID_BACKEND.find():
+        return False
+    return True
+
+
+def import_inductor() -> None:
+    """Import inductor's compiler (a few seconds, once per process)."""
+    INDUCTOR.find()
+
+
+def compile_captured(
+    backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
+) -> Callable[..., Any]:
+    """Compile a captured graph with a torch.compile backend, without dynamo and without
+    running it; the backward is compiled now too (not at the first backward).
+
+    ``backend``: ``"inductor"`` (``patches`` are inductor settings), another registered name,
+    or a callable ``(gm, example_inputs) -> callable``.
+    """
+    _rng_kept_off_this_thread()
+    _COMPILING.active = True
+    try:
+        with backward_compiled_with_forward():
+            return _compile_now(backend, graph, inputs, patches)
+    finally:
+        _COMPILING.active = False
+
+
+def backward_compiled_with_forward() -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd compiles the backward graph together with the forward (by default it waits
+    for the first backward: a second call of a jitted function would pay it)."""
+    import torch._functorch.config as functorch_config  # not imported by torch on 2.15
+
+    NON_LAZY_BACKWARD.find()
+    return functorch_config.patch(force_non_lazy_backward_lowering=True)  # type: ignore[no-any-return]
+
+
+def _compile_now(
+    backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
+) -> Callable[..., Any]:
+    if backend == "inductor":
+        # Inductor's on-disk caches (FX graph, AOTAutograd) need a fake mode with a shape
+        # environment, as dynamo would give; without one they are bypassed ("No shape env").
+        fake_mode = FAKE_MODE.find()(shape_env=SHAPE_ENV.find()())
+        fakes = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+        table = _decompositions(patches) if all(t.device.type == "cpu" for t in inputs) else None
+        return COMPILE_FX.find()(graph, fakes, config_patches=patches, decompositions=table)  # type: ignore[no-any-return]
+    compiler = backend if callable(backend) else LOOKUP_BACKEND.find()(backend)
+    return compiler(graph, inputs)  # type: ignore[no-any-return]
+
+
+_KEPT_ON_CPU = ("grid_sampler_2d",)
+"""aten ops that inductor decomposes but that run better as ATen's CPU kernels: decomposed,
+``grid_sampler_2d`` (semi-Lagrangian advection) made bench_peers' training step compile in 90 s
+instead of 55 s and run 1.2x slower (benchmarks.md, run 4)."""
+
+
+def _decompositions(patches: dict[str, Any]) -> dict[Any, Any]:
+    """Inductor's decomposition table for these settings, without :data:`_KEPT_ON_CPU`."""
+    return _Decompositions(tuple(sorted(patches.items())))
+
+
+class _Decompositions(dict[Any, Any]):
+    """The table, pickled as the call that makes it: inductor's cache keys pickle the table
+    they are given, and some of its entries (C++ functions) cannot be pickled, which made
+    every compile bypass the on-disk caches (no warm start)."""
+
+    def __init__(self, settings: tuple[tuple[str, Any], ...]) -> None:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(dict(settings)):
+            table = DECOMPOSITIONS.find()()
+        kept = {getattr(torch.ops.aten, name) for name in _KEPT_ON_CPU}
+        super().__init__(
+            (op, fn) for op, fn in table.items() if getattr(op, "overloadpacket", op) not in kept
+        )
+        self.settings = settings
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Decompositions, (self.settings,))
+
+
+_COMPILING = threading.local()
+"""``active``: this thread compiles a captured graph off its caller's thread."""
+_RNG_PATCHED: list[bool] = []
+
+
+def _rng_kept_off_this_thread() -> None:
+    """Make torch's ``preserve_rng_state`` a no-op on threads compiling for us (once per
+    process; other threads keep torch's behaviour). The compile traces with fake tensors and
+    draws nothing; restoring a state saved before it would rewind what the caller drew
+    meanwhile (a repeated random stream; found by tests/test_auto_engine.py)."""
+    if _RNG_PATCHED:
+        return
+    original = PRESERVE_RNG.find()
+
+    @contextlib.contextmanager
+    def preserve_rng_state() -> Any:
+        if getattr(_COMPILING, "active", False):
+            yield
+            return
+        with original():
+            yield
+
+    for name in ("torch._dynamo.utils", "torch._functorch.aot_autograd"):
+        module = importlib.import_module(name)
+        if getattr(module, "preserve_rng_state", None) is original:
+            module.preserve_rng_state = preserve_rng_state  # type: ignore[attr-defined]
+    _RNG_PATCHED.append(True)
+
+
+def inductor_has_setting(name: str) -> bool:
+    """Whether this torch's inductor has the setting ``name`` (``graph_partition``: 2.8+)."""
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config, name)
+
+
+def mode_options(mode: str) -> dict[str, Any]:
+    """The inductor settings of a torch.compile ``mode``."""
+    return dict(MODE_OPTIONS.find()(mode))

@@ -1,0 +1,106 @@
+"""The PhiML / PhiFlow adapter: PhiML's values, custom gradients and solvers, plugged into the
+core through :mod:`phi_torch_jit.extend` (registered when ``phi_torch_jit`` is imported;
+nothing of PhiML is imported until a PhiML value, class or function is met).
+
+==========================  ===================================================================
+module                      what it does
+==========================  ===================================================================
+``_values``                 PhiML values in the signature: split into torch natives and a key
+                            (``PhiKey``), rebuilt from new natives
+``_backend_patches``        PhiML's ``while_loop`` never unrolled by a trace; its sparse matrices
+                            built without TorchScript
+``_checks``                 convergence checks and ``SolveTape`` records deferred out of traced
+                            forwards (NOTE [SolveTape under jit])
+``_graph_capture``          PhiML's custom gradients see our graph capture as a trace
+``_bridge``                 ``PhiMLBridge``: our record and trace passes are PhiML's jit
+                            (NOTE [PhiML bridge])
+``_functions``              the forward we compile for PhiML's custom-gradient Functions
+``_cg``                     PhiML's CG solvers with their loops captured as compiled blocks
+``_install``                ``phi_torch_jit.phiflow.install()``: PhiML's ``jit_compile`` on us
+==========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ...extend import Library, ValueType, register_library, register_values
+from ._bridge import PhiMLBridge
+from ._checks import deferred_checks
+from ._functions import backward_scope, traceable_forward
+from ._values import assemble, disassemble, is_phiml
+
+__all__ = ["PHIML_VALUES", "PhiMLLibrary", "PHIML"]
+
+
+PHIML_VALUES = ValueType("PhiML", is_phiml, disassemble, assemble)
+"""PhiML tensors, fields, geometries and other PhiML tree nodes (``_values``)."""
+
+
+def _is_phiml_code(source: Any) -> bool:
+    module = getattr(source, "__module__", None) or ""
+    return module == "phiml" or module.startswith("phiml.")
+
+
+class PhiMLLibrary(Library):
+    """PhiML's hooks (``extend.Library``)."""
+
+    name = "PhiML"
+
+    def pass_hooks(self) -> PhiMLBridge:
+        return PhiMLBridge()
+
+    def custom_forward(self, cls: type) -> Callable[..., Any] | None:
+        return traceable_forward(cls)
+
+    def backward_scope(self, cls: type) -> AbstractContextManager[Any] | None:
+        return backward_scope(cls)
+
+    def forward_checks(self, always: bool) -> AbstractContextManager[Any] | None:
+        return deferred_checks(always) if "phiml.math._optimize" in sys.modules else None
+
+    def owns_code(self, source: Any) -> bool:
+        return _is_phiml_code(source)
+
+    def loop_solvers(self, capture: Callable[[Callable[..., Any], str], Any]) -> Any:
+        from ._cg import Solvers
+
+        return Solvers(capture)
+
+    def harmless_tracer_warning(self, warning: warnings.WarningMessage) -> bool:
+        """PhiML turning its numpy constants into tensors: those constants are part of the
+        cache key, compared by value."""
+        return "registered as constants" in str(warning.message) and warning.filename.startswith(
+            _phiml_dirs()
+        )
+
+    def reads_input_shape(self, warning: warnings.WarningMessage) -> bool:
+        """PhiML's torch backend reading a traced tensor's shape (``TorchBackend.staticshape``)."""
+        if "Converting a tensor to a Python integer" not in str(warning.message):
+            return False
+        backend = sys.modules.get("phiml.backend.torch._torch_backend")
+        code = getattr(getattr(getattr(backend, "TorchBackend", None), "staticshape", None),
+                       "__code__", None)  # fmt: skip
+        if code is None or warning.filename != code.co_filename:
+            return False
+        lines: list[int] = [line for _, _, line in code.co_lines() if line is not None]
+        return bool(min(lines) <= warning.lineno <= max(lines))
+
+
+def _phiml_dirs() -> tuple[str, ...]:
+    import os
+
+    return tuple(
+        os.path.dirname(module.__file__) + os.sep
+        for name in ("phiml", "phi")
+        if (module := sys.modules.get(name)) is not None and module.__file__
+    )
+
+
+PHIML = PhiMLLibrary()
+register_values(PHIML_VALUES)
+register_library(PHIML)
