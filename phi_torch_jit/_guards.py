@@ -28,7 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ._compat import global_module_hooks
 from ._phases import MODULE_HOOK
-from ._read_records import immutable
+from ._reads._records import immutable
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 

@@ -27,10 +27,11 @@ from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
 from ._guards import ModuleGuard, has_backward_hooks
 from ._meter import Meter
-from ._mutations import modules_known_before, snapshot
 from ._options import Options
-from ._read_records import Kind, Read
 from ._reads import PythonGuard, collect_reads
+from ._reads._mutations import modules_known_before, snapshot
+from ._reads._records import Kind, Read
+from ._reads._written_inputs import WrittenInputs, versions, written_inputs
 from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
@@ -47,7 +48,6 @@ from ._state import rng_restored
 from ._trace import Traced, trace
 from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
-from ._written_inputs import WrittenInputs, versions, written_inputs
 from .engines import CompiledModule, Engine, get_engine
 from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
 

@@ -8,7 +8,7 @@ code does. While a record or trace pass runs, ``builtins.print`` is replaced
 by a function that notes user code's calls in the recording and drops them
 in the trace pass (reference counted across threads like the module hook;
 other threads' prints pass through). Changes of state the step reads are
-found by :mod:`._mutations`.
+found by :mod:`._reads._mutations`.
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
 from ._meter import Meter
 from ._reads import PythonGuard
+from ._reads._written_inputs import WrittenInputs
 from ._signature import Spec, unflatten
 from ._state import capture_rng, restore_rng
 from ._value_guards import ValueGuard
-from ._written_inputs import WrittenInputs
 from .errors import JitError, describe_error
 
 __all__ = [

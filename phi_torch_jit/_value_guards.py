@@ -39,7 +39,7 @@ from ._compat import (
 )
 from ._context import Phase, current_frame
 from ._patches import RefCounted
-from ._read_records import same_value
+from ._reads._records import same_value
 from ._sources import user_location
 from ._static_shapes import static_form
 from ._tensor_reads import PASS, watching

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ._context import current_frame
-from ._read_records import Source
+from ._reads._records import Source
 from ._signature import Spec, flatten_outputs, unflatten_arguments
 from ._state import buffer_slots, put_back
 

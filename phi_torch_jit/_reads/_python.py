@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._signature import NAMESPACES
 from ._code_walk import (
     MAX_DEPTH,
     attribute_chains,
@@ -36,7 +37,7 @@ from ._code_walk import (
     user_functions,
     user_module,
 )
-from ._read_records import (
+from ._records import (
     GONE,
     LENGTH,
     Kind,
@@ -49,7 +50,6 @@ from ._read_records import (
     same_value,
     tensor_meta,
 )
-from ._signature import NAMESPACES
 
 __all__ = [
     "Read",

@@ -1,6 +1,6 @@
 """Stage 1 (reads), its records: where a read value lives and how it is guarded.
 
-Plain data shared by the guard stage (:mod:`._reads`), the side-effect snapshot
+Plain data shared by the guard stage (:mod:`._python`), the side-effect snapshot
 (:mod:`._mutations`) and the wrapper (which rebinds tensor sources while tracing). See NOTE
 [Python reads] and NOTE [attribute paths] in docs/design.md.
 """

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._read_records import Kind, Read, immutable, same_value
-from ._reads import collect_reads
+from ._python import collect_reads
+from ._records import Kind, Read, immutable, same_value
 
 __all__ = ["Snapshot", "snapshot", "modules_known_before"]
 

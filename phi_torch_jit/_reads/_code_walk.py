@@ -20,8 +20,8 @@ from typing import Any
 
 from torch import nn
 
-from ._read_records import PRIMITIVES, Source, Step
-from ._sources import is_user_file
+from .._sources import is_user_file
+from ._records import PRIMITIVES, Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
            "user_module", "user_class", "MAX_DEPTH"]  # fmt: skip

@@ -1,0 +1,49 @@
+"""The guard stage: what a jitted step reads of Python state, how each read is guarded, and
+what the step changes beside its results. The one place that says what is guarded and why.
+
+A compiled program bakes every Python value it was traced with. Whatever the step (and every
+user function it calls) reads is therefore either *guarded* (checked before each compiled call;
+a change retraces, naming the read, where it happens, old -> new), made a *program input*, or
+the call runs *eagerly* with one ``JitWarning`` naming why. Nothing read is assumed constant
+without ``explain()`` saying so.
+
+==========================================  ================================  =================
+read                                         how                               where
+==========================================  ================================  =================
+a global or closure variable of user code    by value (numbers, strings,       ``_python``
+(the function, what its closures, globals,   dtypes), by content (small
+partials, bound ``self`` and the user's      containers, NumPy arrays), by
+own modules name), attribute and subscript   identity (other objects); a
+chains under it (``cfg.alpha``,              tensor is a program input
+``settings.TABLE["drag"][1]``)
+a loop over a container of user objects      the container's length and each   ``_python``
+(``for st in stages: ... st.w``)             item's read attributes
+an iterator or generator the step advances   eager, one warning (its items     ``_python``
+(``next(forcing)``)                          change every call)
+what the step changes (counters, appended    snapshot before/after the record  ``_mutations``
+lists, attributes of held objects)           pass; repeated after compiled
+                                             calls or eager with a warning
+arguments written in place, and how the      version counters and storage      ``_written_inputs``
+arguments share memory                       aliasing, part of the key
+a tensor read as a Python value in traced    a per-call value guard, or a      ``_value_guards``
+code (``float(t)``, ``t.item()``, ``if t``)  program input                     (trace phase)
+module state (training flags, hooks,         ``ModuleGuard``, checked per      ``_guards``
+parameter identity)                          call                              (stage 5)
+random draws, clocks, grad-mode changes,     noted in the record pass: eager   ``_unguardable``
+``backward()``, tensor hooks                 with one warning, or guarded      (record phase)
+==========================================  ================================  =================
+
+Modules: ``_records`` the records (``Source``, ``Step``, ``Kind``, ``Read``: where a read value
+lives and how it is guarded; plain data, a leaf); ``_code_walk`` the static walk over user code
+(names and attribute chains each code object reads, the functions a call can reach);
+``_python`` turns those reads into ``Read`` records and checks them (``PythonGuard``);
+``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.
+docs/guarded.md is the user's version of this table (NOTE [Python reads], NOTE [attribute
+paths] in docs/design.md).
+"""
+
+from __future__ import annotations
+
+from ._python import Kind, PythonGuard, Read, Source, collect_reads
+
+__all__ = ["Kind", "PythonGuard", "Read", "Source", "collect_reads"]
