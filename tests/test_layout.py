@@ -229,3 +229,13 @@ def test_every_subpackage_is_packaged() -> None:
     listed = set(config["tool"]["setuptools"]["packages"])
     found = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
     assert found == listed
+
+
+def test_no_module_is_over_450_lines() -> None:
+    """One job per module: a module that grows past 450 lines is hiding a stage."""
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 450
+    }
+    assert not long, long
