@@ -5,6 +5,7 @@ NaN and gradients equal the Python loop's; loops it cannot capture keep the Pyth
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,10 +159,10 @@ def test_a_closure_rebound_later_is_seen() -> None:
         ("while bool(x.sum() > 0):\n        x = x - 1\n        seen.append(x)", "side effect"),
     ],
 )
-def test_loops_it_cannot_capture_say_why(source: str, reason: str) -> None:
+def test_loops_it_cannot_capture_say_why(source: str, reason: str, tmp_path: Path) -> None:
     namespace: dict[str, Any] = {}
     text = f"def f(x):\n    {source}\n    return x\n"
-    path = f"/tmp/phi_torch_jit_loops_{abs(hash(text))}.py"
+    path = str(tmp_path / "loop_source.py")  # a file: loop capture reads the source
     with open(path, "w") as file:
         file.write(text)
     exec(compile(text, path, "exec"), namespace)
