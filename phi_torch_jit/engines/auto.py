@@ -38,18 +38,12 @@ from ..errors import ConfigurationError, JitError, NotNow, describe_error
 from ._background import exiting, wait_idle
 from ._background import submit as submit_compile
 from ._block_tiers import BackgroundBlock, submit_pending
+from ._capture import CAPTURE_LOCK as _CAPTURE_LOCK
+from ._capture import capture as _capture
+from ._capture import uses_rng as _uses_rng
 from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
-from .compile import (
-    _CAPTURE_LOCK,
-    UNROLLED,
-    Backend,
-    Compilable,
-    CompileEngine,
-    _capture,
-    _uses_rng,
-    grads_of,
-)
+from .compile import UNROLLED, Backend, Compilable, CompileEngine, grads_of
 from .torchscript import trace_graph
 
 __all__ = ["AutoEngine", "TieredProgram", "COMPILE_ON"]

@@ -66,9 +66,6 @@ __all__ = ["CompileEngine", "Backend", "Compilable", "check_backend", "grads_of"
 
 logger = logging.getLogger("phi_torch_jit")
 
-_CAPTURE_LOCK, _capture, _uses_rng = CAPTURE_LOCK, capture, uses_rng
-"""The capture step (:mod:`._capture`) under the names engine auto imports from here."""
-
 Backend = str | Callable[..., Any]
 """A torch.compile backend: a registered name or a callable ``(gm, example_inputs) -> callable``."""
 
