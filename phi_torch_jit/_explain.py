@@ -114,7 +114,7 @@ class Reporter:
         """Count and log a trace; warn once past ``max_traces``."""
         self.num_traces += 1
         if reason is None:
-            reason = "first call" if self._last_key is None else self._change(self._last_key, key)
+            reason = "first call" if self._last_key is None else self.change(self._last_key, key)
         self._last_key = key
         logger.info("phi_torch_jit: traced %s (#%d): %s", self.owner, self.num_traces, reason)
         if self.num_traces > self.max_traces and not self._warned_max:
@@ -129,7 +129,8 @@ class Reporter:
                 stacklevel=4,
             )
 
-    def _change(self, old: Key, new: Key) -> str:
+    def change(self, old: Key, new: Key) -> str:
+        """What differs between two cache keys, e.g. ``dt: 0.1 -> 0.2``."""
         if old[0] != new[0]:
             return first_difference(old[0], new[0], self.arg_names)
         if old[1] != new[1]:

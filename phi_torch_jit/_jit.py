@@ -248,6 +248,20 @@ class JitFunction(Generic[P, R]):
         """Drop every compiled specialization (and the tensors and ops they hold)."""
         self._cache.clear()
 
+    def trace_check(self, *args: P.args, **kwargs: P.kwargs) -> tuple[bool, str]:
+        """Whether a call with these arguments would find a specialization compiled for its
+        signature: ``(True, "")``, or ``(False, why not)`` (``"not yet traced"``, or what
+        differs from the newest one). Runs nothing; the values guards check at a call are not
+        compared (like PhiML's ``math.trace_check``)."""
+        spec, _ = flatten_arguments(args, kwargs, self._owner, self._arg_names)
+        key = (spec, torch.is_grad_enabled(), autocast_state())
+        if self._cache.lookup(key):
+            return True, ""
+        known = self.specializations
+        if not known:
+            return False, "not yet traced"
+        return False, self._report.change(known[0].key, key)
+
     def explain(self) -> str:
         """A readable report: per specialization, signature, modules, custom functions, times."""
         return explain(self._report, self._engine, self.specializations, self._gave_up)

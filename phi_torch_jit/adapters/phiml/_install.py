@@ -12,7 +12,11 @@ jit-compiled function without auxiliary arguments is called as
 rebuilt outputs, so the same speed); one with auxiliary arguments (or a
 ``math.gradient`` of one) keeps PhiML's keying, and the native function PhiML
 compiles is compiled by phi_torch_jit instead of PhiML's torch tracer.
-:func:`uninstall` restores PhiML's own paths. Both are idempotent.
+Numbers among the arguments (a step index, a time step, numpy scalars) reach
+the function as torch tensors, as under PhiML's own jit, so a rollout
+``step(x, t)`` compiles once; ``math.trace_check`` answers from phi_torch_jit's
+cache for the functions it serves. :func:`uninstall` restores PhiML's own
+paths. Both are idempotent.
 
 Example:
     >>> import phi_torch_jit.phiflow
@@ -23,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -129,10 +134,45 @@ def _call_through_phi_torch_jit(self: Any, *args: Any, **kwargs: Any) -> Any:
     direct = _direct(self)
     if direct is None or default_backend().name != "torch":
         return _ORIGINAL["__call__"](self, *args, **kwargs)
+    args, kwargs = _numbers_as_tensors((args, kwargs))
     try:
         return direct(*args, **kwargs)
     except LinearTraceInProgress:  # called inside PhiML's linear tracing, as PhiML does
         return self.f(*args, **kwargs)
+
+
+def _numbers_as_tensors(value: Any) -> Any:
+    """``value`` with the numbers in it (Python and numpy scalars, numpy arrays of numbers;
+    inside tuples, lists and dicts) made torch tensors by PhiML's torch backend, as PhiML's
+    jit hands its function natives: traced inputs, not constants of the key (a step index
+    must not retrace)."""
+    if isinstance(value, numbers.Number) or _is_numpy_number(value):
+        from phiml.backend.torch import TORCH
+
+        return TORCH.as_tensor(value)
+    if type(value) in (tuple, list):
+        return type(value)(_numbers_as_tensors(v) for v in value)
+    if type(value) is dict:
+        return {k: _numbers_as_tensors(v) for k, v in value.items()}
+    return value
+
+
+def _is_numpy_number(value: Any) -> bool:
+    """A numpy array or scalar of booleans or numbers (PhiML's jit makes those natives)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", "")
+    return type(value).__module__ == "numpy" and kind != "" and kind in "biufc"
+
+
+def _trace_check(traced_function: Any, *args: Any, **kwargs: Any) -> tuple[bool, str]:
+    """``math.trace_check`` while installed: a function phi_torch_jit serves answers from its
+    cache (whether these arguments have a compiled specialization), as PhiML's answers from
+    its traces."""
+    direct = _direct(traced_function) if isinstance(traced_function, _phiml_jit_class()) else None
+    if direct is None:
+        return _ORIGINAL["trace_check"](traced_function, *args, **kwargs)  # type: ignore[no-any-return]
+    args, kwargs = _numbers_as_tensors((args, kwargs))
+    traced, why = direct.trace_check(*args, **kwargs)
+    return traced, "Function has not yet been traced" if why == "not yet traced" else why
 
 
 def install() -> None:
@@ -145,6 +185,12 @@ def install() -> None:
     if "__call__" not in _ORIGINAL:
         _ORIGINAL["__call__"] = phiml_jit.__dict__["__call__"]
         phiml_jit.__call__ = _call_through_phi_torch_jit
+    if "trace_check" not in _ORIGINAL:
+        import phiml.math
+        import phiml.math._functional as functional
+
+        _ORIGINAL["trace_check"] = functional.trace_check
+        functional.trace_check = phiml.math.trace_check = _trace_check
 
 
 def uninstall() -> None:
@@ -153,6 +199,11 @@ def uninstall() -> None:
         _torch_backend_class().jit_compile = _ORIGINAL.pop("jit_compile")
     if "__call__" in _ORIGINAL:
         _phiml_jit_class().__call__ = _ORIGINAL.pop("__call__")
+    if "trace_check" in _ORIGINAL:
+        import phiml.math
+        import phiml.math._functional as functional
+
+        functional.trace_check = phiml.math.trace_check = _ORIGINAL.pop("trace_check")
 
 
 def compiled_by_phi_torch_jit(phiml_jit: Any) -> JitFunction[..., Any] | None:
