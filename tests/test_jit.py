@@ -422,3 +422,23 @@ def test_retraces_are_logged(caplog: pytest.LogCaptureFixture) -> None:
         step(torch.ones(1), 1)
         step(torch.ones(1), 2)
     assert any("(#2): n: 1 -> 2" in r.getMessage() for r in caplog.records)
+
+
+def test_trace_check_says_whether_a_call_would_find_a_program_and_runs_nothing() -> None:
+    calls = Counter()
+
+    def f(x: torch.Tensor, dt: float) -> torch.Tensor:
+        calls.forward += 1
+        return x * dt
+
+    step = ptj.jit(f)
+    x = torch.ones(3)
+    assert step.trace_check(x, 0.1) == (False, "not yet traced")
+    step(x, 0.1)
+    ran = calls.forward
+    assert step.trace_check(torch.zeros(3), 0.1) == (True, "")  # values are not keyed
+    traced, why = step.trace_check(torch.ones(4), 0.1)
+    assert not traced and why == "x: shape (3,) -> (4,)"
+    traced, why = step.trace_check(x, 0.2)
+    assert not traced and why == "dt: 0.1 -> 0.2"
+    assert calls.forward == ran and step.num_traces == 1
