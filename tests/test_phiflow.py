@@ -506,26 +506,31 @@ def test_rotating_obstacle_under_install_equals_eager_without_retracing() -> Non
 def test_install_keys_numbers_as_phiml_does_a_rollout_compiles_once() -> None:
     """Under install(), numbers among a jit_compile'd function's arguments (a step index, a
     time step, a numpy integer) reach it as torch tensors, as under PhiML's own jit: a rollout
-    with a changing step index compiles once, and math.trace_check answers from our cache."""
+    with a changing step index does not retrace, and math.trace_check answers from our cache.
+    (The first two steps may retrace for the state's structure: a step returns its grids in
+    PhiML's canonical layout and float natives.)"""
     import phi_torch_jit.phiflow as integration
 
     def advance(v: Any, s: Any, t: Any, dt: Any) -> tuple[Any, Any]:
         return smoke_step(v, s * (1 + 0.01 * t), dt)
 
     v, s = initial()
-    s = s * 1.0  # float natives, as the steps return them (integer ones retrace once)
     integration.install()
     try:
         jitted = math.jit_compile(advance)
         assert math.trace_check(jitted, v, s, 0, 1.0) == (False, "Function has not yet been traced")
         state, eager = (v, s), (v, s)
-        for t, dt in [(0, 1.0), (1, 0.5), (2, 1.0), (np.int64(3), np.float32(0.75))]:
+        steps = [(0, 1.0), (1, 0.5), (2, 1.0), (3, 0.75), (np.int64(4), np.float32(0.5)), (5, 1.0)]
+        for n, (t, dt) in enumerate(steps):
             state = jitted(*state, t, dt)
             with phiml_eager():
                 eager = advance(*eager, float(t), float(dt))
             assert _max_diff(state[0], eager[0]) < 1e-4 and _max_diff(state[1], eager[1]) < 1e-4
-        ours = integration.compiled_by_phi_torch_jit(jitted)
-        assert ours is not None and ours.num_traces == 1 and not jitted.traces, ours.explain()
+            ours = integration.compiled_by_phi_torch_jit(jitted)
+            assert ours is not None
+            if n == 1:
+                structural = ours.num_traces  # the state's layout settled
+        assert ours.num_traces == structural <= 2 and not jitted.traces, ours.explain()
         assert math.trace_check(jitted, *state, 7, 0.1) == (True, "")
         coarse = (StaggeredGrid(0, 0, DOMAIN, x=N // 2, y=N // 2),
                   CenteredGrid(0, ZERO_GRADIENT, DOMAIN, x=N // 2, y=N // 2))  # fmt: skip
