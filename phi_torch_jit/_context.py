@@ -176,7 +176,7 @@ class Converted(Protocol):
 class LibraryHooks(Protocol):
     """The registered libraries' hooks around a pass (``_libraries.LibraryPasses``)."""
 
-    def active(self, recording: bool = False) -> AbstractContextManager[None]: ...
+    def active(self, recording: bool = False) -> AbstractContextManager[Any]: ...
 
 
 _FRAME: ContextVar[Frame | None] = ContextVar("phi_torch_jit_frame", default=None)

@@ -7,7 +7,7 @@ registered each is a cheap no-op. Nothing here knows a library by name.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
@@ -40,21 +40,13 @@ class LibraryPasses:
         """Whether a library took part in the record pass."""
         return any(h.used for h in self.hooks)
 
-    @contextmanager
-    def active(self, recording: bool = False) -> Iterator[None]:
+    def active(self, recording: bool = False) -> AbstractContextManager[list[Any]]:
         """Every library's hooks entered around a record (``recording``) or trace pass."""
-        with ExitStack() as stack:
-            for hooks in self.hooks:
-                stack.enter_context(hooks.active(recording))
-            yield
+        return _all_entered(hooks.active(recording) for hooks in self.hooks)
 
-    @contextmanager
-    def outside_user_call(self) -> Iterator[None]:
+    def outside_user_call(self) -> AbstractContextManager[list[Any]]:
         """Libraries set their call records aside while the program runs for us."""
-        with ExitStack() as stack:
-            for hooks in self.hooks:
-                stack.enter_context(hooks.outside_user_call())
-            yield
+        return _all_entered(hooks.outside_user_call() for hooks in self.hooks)
 
 
 class ForwardChecks:
@@ -98,11 +90,7 @@ def forward_checks(always: bool = False) -> Iterator[_Collecting]:
     """Collect every library's deferred checks while a custom forward runs; ``.checks`` holds
     them once the block is left."""
     collecting = _Collecting()
-    with ExitStack() as stack:
-        for library in libraries():
-            manager = library.forward_checks(always)
-            if manager is not None:
-                collecting.collected.append(stack.enter_context(manager))
+    with _all_entered(lib.forward_checks(always) for lib in libraries()) as collecting.collected:
         yield collecting
     collecting.checks = ForwardChecks(collecting.collected)
 
@@ -116,15 +104,16 @@ def custom_forward(cls: type) -> Callable[..., Any] | None:
     return None
 
 
-@contextmanager
-def backward_scope(cls: type) -> Iterator[None]:
+def backward_scope(cls: type) -> AbstractContextManager[list[Any]]:
     """The contexts libraries want the backward of ``cls`` to run in."""
+    return _all_entered(lib.backward_scope(cls) for lib in libraries())
+
+
+@contextmanager
+def _all_entered(managers: Iterable[AbstractContextManager[Any] | None]) -> Iterator[list[Any]]:
+    """Enter each of ``managers`` that is not None, in order; yields what they returned."""
     with ExitStack() as stack:
-        for library in libraries():
-            scope: AbstractContextManager[Any] | None = library.backward_scope(cls)
-            if scope is not None:
-                stack.enter_context(scope)
-        yield
+        yield [stack.enter_context(m) for m in managers if m is not None]
 
 
 def owned_by_library(source: Any) -> bool:

@@ -13,13 +13,14 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
 import torch.utils._pytree as torch_pytree
-from helpers import engine_name
+from helpers import Counter, engine_name
 
 import phi_torch_jit as ptj
 from phi_torch_jit import extend
@@ -110,6 +111,10 @@ def test_a_value_type_name_is_registered_once() -> None:
         extend.register_values(extend.ValueType("torch pytree", bool, _flatten, _unflatten))
 
 
+_IN_SCOPE: ContextVar[bool] = ContextVar("toy_library_scope", default=False)
+_SCOPED_RUNS = Counter()  # instrumentation (slotted: no guard watches it)
+
+
 class _Scaled(torch.autograd.Function):
     """A library's Function whose own forward must not run under our passes."""
 
@@ -119,6 +124,8 @@ class _Scaled(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        if _IN_SCOPE.get():  # the library's backward scope is entered around this run
+            _SCOPED_RUNS.gradient += 1
         return 3 * grad
 
 
@@ -157,7 +164,11 @@ class _ToyLibrary(extend.Library):
     @contextmanager
     def _scope(self) -> Iterator[None]:
         self.backward_scopes += 1
-        yield
+        token = _IN_SCOPE.set(True)
+        try:
+            yield
+        finally:
+            _IN_SCOPE.reset(token)
 
     def backward_scope(self, cls: type) -> Any:
         return self._scope() if cls is _Scaled else None
@@ -183,6 +194,7 @@ def test_a_librarys_hooks_run_around_the_passes_and_its_functions(
     def f(x: torch.Tensor) -> torch.Tensor:
         return _Scaled.apply(x).sin()
 
+    scoped_before = _SCOPED_RUNS.gradient
     step = ptj.jit(f)
     x = torch.randn(5, dtype=torch.float64, requires_grad=True)
     for _ in range(3):
@@ -194,6 +206,7 @@ def test_a_librarys_hooks_run_around_the_passes_and_its_functions(
     if engine_name(jit_engine) != "eager":
         assert toy.passes[:2] == [True, False]  # record, then trace
     assert toy.backward_scopes >= 1  # asked only where a backward runs
+    assert _SCOPED_RUNS.gradient > scoped_before  # and the backward ran inside it
 
 
 def test_importing_and_jitting_pure_torch_imports_no_library() -> None:

@@ -55,7 +55,7 @@ class PytreeKey:
         """Per leaf: None for a tensor (traced), else ``(value,)``."""
         self.metas = metas
         """Shape, dtype, device and requires_grad of each tensor leaf."""
-        self._hash = hash((str(spec), constants, metas))
+        self._hash = hash((spec.type, constants, metas))  # cheap: every call hashes a key
 
     def __hash__(self) -> int:
         return self._hash

@@ -22,6 +22,7 @@ module                      what it does
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -92,8 +93,6 @@ class PhiMLLibrary(Library):
 
 
 def _phiml_dirs() -> tuple[str, ...]:
-    import os
-
     return tuple(
         os.path.dirname(module.__file__) + os.sep
         for name in ("phiml", "phi")
