@@ -29,6 +29,7 @@ captured loops), inputs of which one is computed from another, batched gradients
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ import torch.fx
 
 from ._compat import ENGINE_RUN_BACKWARD, PROXY_TENSOR, grad_mode_setter, op_overload
 from ._patches import RefCounted
+from ._rnn_layers import RNN_OPS, rnn_dropout
 from .errors import RunEagerly
 
 __all__ = ["functional_autograd"]
@@ -195,10 +197,7 @@ class _Subgraph:
             if isinstance(live, torch.Tensor):
                 needs[node] = live.requires_grad
             elif node.op == "call_function" and node.target not in _CUTS:
-                value = node.meta.get("val")
-                floating = isinstance(value, torch.Tensor) and (
-                    value.dtype.is_floating_point or value.dtype.is_complex
-                )
+                floating = _differentiable(node.meta.get("val"))
                 mode = modes[-1] if modes else grad_mode
                 needs[node] = (
                     mode and floating and any(needs.get(a, False) for a in node.all_input_nodes)
@@ -274,8 +273,19 @@ def _copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
+def _differentiable(value: Any) -> bool:
+    """A floating or complex tensor, or a tuple of results holding one (``max(dim)``, RNNs)."""
+    if isinstance(value, (tuple, list)):
+        return any(_differentiable(v) for v in value)
+    return isinstance(value, torch.Tensor) and (
+        value.dtype.is_floating_point or value.dtype.is_complex
+    )
+
+
 def _check_replayable(node: torch.fx.Node) -> None:
     target = node.target
+    if target is operator.getitem:  # one result of an op returning several
+        return
     if node.op != "call_function":
         raise RunEagerly(f"it takes torch.autograd.grad through {node.op} {target}")
     if not isinstance(target, op_overload()) or target.namespace not in ("aten", "prims"):
@@ -288,7 +298,8 @@ def _check_replayable(node: torch.fx.Node) -> None:
             f"it takes torch.autograd.grad through the in-place op {target}, which a captured "
             "gradient would run twice; use its out-of-place form"
         )
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    random = torch.Tag.nondeterministic_seeded in target.tags and target not in RNN_OPS
+    if random or rnn_dropout(node):
         raise RunEagerly(
             f"it takes torch.autograd.grad through the random op {target}, which a captured "
             "gradient would draw again"

@@ -211,13 +211,18 @@ def test_the_gradient_follows_new_values_and_cuts_where_eager_cuts(jit_engine: s
     assert jitted.num_traces == 1
 
 
+def _rnn_energy(rnn: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: rnn(x.unsqueeze(1))[0].sum()  # type: ignore[no-any-return]
+
+
 @pytest.mark.parametrize(
     ("make", "reason"),
     [
         (lambda net: lambda x: torch.nn.functional.dropout(net(x), 0.5).sum(), "random op"),
         (lambda net: lambda x: net(x).relu_().sum(), "in-place op"),
+        (lambda net: _rnn_energy(nn.LSTM(3, 3, num_layers=2, dropout=0.5)), "random op"),
     ],
-    ids=["dropout", "in-place"],
+    ids=["dropout", "in-place", "dropout-between-rnn-layers"],
 )
 def test_a_gradient_through_ops_a_replay_would_repeat_runs_eagerly_with_one_warning(
     jit_engine: str, make: Callable[..., Any], reason: str
@@ -240,6 +245,36 @@ def test_a_gradient_through_ops_a_replay_would_repeat_runs_eagerly_with_one_warn
     assert len(said) == 1 and not _compiled(jitted)
     if captures_graph(jit_engine):
         assert reason in said[0]
+
+
+@pytest.mark.parametrize(
+    "energy",
+    [lambda net: lambda x: torch.max(net(x), dim=1).values.sum(),
+     lambda net: _rnn_energy(nn.GRU(3, 3, num_layers=2).double())],
+    ids=["max-over-dim", "two-layer-GRU"],
+)  # fmt: skip
+def test_a_gradient_through_an_op_with_several_results_is_compiled(
+    jit_engine: str, energy: Callable[..., Any]
+) -> None:
+    """Ops returning a tuple (``max(dim)``: values and indices; an RNN: output and states)
+    are replayed like any other op, their results taken by index."""
+    torch.manual_seed(0)
+    step_of = energy(nn.Linear(3, 3).double())
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        return torch.autograd.grad(step_of(x), x, create_graph=True)[0]
+
+    jitted = ptj.jit(step)
+    said = []
+    for seed in range(3):
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        got, warned = _warnings_of(jitted, x)
+        torch.testing.assert_close(got, step(x))
+        said += warned
+    assert jitted.num_traces == 1
+    assert len(said) == (0 if captures_graph(jit_engine) else 1)
+    assert _compiled(jitted) == captures_graph(jit_engine)
 
 
 def test_backward_inside_the_step_still_runs_eagerly_with_one_warning(jit_engine: str) -> None:

@@ -379,15 +379,23 @@ class _Outputs(nn.Module):
         return self.rnn(x)[0]  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
+@pytest.mark.parametrize(
+    "kind, options",
+    [(nn.GRU, {}), (nn.LSTM, {}), (nn.LSTM, {"bidirectional": True, "num_layers": 3}),
+     (nn.RNN, {"nonlinearity": "relu"}), (nn.LSTM, {"proj_size": 2})],
+    ids=["GRU", "LSTM", "LSTM-3-bidirectional", "RNN-relu", "LSTM-proj"],
+)  # fmt: skip
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")  # torch's, eager too
 def test_multi_layer_rnns_with_dropout_train_like_eager(
-    kind: type[nn.Module], jit_engine: str
+    kind: type[nn.Module], options: dict[str, Any], jit_engine: str
 ) -> None:
-    """torch's RNN decomposition (applied by AOTAutograd) drops inter-layer dropout: engines
-    that capture a graph run such a step eagerly; the draws and losses equal eager's."""
+    """torch's RNN decomposition (applied by AOTAutograd) drops inter-layer dropout: captured
+    graphs run such an RNN layer by layer with eager's dropout between (``_rnn_layers``); the
+    draws, losses and parameters equal eager's over several training steps, compiled."""
 
     def make() -> tuple[Step, tuple[Any, ...]]:
-        return _training(_Outputs(kind(3, 4, num_layers=2, dropout=0.5)), torch.randn(5, 2, 3))
+        rnn = kind(3, 4, **{"num_layers": 2, "dropout": 0.5, **options})
+        return _training(_Outputs(rnn), torch.randn(5, 2, 3))
 
     def make_jitted() -> tuple[Step, tuple[Any, ...]]:
         step, args = make()
@@ -402,11 +410,33 @@ def test_multi_layer_rnns_with_dropout_train_like_eager(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _assert_equal(_run(step, args, 3), want)
-    ours = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
-    if captures_graph(jit_engine):
-        assert len(ours) == 1 and "drops that dropout" in ours[0], ours
-    else:
-        assert not ours
+    assert not [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert step.jittable["loss"].num_traces == 1  # type: ignore[attr-defined]
+
+
+def test_a_captured_multi_layer_rnn_with_dropout_runs_layer_by_layer() -> None:
+    """The rewrite itself: one single-layer node per layer, dropout between, nothing else."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from phi_torch_jit._rnn_layers import rnn_dropout, split_rnn_dropout
+
+    for rnn in (nn.LSTM(3, 4, num_layers=3, dropout=0.3), nn.GRU(3, 4, num_layers=2, dropout=0.3),
+                nn.LSTM(3, 4, num_layers=2, dropout=0.3).eval()):  # fmt: skip
+        x = torch.randn(5, 2, 3)
+        graph = make_fx(rnn, tracing_mode="real", pre_dispatch=True)(x)
+        rewritten = split_rnn_dropout(graph)
+        nodes = [n for n in graph.graph.nodes if str(n.target).startswith(("aten.lstm", "aten.g"))]
+        drops = [n for n in graph.graph.nodes if n.target is torch.ops.aten.dropout.default]
+        assert not any(rnn_dropout(n) for n in nodes)
+        if rnn.training:
+            assert rewritten == 1 and len(nodes) == rnn.num_layers
+            assert len(drops) == rnn.num_layers - 1
+        else:
+            assert rewritten == 0 and len(nodes) == 1 and not drops
+        torch.manual_seed(1)
+        want = rnn(x)
+        torch.manual_seed(1)
+        torch.testing.assert_close(graph(x), want, rtol=0, atol=0)
 
 
 # Found by the corpus (torchode): a size read from a value-shaped tensor ---------------------

@@ -24,6 +24,7 @@ from torch import nn
 from .._compat import VALUE_OUT_OF_GRAPH
 from .._fast_capture import fast_metadata
 from .._inner_grad import functional_autograd
+from .._rnn_layers import split_rnn_dropout
 from ..errors import RunEagerly, TraceError, ValueNotCaptured
 from ._graph_bodies import data_dependent_shape
 from .base import RANDOM_OPS, captured_tensor_message
@@ -72,7 +73,7 @@ def capture(
     graph.meta[WITHOUT_GRAD] = tuple(without_grad)
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
-    _reject_rnn_dropout(graph)
+    split_rnn_dropout(graph)
     return graph
 
 
@@ -84,26 +85,6 @@ def uses_rng(graph: torch.fx.GraphModule) -> bool:
             if name.startswith("phi_torch_jit") or any(r in name for r in RANDOM_OPS):
                 return True
     return False
-
-
-_RNNS = ("aten.gru.input", "aten.lstm.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
-
-
-def _reject_rnn_dropout(graph: torch.fx.GraphModule) -> None:
-    """torch's Python decomposition of multi-layer RNNs (``_rnn_helper``, which AOTAutograd
-    applies) drops the dropout between layers in train mode (torch 2.11-2.15: the condition
-    ``num_layers < i - 1`` is never true): compiled, such a GRU/LSTM trains as if in eval mode.
-    Found by the corpus (tests/corpus); such functions run eagerly until torch fixes it."""
-    for node in graph.graph.nodes:
-        if node.op != "call_function" or str(node.target) not in _RNNS:
-            continue
-        num_layers, dropout, train = node.args[4:7]
-        if train and dropout and num_layers > 1:
-            raise RunEagerly(
-                f"it runs a {num_layers}-layer {str(node.target)[5:-6].upper()} with dropout "
-                f"{dropout} in train mode, whose decomposition in torch drops that dropout "
-                "(a torch bug); use engine 'torchscript', or call eval() to compile it"
-            )
 
 
 def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:

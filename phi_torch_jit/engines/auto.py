@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .._compat import any_autocast
+from .._state import capture_rng, restore_rng
 from ..errors import ConfigurationError, JitError, NotNow, describe_error
 from ._background import exiting, wait_idle
 from ._background import submit as submit_compile
@@ -154,6 +155,7 @@ class TieredProgram:
         self.graph = graph
         self.state = state
         self.owner = owner
+        self.draws = _uses_rng(graph)
         self.target = Compilable(graph, (*example, *state), engine, len(example))
         self.on_caller = engine.compile_on == "caller"
         self.torchscript = engine.torchscript
@@ -202,12 +204,17 @@ class TieredProgram:
         """The first call on the compiled tier: a program can compile and still fail when it
         runs (AOTAutograd on an LSTM). Then the fast tier serves this call and, unless it
         raises too (the error is the user's, raised as the compiled tier raised it), every
-        later one. Our own errors (a custom function's contract broken) are raised at once."""
+        later one. Our own errors (a custom function's contract broken) are raised at once.
+        The random draws of the failed attempt are undone first, so the fast tier draws what
+        eager code would."""
+        rng = capture_rng() if self.draws else None
         try:
             result = self._serve_compiled(*inputs)
         except JitError:
             raise
         except Exception as error:
+            if rng is not None:
+                restore_rng(rng)
             try:
                 result = self._fast(*inputs)
             except Exception:

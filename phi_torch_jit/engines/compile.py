@@ -53,6 +53,7 @@ from .._compat import (
 )
 from .._inductor_fixes import for_inductor
 from .._libraries import owned_by_library
+from .._state import capture_rng, restore_rng
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import ConfigurationError, JitError, UsageError, describe_error
 from ._capture import CAPTURE_LOCK, WITHOUT_GRAD, capture, uses_rng
@@ -358,11 +359,14 @@ class _Program:
         program = self.serve
         if program == self.graph.forward:  # the compile failed: nothing to check
             return program(*inputs)
+        rng = capture_rng() if uses_rng(self.graph) else None
         try:  # the first compiled call: a program can compile and still fail when it runs
             return program(*inputs)
         except JitError:
             raise
         except Exception as error:
+            if rng is not None:  # the failed attempt's draws are undone: eager's draws follow
+                restore_rng(rng)
             try:
                 result = self.graph.forward(*inputs)
             except Exception:
