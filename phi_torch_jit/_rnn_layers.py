@@ -15,12 +15,13 @@ dropout, in eval mode or with one layer are left as they are. ATen only: no stag
 
 from __future__ import annotations
 
+import copy
 import operator
 from typing import Any
 
 import torch
 
-__all__ = ["RNN_OPS", "rnn_dropout", "split_rnn_dropout"]
+__all__ = ["RNN_OPS", "lstm_steps", "lstms_unrolled", "rnn_dropout", "split_rnn_dropout"]
 
 _aten = torch.ops.aten
 
@@ -113,3 +114,72 @@ def _split(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
                 rebuilt = graph.call_function(tuple, (results,))
             user.replace_input_with(node, rebuilt)
     graph.erase_node(node)
+
+
+def lstms_unrolled(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``module``, or a copy whose LSTM nodes run as :func:`lstm_steps` (for a backend).
+
+    torch's decomposition of ``aten.lstm`` on the CPU picks oneDNN's inference-only layer op
+    whenever the *input* needs no gradient, also when the weights do (training): AOTAutograd
+    then compiles a program that fails when it runs ("expected all tensors_saved_with_vc_check
+    to be Tensors", inductor: "expected Tensor() for op: aten.mkldnn_rnn_layer"). The backend
+    gets the time steps as plain ops instead; the graph served uncompiled keeps the fused op.
+    """
+    if not any(n.target is _aten.lstm.input for n in module.graph.nodes):
+        return module
+    module = copy.deepcopy(module)
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is _aten.lstm.input:
+            node.target = lstm_steps
+    module.graph.lint()
+    module.recompile()
+    return module
+
+
+def lstm_steps(
+    input: torch.Tensor,
+    hx: list[torch.Tensor],
+    params: list[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``aten.lstm.input`` as ops over the time steps (same arguments and results): per layer
+    and direction ``i, f, g, o`` from ``x W_ih^T + b_ih + h W_hh^T + b_hh``, ``c = f c + i g``,
+    ``h = o tanh(c)`` (times ``W_hr^T`` with projections); eager's dropout between layers."""
+    directions = 2 if bidirectional else 1
+    per = len(params) // (num_layers * directions)
+    x = input.transpose(0, 1) if batch_first else input
+    h0, c0 = hx
+    hs, cs = [], []
+    for layer in range(num_layers):
+        outputs = []
+        for direction in range(directions):
+            k = layer * directions + direction
+            weights = params[k * per : (k + 1) * per]
+            w_ih, w_hh = weights[0], weights[1]
+            b_ih, b_hh = (weights[2], weights[3]) if has_biases else (None, None)
+            w_hr = weights[-1] if per in (3, 5) else None
+            gates_x = torch.nn.functional.linear(x, w_ih, b_ih)
+            h, c = h0[k], c0[k]
+            steps = range(x.size(0) - 1, -1, -1) if direction else range(x.size(0))
+            out: list[torch.Tensor] = [h] * x.size(0)
+            for t in steps:
+                gates = gates_x[t] + torch.nn.functional.linear(h, w_hh, b_hh)
+                i, f, g, o = gates.chunk(4, 1)
+                c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+                h = o.sigmoid() * c.tanh()
+                if w_hr is not None:
+                    h = torch.nn.functional.linear(h, w_hr)
+                out[t] = h
+            outputs.append(torch.stack(out))
+            hs.append(h)
+            cs.append(c)
+        x = torch.cat(outputs, -1) if directions == 2 else outputs[0]
+        if train and dropout and layer < num_layers - 1:
+            x = torch.nn.functional.dropout(x, dropout, True)
+    y = x.transpose(0, 1) if batch_first else x
+    return y, torch.stack(hs), torch.stack(cs)

@@ -414,31 +414,6 @@ def test_multi_layer_rnns_with_dropout_train_like_eager(
     assert step.jittable["loss"].num_traces == 1  # type: ignore[attr-defined]
 
 
-def test_a_captured_multi_layer_rnn_with_dropout_runs_layer_by_layer() -> None:
-    """The rewrite itself: one single-layer node per layer, dropout between, nothing else."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from phi_torch_jit._rnn_layers import rnn_dropout, split_rnn_dropout
-
-    for rnn in (nn.LSTM(3, 4, num_layers=3, dropout=0.3), nn.GRU(3, 4, num_layers=2, dropout=0.3),
-                nn.LSTM(3, 4, num_layers=2, dropout=0.3).eval()):  # fmt: skip
-        x = torch.randn(5, 2, 3)
-        graph = make_fx(rnn, tracing_mode="real", pre_dispatch=True)(x)
-        rewritten = split_rnn_dropout(graph)
-        nodes = [n for n in graph.graph.nodes if str(n.target).startswith(("aten.lstm", "aten.g"))]
-        drops = [n for n in graph.graph.nodes if n.target is torch.ops.aten.dropout.default]
-        assert not any(rnn_dropout(n) for n in nodes)
-        if rnn.training:
-            assert rewritten == 1 and len(nodes) == rnn.num_layers
-            assert len(drops) == rnn.num_layers - 1
-        else:
-            assert rewritten == 0 and len(nodes) == 1 and not drops
-        torch.manual_seed(1)
-        want = rnn(x)
-        torch.manual_seed(1)
-        torch.testing.assert_close(graph(x), want, rtol=0, atol=0)
-
-
 # Found by the corpus (torchode): a size read from a value-shaped tensor ---------------------
 
 

@@ -53,6 +53,7 @@ from .._compat import (
 )
 from .._inductor_fixes import for_inductor
 from .._libraries import owned_by_library
+from .._rnn_layers import lstms_unrolled
 from .._state import capture_rng, restore_rng
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import ConfigurationError, JitError, UsageError, describe_error
@@ -255,7 +256,8 @@ class Compilable:
         cuda = next((t.device for t in inputs if t.device.type == "cuda"), None)
         on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
         with torch.set_grad_enabled(self.grad_enabled), on_device:
-            graph = for_inductor(self.graph) if self.backend == "inductor" else self.graph
+            graph = lstms_unrolled(self.graph) if self.grad_enabled else self.graph
+            graph = for_inductor(graph) if self.backend == "inductor" else graph
             compiled = compile_captured(self.backend, graph, inputs, dict(self.settings))
         if needs_twice(self.grad_enabled, [t.requires_grad for t in inputs[: self.n_arguments]]):
             compiled = TwiceDifferentiable(compiled, self.graph)
