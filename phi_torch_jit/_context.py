@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -31,8 +32,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import weakref
-
     import torch
     from torch import nn
 
@@ -108,6 +107,9 @@ class Frame:
     """The registered libraries' hooks around this pass (record and trace phases)."""
     outputs: TraceOutputs = field(default_factory=TraceOutputs)
     """Filled by the wrapper while it is traced; the trace stage returns it."""
+    new_functions: weakref.WeakSet[type] = field(default_factory=weakref.WeakSet)
+    """``autograd.Function`` classes created while this pass ran (a class defined inside the
+    step: a new one in every pass; ``_function``)."""
 
 
 # What a frame holds, as the code below the stages that build it sees it: each protocol names
@@ -126,7 +128,6 @@ class UnguardableNotes(Protocol):
     """What a record pass saw that no compiled program repeats (``_unguardable.Unguardable``;
     its lists of places are also filled by name)."""
 
-    created_functions: weakref.WeakSet[type]
     per_call_functions: list[str]
 
 

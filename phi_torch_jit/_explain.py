@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from ._custom_op import CompiledCall
 from ._signature import describe_spec, first_difference
-from ._specialization import Key, Specialization
+from ._specialization import Key, Specialization, describe_ambient
 from ._warnings import describe_warning, reemit
 from .engines import CompiledModule, Engine
 from .errors import GuardError, JitWarning
@@ -47,9 +47,7 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
     """The ``explain()`` lines of one specialization."""
     grad = "grad enabled" if spec.key[1] else "grad disabled"
     if spec.key[2] is not None:
-        grad += ", autocast " + ", ".join(
-            f"{d} {str(t).replace('torch.', '')}" for d, t in spec.key[2]
-        )
+        grad += ", " + describe_ambient(spec.key[2])
     t = spec.timings
     lines = [
         f"[{index}] {describe_spec(spec.key[0])}, {grad}",
@@ -136,7 +134,7 @@ class Reporter:
         if old[1] != new[1]:
             states = {True: "enabled", False: "disabled"}
             return f"grad mode {states[old[1]]} -> {states[new[1]]}"
-        return f"autocast {old[2]} -> {new[2]}"
+        return f"{describe_ambient(old[2])} -> {describe_ambient(new[2])}"
 
     def evicted(self, dropped: Specialization) -> None:
         logger.info(

@@ -19,6 +19,9 @@ So a Function gets everything a custom function gets: recorded once,
 forward compiled once, backward compiled lazily per needs-input-grad
 pattern, None gradients filtered, no double execution, no baked loops.
 
+A class defined inside the step (a new one on every call) that closes over tensors passes
+them as further inputs (:mod:`._function_closures`).
+
 What cannot be expressed that way makes the whole specialization run
 eagerly, with one log line saying why (never a wrong result): ``mark_dirty``
 (in-place outputs), ``save_for_forward``, non-tensor outputs, torch's own
@@ -42,6 +45,7 @@ from torch.utils.checkpoint import CheckpointFunction
 from ._compat import backward_hook_function, original_function_apply
 from ._context import CustomCallee, Phase, current_frame
 from ._custom import CustomFunction, untraced
+from ._function_closures import ClosurePlan, plan_closures
 from ._function_ctx import (
     ContextLayout,
     FunctionContext,
@@ -83,12 +87,26 @@ def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     return dispatch(cls, args, kwargs)
 
 
+_META = type(_FUNCTION)
+_META_INIT = _META.__dict__["__init__"]
+
+
+def _noting_creation(cls: type, *args: Any, **kwargs: Any) -> None:
+    """``FunctionMeta.__init__``, noting each class made inside a pass in its frame."""
+    _META_INIT(cls, *args, **kwargs)
+    frame = current_frame()
+    if frame is not None:
+        frame.new_functions.add(cls)
+
+
 def _install() -> None:
     _FUNCTION.apply = classmethod(_apply)  # type: ignore[assignment,method-assign]
+    _META.__init__ = _noting_creation  # type: ignore[method-assign]
 
 
 def _remove() -> None:
     _FUNCTION.apply = _ORIGINAL  # type: ignore[method-assign]
+    _META.__init__ = _META_INIT  # type: ignore[method-assign]
 
 
 _CAPTURE = RefCounted(_install, _remove)
@@ -193,6 +211,9 @@ class FunctionAdapter:
         self.layouts: dict[Any, ContextLayout] = {}
         """Layout per call signature, from the latest forward run."""
         self.custom = _AdapterFunction(self)
+        self.closure = ClosurePlan(())
+        """Where the tensors its class closes over sit (a class defined per call): passed
+        after the arguments, swapped into this class's closures while it runs."""
 
     def forward(
         self, *args: Any, source: Callable[..., Any] | None = None
@@ -202,9 +223,10 @@ class FunctionAdapter:
         ``args`` end with the call's :class:`NeedsInputGrad`; ``source`` replaces the forward
         function (its loops captured)."""
         *inputs, needs = args
+        own, closed = _split(inputs, len(self.closure))
         # PhiML scripts inside its forwards: NOTE [TorchScript notices].
-        with torchscript_notices_hidden():
-            outputs, layout = run_forward(self.cls, tuple(inputs), needs, source)
+        with torchscript_notices_hidden(), self.closure.swapped(self.cls, closed):
+            outputs, layout = run_forward(self.cls, own, needs, source)
         self.layouts[_layout_key(args)] = layout
         return outputs, layout
 
@@ -219,20 +241,29 @@ class FunctionAdapter:
     ) -> tuple[Any, ...]:
         """``source``: runs in place of ``backward`` (its loops captured)."""
         layout = context if context is not None else self.layouts[_layout_key(inputs)]
-        own, needs = inputs[:-1], tuple(needs_input_grad)[: len(inputs) - 1]  # last: the pattern
-        with torchscript_notices_hidden():
+        own, closed = _split(inputs[:-1], len(self.closure))  # last: the pattern
+        needs = tuple(needs_input_grad)[: len(own)]
+        with torchscript_notices_hidden(), self.closure.swapped(self.cls, closed):
             grads = run_backward(self.cls, layout, own, outputs, grad_outputs, needs, source)
         return (*grads, *(None,) * (len(inputs) - len(grads)))
 
     def __call__(self, *args: Any) -> Any:
-        # the phase switch of every custom function
-        outputs, layout = self.custom.call((*args, NeedsInputGrad.of(args)))
+        # the phase switch of every custom function; closed-over tensors are inputs too, with
+        # no gradient (eager autograd gives them none through the Function)
+        closed = self.closure.tensors_of(self.cls)
+        outputs, layout = self.custom.call((*args, *closed, NeedsInputGrad.of(args)))
         own = outputs[: layout.n_outputs]
         if layout.non_differentiable:
             own = tuple(
                 o.detach() if j in layout.non_differentiable else o for j, o in enumerate(own)
             )
         return own[0] if layout.single else tuple(own)
+
+
+def _split(inputs: Sequence[Any], n_closed: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(the call's own arguments, the closed-over tensors after them)."""
+    cut = len(inputs) - n_closed
+    return tuple(inputs[:cut]), tuple(inputs[cut:])
 
 
 _ADAPTERS: weakref.WeakKeyDictionary[type, FunctionAdapter] = weakref.WeakKeyDictionary()
@@ -283,7 +314,8 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _checkpoint(frame.phase, args)
     positional = _positional(cls, args, kwargs)
     reason = ""
-    if frame.phase is Phase.RECORD and _defined_per_call(cls, frame):
+    plan = _closures_of(cls, frame)
+    if plan is None:
         return original_apply(cls, *args, **kwargs)  # the specialization runs eagerly
     if cls.__module__.startswith("torch."):
         reason = f"it calls torch's internal autograd.Function {cls.__qualname__}"
@@ -291,6 +323,7 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         reason = f"the arguments of {cls.__qualname__}.apply cannot be bound to its forward"
     if not reason:
         adapter = _adapter(cls)
+        adapter.closure = plan
         try:
             return adapter(*positional)  # type: ignore[misc]
         except Unsupported as error:
@@ -298,51 +331,22 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _run_eagerly(frame.phase, reason, cls, args, kwargs)
 
 
-def _defined_per_call(cls: Any, frame: Any) -> bool:
-    """Whether ``cls`` was created in this record pass and its code closes over tensors
-    (``op = Op(a)``; a class defined inside the step, a new one on every call): noted as
-    unguardable. A compiled program would run the first call's class with its values."""
-    seen = frame.recording.unguardable
-    if cls not in seen.created_functions:
-        return False
-    names = [name for name, value in _closed_over(cls) if _holds_tensors(value)]
-    if not names:
-        return False
-    label = f"{describe_function(cls.forward)} closing over {', '.join(names)}"
-    if label not in seen.per_call_functions:
-        seen.per_call_functions.append(label)
-    return True
-
-
-def _closed_over(cls: Any) -> list[tuple[str, Any]]:
-    """(name, value) of the closure cells of a Function's forward, setup_context and
-    backward (empty cells skipped)."""
-    found = []
-    for method in ("forward", "setup_context", "backward", "jvp"):
-        function = getattr(cls.__dict__.get(method), "__func__", cls.__dict__.get(method))
-        code = getattr(function, "__code__", None)
-        cells = getattr(function, "__closure__", None) or ()
-        for name, cell in zip(code.co_freevars if code else (), cells):
-            try:
-                found.append((name, cell.cell_contents))
-            except ValueError:
-                continue
-    return found
-
-
-def _holds_tensors(value: Any, depth: int = 2) -> bool:
-    """Whether ``value`` is a tensor or holds one in its attributes or items (two levels)."""
-    if isinstance(value, torch.Tensor):
-        return True
-    if depth == 0 or isinstance(value, (type, str, bytes)) or callable(value):
-        return False
-    if isinstance(value, (list, tuple)):
-        items: list[Any] = list(value[:32])
-    elif isinstance(value, dict):
-        items = list(value.values())[:32]
-    else:
-        items = list(getattr(value, "__dict__", {}).values())[:32]
-    return any(_holds_tensors(item, depth - 1) for item in items)
+def _closures_of(cls: Any, frame: Any) -> ClosurePlan | None:
+    """The closed-over tensors of a class made in this pass (a class defined inside the step:
+    ``op = Op(a)`` closed over, a new class on every call), which become inputs of its custom
+    function; none for other classes. None where they cannot be replaced: noted as
+    unguardable in the record pass (the specialization runs eagerly, warned)."""
+    if cls not in frame.new_functions or frame.phase is Phase.COMPILE:
+        return ClosurePlan(())
+    plan = plan_closures(cls)
+    if isinstance(plan, ClosurePlan):
+        return plan
+    if frame.phase is Phase.RECORD:
+        seen = frame.recording.unguardable
+        label = f"{describe_function(cls.forward)} closing over {plan}"
+        if label not in seen.per_call_functions:
+            seen.per_call_functions.append(label)
+    return None
 
 
 def _run_eagerly(phase: Phase, reason: str, cls: Any, args: Any, kwargs: Any) -> Any:

@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ._compat import global_module_hooks
 from ._phases import MODULE_HOOK
+from ._reads._code_walk import user_class
 from ._reads._records import immutable
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
@@ -43,6 +44,28 @@ def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
     if _GLOBAL_HOOK_DICTS[2] or _GLOBAL_HOOK_DICTS[3]:
         return True
     return any(m._backward_hooks or m._backward_pre_hooks for m in modules)
+
+
+_TORCH_SLOTS = frozenset(vars(nn.Module())) | {"training"}
+"""What ``nn.Module.__init__`` puts in every module's ``__dict__`` (hooks, parameters...):
+guarded by the rest of the guard, not as plain attributes."""
+
+
+class _ClassView:
+    """A module class's attributes as a mapping, looked up as ``self.NAME`` finds them (through
+    the class's bases: a constant set later on a subclass shadows its base's)."""
+
+    def __init__(self, klass: type) -> None:
+        self.klass = klass
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self.klass, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self.klass, name, default)
 
 
 class ModuleGuard:
@@ -96,13 +119,25 @@ class ModuleGuard:
         )
 
     def _snapshot_attributes(self) -> None:
-        """Plain immutable attributes (``Dropout.p``, a temperature): traced in as constants."""
-        self._attributes = tuple(
+        """Plain immutable attributes (``Dropout.p``, a temperature, ``self._scale``; torch's
+        own bookkeeping excepted) and those of the user's module classes (``SCALE = 2.0`` read
+        as ``self.SCALE``): traced in as constants."""
+        attributes: list[tuple[Any, str, str]] = [
             (m.__dict__, name, owner) for owner, m in zip(self.names, self.modules)
             for name, value in m.__dict__.items()
-            if not name.startswith("_") and name != "training" and immutable(value)
-        )  # fmt: skip
-        by_dict: dict[int, tuple[dict[str, Any], list[str]]] = {}
+            if name not in _TORCH_SLOTS and not name.startswith("__") and immutable(value)
+        ]  # fmt: skip
+        for klass in dict.fromkeys(type(m) for m in self.modules):
+            view = _ClassView(klass)
+            names = dict.fromkeys(
+                name for base in klass.__mro__[: klass.__mro__.index(nn.Module)]
+                if user_class(base)
+                for name, value in vars(base).items()
+                if not name.startswith("__") and immutable(value)
+            )  # fmt: skip
+            attributes += [(view, name, f"{klass.__qualname__} (class)") for name in names]
+        self._attributes = tuple(attributes)
+        by_dict: dict[int, tuple[Any, list[str]]] = {}
         for d, name, _ in self._attributes:
             by_dict.setdefault(id(d), (d, []))[1].append(name)
         self._attribute_getters = [

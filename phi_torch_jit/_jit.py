@@ -31,7 +31,7 @@ from ._specialization import (
     Miss,
     Scanned,
     Specialization,
-    autocast_state,
+    ambient_state,
     retrace_reason,
 )
 from ._specialization import run_first_valid as serve
@@ -127,7 +127,7 @@ class JitFunction(Generic[P, R]):
         ):  # eager; inlined into an enclosing trace; or inside vmap/grad, which see the Python
             return self._fn(*args, **kwargs)
         spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)
-        key = (spec, torch.is_grad_enabled(), autocast_state())
+        key = (spec, torch.is_grad_enabled(), ambient_state())
         seen = self._cache.lookup(key)
         result = serve(seen, tensors) if seen else Miss(None)
         if not isinstance(result, Miss):
@@ -254,7 +254,7 @@ class JitFunction(Generic[P, R]):
         differs from the newest one). Runs nothing; the values guards check at a call are not
         compared (like PhiML's ``math.trace_check``)."""
         spec, _ = flatten_arguments(args, kwargs, self._owner, self._arg_names)
-        key = (spec, torch.is_grad_enabled(), autocast_state())
+        key = (spec, torch.is_grad_enabled(), ambient_state())
         if self._cache.lookup(key):
             return True, ""
         known = self.specializations

@@ -28,7 +28,8 @@ from .errors import JitError, describe_error
 
 __all__ = [
     "Key",
-    "autocast_state",
+    "ambient_state",
+    "describe_ambient",
     "Timings",
     "Specialization",
     "GuardFailure",
@@ -39,21 +40,38 @@ __all__ = [
 ]
 
 Key = tuple[Spec, bool, Any]
-"""(argument spec, grad mode, autocast state): what a specialization is cached under."""
+"""(argument spec, grad mode, :func:`ambient_state`): what a specialization is cached
+under."""
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 
-def autocast_state() -> Any:
-    """The autocast part of a cache key: None, or ((device, dtype), ...) where it is on."""
-    if not any_autocast():
+def ambient_state() -> Any:
+    """The torch state around a call that its program bakes in, as part of a cache key: None
+    (no autocast, default dtype float32: one C call each), or ``((device, dtype), ...)`` for
+    each device where autocast is on, and ``("default dtype", dtype)`` where
+    ``torch.set_default_dtype`` changed it (``torch.ones(3)`` in the step makes that dtype)."""
+    dtype = torch.get_default_dtype()
+    if dtype is torch.float32 and not any_autocast():
         return None
-    return tuple(
+    state = tuple(
         (device, torch.get_autocast_dtype(device))
         for device in _AUTOCAST_DEVICES
         if torch.is_autocast_enabled(device)
     )
+    return (*state, ("default dtype", dtype)) if dtype is not torch.float32 else state
+
+
+def describe_ambient(state: Any) -> str:
+    """``"autocast cuda float16, default dtype float64"``, or ``"none"``."""
+    if not state:
+        return "none"
+    return ", ".join(
+        f"{d} {str(t).replace('torch.', '')}" if d == "default dtype"
+        else f"autocast {d} {str(t).replace('torch.', '')}"
+        for d, t in state
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ import random
 import sys
 import time
 import types
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,8 +63,6 @@ class Unguardable:
     per_call_functions: list[str] = field(default_factory=list)
     """``autograd.Function`` classes defined during the call whose code closes over
     tensors or objects holding them (a new class, and new values, on every call)."""
-    created_functions: weakref.WeakSet[type] = field(default_factory=weakref.WeakSet)
-    """``autograd.Function`` classes created while the record pass ran."""
     loops: list[str] = field(default_factory=list)
     """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
     iteration count; a trace would repeat a fixed one)."""
@@ -185,10 +182,6 @@ class _Watch:
             self._saved.append((owner, name, original))
             setattr(owner, name, _noted(kind, label, getattr(owner, name)))
 
-        meta = type(torch.autograd.Function)
-        self._saved.append((meta, "__init__", meta.__dict__["__init__"]))
-        meta.__init__ = _noting_creation(meta.__dict__["__init__"])  # type: ignore[method-assign]
-
         self._data = "data" not in torch.Tensor.__dict__  # else someone else's: leave it
         if self._data:
             torch.Tensor.data = _DATA  # type: ignore[assignment,method-assign]
@@ -199,19 +192,6 @@ class _Watch:
         while self._saved:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)
-
-
-def _noting_creation(original: Callable[..., None]) -> Callable[..., None]:
-    """``FunctionMeta.__init__``, adding each class it makes to this thread's recording."""
-
-    @functools.wraps(original)
-    def init(cls: type, *args: Any, **kwargs: Any) -> None:
-        original(cls, *args, **kwargs)
-        frame = current_frame()
-        if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-            frame.recording.unguardable.created_functions.add(cls)
-
-    return init
 
 
 def _note_data(tensor: torch.Tensor) -> None:

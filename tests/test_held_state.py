@@ -6,9 +6,11 @@ or runs eagerly with one JitWarning; never a stale value. Every engine (shared s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -184,15 +186,115 @@ def _solve(op: Operator, b: torch.Tensor) -> torch.Tensor:
     return Richardson.apply(b)  # type: ignore[no-untyped-call,no-any-return]
 
 
-def test_a_function_class_defined_per_call_is_never_stale() -> None:
+def test_a_function_class_defined_per_call_is_compiled_with_its_tensors_as_inputs() -> None:
+    """A new class on every call, closing over that call's operator: the matrix is an input
+    of the compiled custom function (taken from each call's objects), never the first call's;
+    its backward runs with the same matrix; one trace, no warning."""
+
     def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return _solve(Operator(a), b)
+        return _solve(Operator(a * 2), b).square().sum()
 
     jitted = ptj.jit(step)
-    b = torch.ones(4, requires_grad=True)
-    with pytest.warns(ptj.JitWarning, match="Richardson.*closing over op"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for seed in range(4):
+            a = torch.eye(4) * (seed + 1) + 0.1 * torch.randn(4, 4)
+            b = torch.randn(4)
+            bs = [b.clone().requires_grad_(True) for _ in range(2)]
+            got, want = jitted(a, bs[0]), step(a, bs[1])
+            torch.testing.assert_close(got, want)
+            got.backward()
+            want.backward()
+            torch.testing.assert_close(bs[0].grad, bs[1].grad)
+    assert jitted.num_traces == 1
+    assert "runs eagerly" not in jitted.explain()
+
+
+@dataclasses.dataclass(frozen=True)
+class _SPD:
+    matrix: torch.Tensor
+    tol: float = 1e-6
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matrix @ x
+
+
+def _cg(op: Any, b: torch.Tensor, iterations: int = 4) -> torch.Tensor:
+    """An iterative-solver library's shape: a Function class per call, the operator closed
+    over (here also through a local function), the backward solving the adjoint system."""
+    matvec = op.matvec if not callable(op) else op
+
+    def solve(rhs: torch.Tensor) -> torch.Tensor:
+        x = torch.zeros_like(rhs)
+        r = rhs - matvec(x)
+        p = r
+        for _ in range(iterations):
+            ap = matvec(p)
+            alpha = (r @ r) / (p @ ap)
+            x, r_new = x + alpha * p, r - alpha * ap
+            p, r = r_new + (r_new @ r_new) / (r @ r) * p, r_new
+        return x
+
+    class CG(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, b: torch.Tensor) -> torch.Tensor:
+            return solve(b)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return solve(g)  # symmetric: the adjoint solve is the same
+
+    return CG.apply(b)  # type: ignore[no-untyped-call,no-any-return]
+
+
+@pytest.mark.parametrize("how", ["dataclass", "closure"])
+def test_a_cg_class_made_per_call_solves_each_calls_matrix(how: str) -> None:
+    """Issue's case: 4 CG steps on a new SPD matrix per call (compiled calls kept the first
+    call's matrix: 0.179 where eager gives 0.164). The matrix reaches the solve through a
+    frozen dataclass's method or through a local function's closure."""
+
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        spd = a @ a.T + 4 * torch.eye(4)
+        op = _SPD(spd) if how == "dataclass" else (lambda x: spd @ x)
+        return _cg(op, b).square().sum()
+
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for seed in range(4):
+            g = torch.Generator().manual_seed(seed)
+            a, b = torch.randn(4, 4, generator=g), torch.randn(4, generator=g)
+            bs = [b.clone().requires_grad_(True) for _ in range(2)]
+            got, want = jitted(a, bs[0]), step(a, bs[1])
+            torch.testing.assert_close(got, want)
+            got.backward()
+            want.backward()
+            torch.testing.assert_close(bs[0].grad, bs[1].grad)
+    assert jitted.num_traces == 1
+
+
+def _solve_in_tuple(pair: tuple[torch.Tensor, float], b: torch.Tensor) -> torch.Tensor:
+    class Shifted(torch.autograd.Function):  # a tensor in a tuple: cannot be swapped
+        @staticmethod
+        def forward(ctx: Any, b: torch.Tensor) -> torch.Tensor:
+            return b + pair[0] * pair[1]
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+
+    return Shifted.apply(b)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def test_a_per_call_class_whose_tensors_cannot_be_inputs_runs_eagerly_never_stale() -> None:
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _solve_in_tuple((a, 2.0), b)
+
+    jitted = ptj.jit(step)
+    b = torch.ones(4)
+    with pytest.warns(ptj.JitWarning, match=r"Shifted.*closing over pair\[0\] is a tensor"):
         for seed in range(3):
-            a = torch.eye(4) * (seed + 1)
+            a = torch.full((4,), float(seed))
             torch.testing.assert_close(jitted(a, b), step(a, b))
 
 
@@ -296,3 +398,130 @@ def test_a_buffer_a_module_rebinds_in_the_step_is_compiled_and_written(
         torch.testing.assert_close(jitted(x), twin(x) * scale)
     torch.testing.assert_close(model.mean, twin.mean)
     assert jitted.num_traces == 1
+
+
+# Found by probing programs written as scripts write them (each: silently the first value) ---
+
+
+def _equal_before_and_after(step: Callable[..., Any], change: Callable[[], None]) -> Any:
+    """Jitted and eager over 3 calls, ``change()``, 3 more calls: equal each time, no warning;
+    returns the jitted function."""
+    jitted = ptj.jit(step)
+    x = torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for phase in range(2):
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), step(x))
+            if phase == 0:
+                change()
+    return jitted
+
+
+class _Tempered(nn.Module):
+    SCALE = 1.0  # a class constant the step reads as self.SCALE
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._temperature = 1.0  # a "private" attribute: state all the same
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.SCALE / self._temperature
+
+
+@pytest.mark.parametrize("what", ["private attribute", "class attribute"])
+def test_a_modules_private_and_class_attributes_are_guarded(what: str) -> None:
+    class Net(_Tempered):  # its own class: the class attribute changes for this test only
+        pass
+
+    net = Net()
+
+    def change() -> None:
+        if what == "private attribute":
+            net._temperature = 4.0
+        else:
+            Net.SCALE = 3.0
+
+    jitted = _equal_before_and_after(net, change)
+    assert jitted.num_traces == 2
+
+
+ACTIVATIONS = {"act": torch.tanh}
+
+
+def test_a_torch_builtin_held_in_a_dict_is_guarded_by_identity() -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return ACTIVATIONS["act"](x)
+
+    def change() -> None:
+        ACTIVATIONS["act"] = torch.sigmoid
+
+    try:
+        assert _equal_before_and_after(step, change).num_traces == 2
+    finally:
+        ACTIVATIONS["act"] = torch.tanh
+
+
+@dataclasses.dataclass
+class _Term:
+    coef: float
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.coef
+
+
+def test_the_object_of_a_bound_method_held_in_a_list_or_a_module_is_guarded() -> None:
+    term = _Term(1.0)
+    terms = [term.apply]
+    holder = nn.Module()
+    holder.fn = term.apply  # type: ignore[assignment]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return terms[0](x) + holder.fn(x)
+
+    def change() -> None:
+        term.coef = 5.0
+
+    assert _equal_before_and_after(step, change).num_traces == 2
+
+
+COEFFICIENTS = [1.0]
+
+
+def _relax(coefficients: list[float], x: torch.Tensor) -> torch.Tensor:
+    return x * coefficients[0]
+
+
+RELAX = functools.partial(_relax, COEFFICIENTS)
+
+
+def test_a_list_bound_by_a_global_partial_is_guarded_by_content() -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return RELAX(x)
+
+    def change() -> None:
+        COEFFICIENTS[0] = 5.0
+
+    try:
+        assert _equal_before_and_after(step, change).num_traces == 2
+    finally:
+        COEFFICIENTS[0] = 1.0
+
+
+def test_the_default_dtype_is_part_of_the_cache_key() -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x.sum() + torch.ones(3)
+
+    jitted = ptj.jit(step)
+    x = torch.ones(3)
+    try:
+        for dtype in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(dtype)
+            for _ in range(2):
+                got = jitted(x)
+                assert got.dtype == step(x).dtype == dtype
+                torch.testing.assert_close(got, step(x))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert jitted.num_traces == 2
+    assert "default dtype float64" in jitted.explain()

@@ -17,6 +17,7 @@ What no compiled program can repeat is noted while the record pass runs by
 
 from __future__ import annotations
 
+import builtins
 import collections.abc
 import functools
 import types
@@ -73,13 +74,14 @@ small)."""
 
 
 def _kind(value: Any) -> Kind | None:
-    """How to guard ``value``; None: not worth guarding (modules, builtins)."""
+    """How to guard ``value``; None: not worth guarding (libraries' modules, Python's builtins).
+    Other builtin functions (``torch.tanh`` held in a dict or a global) by identity."""
     if isinstance(value, torch.Tensor):
         return Kind.TENSOR
     if isinstance(value, types.ModuleType):
         return Kind.IDENTITY if user_module(value) else None
-    if isinstance(value, types.BuiltinFunctionType):
-        return None
+    if isinstance(value, types.BuiltinFunctionType):  # Python's own (len, min): never rebound
+        return None if value.__self__ is builtins else Kind.IDENTITY  # torch.tanh in a dict
     if isinstance(value, collections.abc.Iterator):
         return Kind.ITERATOR
     if immutable(value):
@@ -118,6 +120,8 @@ def _snapshot(value: Any) -> Any:
         return {k: _snapshot(v) for k, v in value.items()}
     if type(value) is set:
         return set(value)
+    if type(value) is tuple:  # immutable, but its lists may not be (a partial's arguments)
+        return tuple(_snapshot(v) for v in value)
     return value
 
 
@@ -186,9 +190,10 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
         if name.startswith("_") or name == "training" or immutable(value):
             continue
         if isinstance(value, nn.Module) or (
-            callable(value) and not isinstance(value, torch.Tensor)
+            callable(value) and not isinstance(value, (torch.Tensor, types.MethodType))
         ):
-            continue  # submodules: the module guard; methods and functions: not data
+            continue  # submodules: the module guard; functions: not data (a bound method's
+            # object is: ``self.fn = schedule.weight`` reads ``schedule``)
         label = f"attribute {type(module).__name__}.{name}"
         _add(reads, (id(namespace), name), Source(label, where, namespace, name))
 
@@ -224,14 +229,18 @@ def _fields(value: Any) -> list[Step]:
     """The attribute paths one step under a configuration object (NOTE [attribute paths]):
     public attributes of namespaces and of instances of user classes (dataclasses included;
     class attributes too), public class attributes of user classes, str/int entries of dicts,
-    items of lists and tuples (``models[0]``).
+    items of lists and tuples (``models[0]``), the object of a bound method, the arguments
+    a ``functools.partial`` binds.
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
     if type(value) is dict:
         return [Step(False, k) for k in value if type(k) in (str, int)]
     if type(value) in (list, tuple):
         return [Step(False, i) for i in range(len(value))]
-    if isinstance(value, (nn.Module, types.FunctionType, types.MethodType, functools.partial,
-                          types.ModuleType)):  # fmt: skip
+    if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
+        return [Step(True, "__self__")]
+    if isinstance(value, functools.partial):  # the arguments it binds
+        return [Step(True, "args"), Step(True, "keywords")]
+    if isinstance(value, (nn.Module, types.FunctionType, types.ModuleType)):
         return []  # modules: the module guard; functions: code, walked by user_functions
     if isinstance(value, type):
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]

@@ -1,0 +1,218 @@
+"""Tensors an ``autograd.Function`` class closes over, as inputs of its custom function.
+
+Iterative-solver libraries define their Function class inside the function that calls it, a
+new class on every call, whose ``forward``/``backward`` close over that call's objects (``op =
+Op(a)``; ``x = cg(op, b)``). Compiled as it was recorded, the class would keep the first
+call's matrix. Instead, a :class:`ClosurePlan` names where each tensor sits in the closures
+(a cell, then attributes and items of the objects it holds, two levels deep, as
+:func:`holds_tensors` looks): the call passes those tensors after its own arguments, so they
+are inputs of the custom op like the arguments (the trace pass takes them from *its* class,
+whose objects hold the traced values), and the forward and backward run the recorded class
+with its objects holding the op's inputs in their place (:meth:`ClosurePlan.swapped`).
+
+Only tensors vary this way: everything else those objects hold was computed by the step's
+Python from guarded state or value-guarded reads, so a compiled program may keep it. Eager
+autograd gives closed-over tensors no gradient through the Function; the custom function
+returns None for them too.
+
+Contract: :func:`plan_closures` returns a plan, or a reason why not (a tensor in a tuple,
+behind ``__slots__`` or deeper than two levels: such classes run eagerly, warned).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["ClosurePlan", "holds_tensors", "plan_closures"]
+
+_METHODS = ("forward", "setup_context", "backward", "jvp")
+
+Step = tuple[str, Any]
+"""``("attr", name)`` or ``("item", key)``."""
+
+
+@dataclass(frozen=True)
+class _Path:
+    method: str
+    cell: int
+    steps: tuple[Step, ...]
+
+    def describe(self) -> str:
+        return "".join(f".{key}" if kind == "attr" else f"[{key!r}]" for kind, key in self.steps)
+
+
+@dataclass(frozen=True)
+class ClosurePlan:
+    """Where the tensors of a Function class's closures sit, in a fixed order."""
+
+    paths: tuple[_Path, ...]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def tensors_of(self, cls: type) -> tuple[torch.Tensor, ...]:
+        """The tensors at the plan's places in ``cls``'s closures (same code, another call)."""
+        found = []
+        for path in self.paths:
+            value = _cell(cls, path).cell_contents
+            for step in path.steps:
+                value = _get(value, step)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"no tensor at {path.describe()} of {cls.__qualname__}")
+            found.append(value)
+        return tuple(found)
+
+    @contextmanager
+    def swapped(self, cls: type, tensors: tuple[torch.Tensor, ...]) -> Iterator[None]:
+        """Run a block with ``tensors`` at the plan's places in ``cls``'s closures."""
+        undo: list[tuple[Any, Step, Any]] = []
+        try:
+            for path, tensor in zip(self.paths, tensors):
+                holder: Any = _cell(cls, path)
+                step: Step = ("cell", None)
+                for next_step in path.steps:
+                    holder = _get(holder, step)
+                    step = next_step
+                undo.append((holder, step, _get(holder, step)))
+                _set(holder, step, tensor)
+            yield
+        finally:
+            for holder, step, value in reversed(undo):
+                _set(holder, step, value)
+
+
+def _cell(cls: type, path: _Path) -> Any:
+    return _function(cls, path.method).__closure__[path.cell]  # type: ignore[union-attr]
+
+
+def _get(holder: Any, step: Step) -> Any:
+    kind, key = step
+    if kind == "cell":
+        return holder.cell_contents
+    if kind == "closure":
+        return holder.__closure__[key].cell_contents
+    if kind == "attr":
+        return getattr(holder, key) if key == "__self__" else vars(holder)[key]
+    return holder[key]
+
+
+def _set(holder: Any, step: Step, value: Any) -> None:
+    kind, key = step
+    if kind == "cell":
+        holder.cell_contents = value
+    elif kind == "closure":
+        holder.__closure__[key].cell_contents = value
+    elif kind == "attr":
+        vars(holder)[key] = value  # frozen dataclasses too: the record pass's own objects
+    else:
+        holder[key] = value
+
+
+def _function(cls: type, method: str) -> Any:
+    attribute = cls.__dict__.get(method)
+    return getattr(attribute, "__func__", attribute)
+
+
+def _children(value: Any) -> list[tuple[Step, Any]]:
+    """What :func:`holds_tensors` looks into: items of lists, tuples and dicts, the closure
+    cells of functions, the object of a bound method, the attributes of other objects."""
+    if isinstance(value, (type, str, bytes, types.ModuleType, torch.Tensor)):
+        return []
+    if isinstance(value, (list, tuple)):
+        return [(("item", i), v) for i, v in enumerate(value[:32])]
+    if isinstance(value, dict):
+        return [(("item", k), v) for k, v in list(value.items())[:32]]
+    if isinstance(value, types.FunctionType):
+        found = []
+        for i, cell in enumerate(value.__closure__ or ()):
+            try:
+                found.append((("closure", i), cell.cell_contents))
+            except ValueError:
+                continue
+        return found
+    if isinstance(value, types.MethodType):
+        return [(("attr", "__self__"), value.__self__)]
+    attributes = getattr(value, "__dict__", None)
+    return (
+        [(("attr", k), v) for k, v in list(attributes.items())[:32]]
+        if isinstance(attributes, dict)
+        else []
+    )
+
+
+def _cost(step: Step) -> int:
+    """Levels a step descends: a function's closure cell or a bound method's object is the
+    same level (an indirection, not a container)."""
+    return 0 if step[0] == "closure" or step == ("attr", "__self__") else 1
+
+
+def holds_tensors(value: Any, depth: int = 2) -> bool:
+    """Whether ``value`` is a tensor or holds one (in items, attributes: two levels; through
+    functions' closures and bound methods, which cost no level)."""
+    found = _tensor_steps(value, depth, _Budget())
+    return bool(found) or isinstance(found, str)
+
+
+class _Budget:
+    """Objects a walk has visited (each once), and how many it may still visit."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.seen: set[int] = set()
+        self.left = limit
+
+    def enter(self, value: Any) -> bool:
+        if id(value) in self.seen or self.left == 0:
+            return False
+        self.seen.add(id(value))
+        self.left -= 1
+        return True
+
+
+def plan_closures(cls: type) -> ClosurePlan | str:
+    """The plan for ``cls``'s closed-over tensors, or why none can be made."""
+    paths: list[_Path] = []
+    seen: set[int] = set()
+    budget = _Budget()
+    for method in _METHODS:
+        function = _function(cls, method)
+        code = getattr(function, "__code__", None)
+        for index, cell in enumerate(getattr(function, "__closure__", None) or ()):
+            if id(cell) in seen:  # forward and backward share the cells of the same names
+                continue
+            seen.add(id(cell))
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            name = code.co_freevars[index] if code else "?"
+            found = _tensor_steps(value, 2, budget)
+            if isinstance(found, str):
+                return f"{name}{found}"
+            paths += [_Path(method, index, steps) for steps in found]
+    return ClosurePlan(tuple(paths))
+
+
+def _tensor_steps(value: Any, depth: int, budget: _Budget) -> list[tuple[Step, ...]] | str:
+    """The steps to each tensor in ``value``; a str (where) for one that cannot be replaced."""
+    if isinstance(value, torch.Tensor):
+        return [()]
+    steps: list[tuple[Step, ...]] = []
+    if not budget.enter(value):
+        return steps
+    for step, item in _children(value):
+        if depth - _cost(step) < 0:
+            continue
+        inner = _tensor_steps(item, depth - _cost(step), budget)
+        where = f".{step[1]}" if step[0] == "attr" else f"[{step[1]!r}]"
+        if isinstance(inner, str):
+            return where + inner
+        if () in inner and (isinstance(value, tuple) or step == ("attr", "__self__")):
+            return f"{where} is a tensor in a tuple or a bound method's object"
+        steps += [(step, *rest) for rest in inner]
+    return steps
