@@ -15,7 +15,8 @@ compare, which matters because every jitted call builds one):
 tag    node                                                 meaning
 =====  ===================================================  ==================
 ``T``  ``("T", shape, dtype, device, requires_grad)``       tensor leaf
-``S``  ``("S", type, value)``                               static leaf
+``S``  ``("S", type, value[, attributes])``                 static leaf (a callable object:
+                                                              with its plain attributes)
 ``M``  ``("M", module)``                                    nn.Module (identity)
 ``Q``  ``("Q", list | tuple, children)``                    sequence
 ``N``  ``("N", namedtuple class, children)``                namedtuple
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import functools
 import types
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -99,7 +101,30 @@ def _static_leaf(obj: Any) -> Spec:
             f"object of type {cls.__qualname__} has no value-based hash, so a change to it "
             "could not be noticed",
         )
+    if hash_impl is object.__hash__ and not isinstance(obj, _NOT_STATEFUL):
+        # a callable object (``forcing(x)`` with ``forcing.amp``): identity and its plain
+        # attributes, so that ``forcing.amp = 5.0`` retraces
+        return ("S", cls, obj, _plain_attributes(obj))
     return ("S", cls, obj)
+
+
+_NOT_STATEFUL = (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                 types.BuiltinMethodType, type, functools.partial, types.ModuleType)  # fmt: skip
+"""Callables keyed by identity alone (functions' code and partials' arguments are read
+where they are called: the Python guards)."""
+
+
+def _plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
+    """(name, value) of the numbers, strings, enums and tuples of them in ``vars(obj)``."""
+    return tuple(
+        (name, value) for name, value in getattr(obj, "__dict__", {}).items() if _plain(value)
+    )
+
+
+def _plain(value: Any) -> bool:
+    if type(value) in _PRIMITIVES or isinstance(value, enum.Enum):
+        return True
+    return type(value) is tuple and all(_plain(v) for v in value)
 
 
 def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
@@ -375,6 +400,10 @@ def _difference(a: Spec, b: Spec, path: str) -> str | None:
             fields = ("shape", "dtype", "device", "requires_grad")
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
             return f"{path}: " + ", ".join(changes)
+        if a[0] == b[0] == "S" and len(a) == len(b) == 4 and a[2] is b[2]:
+            changed = [f"{n} {v!r} -> {dict(b[3]).get(n, '<deleted>')!r}"
+                       for n, v in a[3] if dict(b[3]).get(n, object()) != v]  # fmt: skip
+            return f"{path}: attribute " + ", ".join(changed or ["added"])
         if a[0] == b[0] == "X" and a[1] == b[1] and hasattr(a[2], "difference"):
             return f"{path}: {a[2].difference(b[2])}"
         return f"{path}: {describe_spec(a)} -> {describe_spec(b)}"

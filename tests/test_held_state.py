@@ -525,3 +525,39 @@ def test_the_default_dtype_is_part_of_the_cache_key() -> None:
         torch.set_default_dtype(torch.float32)
     assert jitted.num_traces == 2
     assert "default dtype float64" in jitted.explain()
+
+
+class _Forcing:
+    def __init__(self, amplitude: float) -> None:
+        self.amplitude = amplitude
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.amplitude
+
+
+def test_a_callable_object_argument_is_keyed_by_its_plain_attributes() -> None:
+    forcing = _Forcing(1.0)
+
+    def step(x: torch.Tensor, force: Any) -> torch.Tensor:
+        return x + force(x)
+
+    jitted = ptj.jit(step)
+    x = torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for amplitude in (1.0, 1.0, 5.0, 5.0):
+            forcing.amplitude = amplitude
+            torch.testing.assert_close(jitted(x, forcing), step(x, forcing))
+    assert jitted.num_traces == 2
+
+
+def test_a_changed_attribute_of_a_callable_argument_is_named_as_the_retrace_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    forcing = _Forcing(1.0)
+    jitted = ptj.jit(lambda x, force: x + force(x))
+    jitted(torch.ones(3), forcing)
+    forcing.amplitude = 5.0
+    with caplog.at_level("INFO", logger="phi_torch_jit"):
+        jitted(torch.ones(3), forcing)
+    assert "force: attribute amplitude 1.0 -> 5.0" in caplog.text
