@@ -561,3 +561,13 @@ def test_a_changed_attribute_of_a_callable_argument_is_named_as_the_retrace_reas
     with caplog.at_level("INFO", logger="phi_torch_jit"):
         jitted(torch.ones(3), forcing)
     assert "force: attribute amplitude 1.0 -> 5.0" in caplog.text
+
+
+def test_a_mutable_default_argument_changed_in_place_is_guarded_by_content() -> None:
+    def step(x: torch.Tensor, coefficients: list[float] = [1.0]) -> torch.Tensor:  # noqa: B006
+        return x * coefficients[0]
+
+    def change() -> None:
+        step.__defaults__[0][0] = 5.0  # type: ignore[index]
+
+    assert _equal_before_and_after(step, change).num_traces == 2

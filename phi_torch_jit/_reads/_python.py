@@ -163,6 +163,7 @@ def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
                 _add_attributes(reads, module)
     for function in user_functions([fn, *modules]):
         code = function.__code__
+        _add_defaults(reads, function)
         globals_read, cells_read = names_read(code)
         namespace = function.__globals__
         chains = attribute_chains(code)
@@ -178,6 +179,23 @@ def collect_reads(fn: Any, modules: Sequence[nn.Module]) -> list[Read]:
                 _add(reads, id(cell), source)
                 _add_chains(reads, id(cell), source, chains.get((True, name), set()))
     return list(reads.values())
+
+
+def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
+    """Default values of a function's parameters that can change in place (``coeffs=[1.0]``
+    then ``coeffs[0] = 5.0`` through ``__defaults__``), and keyword-only defaults."""
+    code = function.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    defaults = function.__defaults__ or ()
+    names = code.co_varnames[code.co_argcount - len(defaults) : code.co_argcount]
+    for name, value in zip(names, defaults):
+        if not immutable(value):
+            source = Source(f"default of {name} ({code.co_name})", where, holder=value)
+            _add(reads, (id(function), name), source)
+    keywords = function.__kwdefaults__ or {}
+    for name in keywords:
+        source = Source(f"default of {name} ({code.co_name})", where, keywords, name)
+        _add(reads, (id(keywords), name), source)
 
 
 def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
