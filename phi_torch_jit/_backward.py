@@ -165,6 +165,8 @@ class LazyBackward:
         is used only for the context it was compiled with.
         """
         flat = (*inputs, *outputs, *grad_outputs)
+        if torch.is_grad_enabled():  # create_graph=True: a compiled backward is opaque
+            return self._differentiable(pattern, flat, context)
         spec = self._specializations.get(pattern)
         if spec is None:
             with self._lock:
@@ -174,6 +176,17 @@ class LazyBackward:
         if spec.compiled.mode == "python" or spec.context != context:
             return self._probes[pattern].masked(flat, context)
         return restore_none(spec.compiled.run(*flat), spec.present)
+
+    def _differentiable(
+        self, pattern: tuple[bool, ...], flat: tuple[torch.Tensor, ...], context: Any
+    ) -> tuple[torch.Tensor | None, ...]:
+        """The user's gradient run as Python with autograd recording, as eager autograd runs a
+        Function's backward under ``create_graph=True``: its gradients differentiate again
+        (a compiled backward's would not: "element 0 of tensors does not require grad")."""
+        probe = self._probes.get(pattern)
+        if probe is None:
+            probe = _GradientProbe(self.function, self.template, self.n_outputs, pattern)
+        return probe.masked(flat, context)
 
     def _build(
         self, pattern: tuple[bool, ...], flat: tuple[torch.Tensor, ...], context: Any

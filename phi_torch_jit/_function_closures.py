@@ -15,12 +15,15 @@ Python from guarded state or value-guarded reads, so a compiled program may keep
 autograd gives closed-over tensors no gradient through the Function; the custom function
 returns None for them too.
 
-Contract: :func:`plan_closures` returns a plan, or a reason why not (a tensor in a tuple,
-behind ``__slots__`` or deeper than two levels: such classes run eagerly, warned).
+Contract: :func:`plan_closures` returns a plan, or a reason why none can be made, for which
+the specialization runs eagerly, warned: a tensor in a tuple (a partial's arguments) or as a
+bound method's object, deeper than two levels, in a default value of the class's methods or
+in a class attribute (``F.M = A``). Objects with ``__slots__`` are walked like others.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,7 +101,7 @@ def _get(holder: Any, step: Step) -> Any:
     if kind == "closure":
         return holder.__closure__[key].cell_contents
     if kind == "attr":
-        return getattr(holder, key) if key == "__self__" else vars(holder)[key]
+        return getattr(holder, key)
     return holder[key]
 
 
@@ -108,8 +111,11 @@ def _set(holder: Any, step: Step, value: Any) -> None:
         holder.cell_contents = value
     elif kind == "closure":
         holder.__closure__[key].cell_contents = value
-    elif kind == "attr":
-        vars(holder)[key] = value  # frozen dataclasses too: the record pass's own objects
+    elif kind == "attr":  # frozen dataclasses and slots too: the record pass's own objects
+        if key in getattr(holder, "__dict__", ()):
+            vars(holder)[key] = value
+        else:
+            object.__setattr__(holder, key, value)
     else:
         holder[key] = value
 
@@ -128,8 +134,8 @@ def _children(value: Any) -> list[tuple[Step, Any]]:
         return [(("item", i), v) for i, v in enumerate(value[:32])]
     if isinstance(value, dict):
         return [(("item", k), v) for k, v in list(value.items())[:32]]
+    found: list[tuple[Step, Any]] = []
     if isinstance(value, types.FunctionType):
-        found = []
         for i, cell in enumerate(value.__closure__ or ()):
             try:
                 found.append((("closure", i), cell.cell_contents))
@@ -138,12 +144,16 @@ def _children(value: Any) -> list[tuple[Step, Any]]:
         return found
     if isinstance(value, types.MethodType):
         return [(("attr", "__self__"), value.__self__)]
+    if isinstance(value, functools.partial):  # its arguments (a tuple) and keywords
+        return [(("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
     attributes = getattr(value, "__dict__", None)
-    return (
-        [(("attr", k), v) for k, v in list(attributes.items())[:32]]
-        if isinstance(attributes, dict)
-        else []
-    )
+    if isinstance(attributes, dict):
+        found = [(("attr", k), v) for k, v in list(attributes.items())[:32]]
+    for klass in type(value).__mro__[:-1]:  # __slots__ (dataclass(slots=True) too)
+        for name in getattr(klass, "__slots__", ()):
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                found.append((("attr", name), getattr(value, name)))
+    return found
 
 
 def _cost(step: Step) -> int:
@@ -195,6 +205,16 @@ def plan_closures(cls: type) -> ClosurePlan | str:
             if isinstance(found, str):
                 return f"{name}{found}"
             paths += [_Path(method, index, steps) for steps in found]
+        defaults = getattr(function, "__defaults__", None) or ()
+        keywords = getattr(function, "__kwdefaults__", None) or {}
+        for default in (*defaults, *keywords.values()):
+            if _tensor_steps(default, 8, _Budget(512)):
+                return f" (a default of {method}) holds a tensor"
+    for name, value in vars(cls).items():  # cls.M = A, read as F.M by forward
+        if name.startswith("__") or callable(value) or isinstance(value, staticmethod):
+            continue
+        if _tensor_steps(value, 8, _Budget(512)):
+            return f" (class attribute {name}) holds a tensor"
     return ClosurePlan(tuple(paths))
 
 
@@ -207,6 +227,8 @@ def _tensor_steps(value: Any, depth: int, budget: _Budget) -> list[tuple[Step, .
         return steps
     for step, item in _children(value):
         if depth - _cost(step) < 0:
+            if _tensor_steps(item, 8, _Budget(512)):  # a tensor deeper down: not replaced
+                return f".{step[1]} holds a tensor deeper than two levels"
             continue
         inner = _tensor_steps(item, depth - _cost(step), budget)
         where = f".{step[1]}" if step[0] == "attr" else f"[{step[1]!r}]"

@@ -129,3 +129,39 @@ def test_a_none_gradient_reaches_grad_as_none() -> None:
         a.grad = b.grad = None
         step(a, b).backward()
         assert torch.equal(a.grad, torch.full((3,), 2.0)) and b.grad is None  # type: ignore[arg-type]
+
+
+class _MatVec(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, m: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(m, b)
+        return m @ b
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m, b = ctx.saved_tensors
+        return torch.outer(g, b), m.T @ g
+
+
+def test_a_custom_functions_backward_differentiates_again_under_create_graph() -> None:
+    """``create_graph=True`` through a custom function: its backward runs as Python with
+    autograd recording, as eagerly, so the gradients differentiate again (the compiled
+    backward's raised "element 0 of tensors does not require grad" from the second call)."""
+
+    def step(m: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _MatVec.apply(m, b)  # type: ignore[no-untyped-call,no-any-return]
+
+    jitted = ptj.jit(step)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        grads = []
+        for f in (jitted, step):
+            m = torch.randn(4, 4, dtype=torch.float64, generator=g).requires_grad_(True)
+            b = torch.randn(4, dtype=torch.float64, generator=g).requires_grad_(True)
+            g.manual_seed(seed)
+            (gb,) = torch.autograd.grad(f(m, b).square().sum(), b, create_graph=True)
+            gb.square().sum().backward()
+            grads.append((gb.detach(), m.grad, b.grad))
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want)
+    assert jitted.num_traces == 1

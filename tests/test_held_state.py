@@ -571,3 +571,55 @@ def test_a_mutable_default_argument_changed_in_place_is_guarded_by_content() -> 
         step.__defaults__[0][0] = 5.0  # type: ignore[index]
 
     assert _equal_before_and_after(step, change).num_traces == 2
+
+
+@dataclasses.dataclass(slots=True)
+class _Slotted:
+    matrix: torch.Tensor
+
+
+class _Deep:
+    def __init__(self, matrix: torch.Tensor) -> None:
+        self.inner = types.SimpleNamespace(table={"m": matrix})
+
+
+def _apply_per_call(a: torch.Tensor, b: torch.Tensor, how: str) -> torch.Tensor:
+    """A Function class per call reaching ``a`` by one route (test below)."""
+    slotted = _Slotted(a) if how == "slots" else None  # only the route tested holds a
+    deep = _Deep(a) if how == "deep" else None
+    product = functools.partial(torch.matmul, a) if how == "partial" else None
+    default = a if how == "default" else None
+
+    class Product(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, b: torch.Tensor, m: Any = default) -> torch.Tensor:
+            matrix = {"slots": lambda: slotted.matrix,  # type: ignore[union-attr]
+                      "deep": lambda: deep.inner.table["m"],  # type: ignore[union-attr]
+                      "default": lambda: m, "class": lambda: Product.M}.get(how)  # fmt: skip
+            return product(b) if matrix is None else matrix() @ b  # type: ignore[misc]
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> Any:
+            return g, None
+
+    if how == "class":
+        Product.M = a  # type: ignore[attr-defined]
+    return Product.apply(b)  # type: ignore[no-untyped-call,no-any-return]
+
+
+@pytest.mark.parametrize("how", ["slots", "deep", "partial", "default", "class"])
+def test_a_per_call_class_reaching_its_tensor_by_any_route_is_never_stale(how: str) -> None:
+    """Through ``__slots__``: compiled, the tensor an input. Deeper than the plan looks, bound
+    by a partial (a tuple), a default value, a class attribute: eager, one warning."""
+
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _apply_per_call(a, b, how)
+
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(1, 4):
+            a, b = torch.eye(3) * k, torch.ones(3)
+            torch.testing.assert_close(jitted(a, b), step(a, b))
+    said = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(said) == (0 if how == "slots" else 1), said
