@@ -2,21 +2,23 @@
 
 Two rules, NOTE [never slower than eager] in docs/design.md:
 
-* **Per specialization** (:class:`Meter`): after a warm-up call, calls are timed (the clock
-  read around each; nothing else runs) in rounds where one call in :data:`EAGER_EVERY` runs
-  eagerly and the others run the program, until :data:`SAMPLES` eager calls were timed
-  (:data:`ROUND` calls). Interleaved, a burst of load slows samples of both paths, and from
-  its second call on the function serves its program on 4 of 5 calls while it measures (a
-  meter that timed 5 eager calls in a row made a PhiFlow heat step's median over 12 steps
-  eager's). A program found slower is measured a second round before it is dropped
-  (:data:`TO_DROP` calls in all); the specialization then serves whichever path is faster
-  (more than 10% slower compiled: eager), said in one log line and in ``explain()`` with the
-  figures. After the decision a call pays one attribute test. A decision for eager code is
-  not final: after :data:`REVISIT` eager calls (then twice as many each time it holds, up to
-  :data:`MAX_REVISIT`) a round measures the paths again; a program dropped because a burst
-  of load fell on both its rounds is served again. The record pass is no measure of eager's
-  time: it was 44x eager's on a complex-valued step (a first call, with the recording's
-  patches), so a program 1.8x slower than eager passed for fast when it was compared with it.
+* **Per specialization** (:class:`Meter`): after a warm-up call, calls are timed (the clock read
+  around each, plus the backward that follows it, where one does: from the moment the autograd
+  engine reaches the step's outputs to the end of that backward pass, so that a program with a
+  fast forward and a slow compiled backward is not kept) in rounds where one call in
+  :data:`EAGER_EVERY` runs eagerly and the others run the program, until :data:`SAMPLES` eager
+  calls were timed (:data:`ROUND` calls). Interleaved, a burst of load slows samples of both
+  paths, and from its second call on the function serves its program on 4 of 5 calls while it
+  measures (a meter that timed 5 eager calls in a row made a PhiFlow heat step's median over 12
+  steps eager's). A program found slower is measured a second round before it is dropped
+  (:data:`TO_DROP` calls in all); the specialization then serves whichever path is faster (more
+  than 10% slower compiled: eager), said in one log line and in ``explain()`` with the figures.
+  After the decision a call pays one attribute test. A decision for eager code is not final: after
+  :data:`REVISIT` eager calls (then twice as many each time it holds, up to :data:`MAX_REVISIT`) a
+  round measures the paths again; a program dropped because a burst of load fell on both its
+  rounds is served again. The record pass is no measure of eager's time: it was 44x eager's on a
+  complex-valued step (a first call, with the recording's patches), so a program 1.8x slower than
+  eager passed for fast when it was compared with it.
 * **Per function** (:class:`HitRate`): a function whose calls keep missing (at least
   ``MISSES`` of the last ``WINDOW`` calls started a new specialization: shapes, static values
   or branches that never repeat) stops compiling; its calls run the Python function. So does
@@ -37,6 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from ._compat import QUEUE_CALLBACK
 
 __all__ = [
     "CLOCK",
@@ -132,6 +136,9 @@ class Meter:
         """How often a decision for eager code was measured again."""
         self._eager_calls = 0
         self._revisiting = False
+        self._decide_next = False
+        """The round is complete but its last sample's backward runs after this call: decide
+        at the next call."""
 
     @property
     def confirming(self) -> bool:
@@ -165,6 +172,13 @@ class Meter:
         if self._skipped < WARM_UP:
             self._skipped += 1
             return compiled(tensors)
+        if self._decide_next:  # the last sample's backward had its chance to be timed
+            self._decide_next = False
+            self._decide()
+            if self.done:
+                return compiled(tensors)
+            if self.eager_wins:
+                return self.eager(tensors)
         timing_eager = (self._timed + 1) % EAGER_EVERY == 0
         start = _now(tensors)
         result = self.eager(tensors) if timing_eager else compiled(tensors)
@@ -172,13 +186,19 @@ class Meter:
         if type(result).__name__ == "GuardFailure" or self._stale:  # not a step of this path
             return result
         self._timed += 1
-        (self.eager_s if timing_eager else self.compiled_s).append(seconds)
+        samples = self.eager_s if timing_eager else self.compiled_s
+        samples.append(seconds)
+        backward = _time_backward(result, samples, len(samples) - 1)
         if len(self.eager_s) >= SAMPLES:
-            self._decide()
+            if backward:
+                self._decide_next = True
+            else:
+                self._decide()
         return result
 
     def _new_round(self) -> None:
         self.compiled_s, self.eager_s, self._timed = [], [], 0
+        self._decide_next = False
 
     def _measure_again(self) -> None:
         """A decision for eager code is revisited: one round decides anew."""
@@ -238,6 +258,44 @@ class Meter:
                 f"{first_eager * 1e3:.3g} ms (then measured again)"
             )
         return f"step time, medians{again}: {', '.join(parts)}; {verdict}"
+
+
+def _time_backward(result: Any, samples: list[float], index: int) -> bool:
+    """Add the backward of ``result`` to ``samples[index]`` when it runs: from the moment the
+    autograd engine reaches the step's outputs to the end of that backward pass (which, in a
+    training loop, ends at the parameters and inputs of the step). Both paths are timed so,
+    so a program whose compiled backward is slow is not kept for its fast forward. False
+    where no backward can follow (no output needs a gradient)."""
+    if not torch.is_grad_enabled():
+        return False
+    nodes = {t.grad_fn for t in _tensors(result, 3) if t.grad_fn is not None}
+    if not nodes:
+        return False
+    started: list[float] = []
+
+    def finished() -> None:
+        samples[index] += CLOCK() - started[0]
+
+    def reached(grad_outputs: Any) -> None:
+        if not started:
+            started.append(CLOCK())
+            QUEUE_CALLBACK.find()(finished)
+
+    for node in nodes:
+        node.register_prehook(reached)
+    return True
+
+
+def _tensors(value: Any, depth: int) -> list[torch.Tensor]:
+    """The tensors in a step's result (tuples, lists, dict values; a few levels)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth == 0:
+        return []
+    items = value.values() if isinstance(value, dict) else value
+    if not isinstance(value, (tuple, list, dict)):
+        return []
+    return [t for item in items for t in _tensors(item, depth - 1)]
 
 
 def _now(tensors: list[torch.Tensor]) -> float:

@@ -456,3 +456,57 @@ def test_a_program_whose_backend_failed_is_never_called_compiled() -> None:
     text = jitted.explain()
     assert "failed (RuntimeError: sparse tensors" in text and "uncompiled graph" in text
     assert "compiled program" not in text and " compiled " not in text.split("step time")[1]
+
+
+class _Slow(torch.autograd.Function):
+    """Identity whose backward takes ``seconds`` on the fake clock."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clock: Any, seconds: float) -> torch.Tensor:
+        ctx.clock, ctx.seconds = clock, seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        ctx.clock.now += ctx.seconds
+        return g, None, None
+
+
+def test_the_backward_of_each_path_counts_in_its_step_time(clock: FakeClock) -> None:
+    """A program fast forward but slow backward (1 + 10 against eager's 2 + 1) is dropped: the
+    meter times what a training step pays, the backward that follows included."""
+    w = torch.ones(3, requires_grad=True)
+
+    def path(forward_s: float, backward_s: float) -> Any:
+        def run(tensors: list[torch.Tensor]) -> torch.Tensor:
+            clock.now += forward_s
+            return _Slow.apply(w * 2, clock, backward_s)  # type: ignore[no-untyped-call,no-any-return]
+
+        return run
+
+    switches: list[str] = []
+    meter = _meter.Meter(path(2.0, 1.0), 5.0, switches.append)
+    compiled = path(1.0, 10.0)
+    for _ in range(_meter.TO_DROP + 2):
+        meter.serve(compiled, []).sum().backward()
+    assert meter.eager_wins and len(switches) == 1
+    assert "compiled 1.1e+04 ms" in switches[0] and "eager 3e+03 ms" in switches[0]
+
+
+def test_without_a_backward_the_forward_alone_decides(clock: FakeClock) -> None:
+    w = torch.ones(3, requires_grad=True)
+
+    def path(forward_s: float) -> Any:
+        def run(tensors: list[torch.Tensor]) -> torch.Tensor:
+            clock.now += forward_s
+            return _Slow.apply(w * 2, clock, 10.0)  # type: ignore[no-untyped-call,no-any-return]
+
+        return run
+
+    meter = _meter.Meter(path(2.0), 5.0, [].append)
+    served = 0
+    while not meter.done and served < _meter.TO_DROP + 2:
+        with torch.no_grad():  # inference: no backward follows
+            meter.serve(path(1.0), [])
+        served += 1
+    assert meter.done and served == _meter.WARM_UP + _meter.ROUND

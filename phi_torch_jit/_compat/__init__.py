@@ -94,6 +94,7 @@ from ._private import PRESERVE_RNG as PRESERVE_RNG
 from ._private import PRIVATE_APIS, PrivateAPI, missing_private_apis
 from ._private import PROXY_TENSOR as PROXY_TENSOR
 from ._private import PYTREE as PYTREE
+from ._private import QUEUE_CALLBACK as QUEUE_CALLBACK
 from ._private import SET_GRAD_ENABLED as SET_GRAD_ENABLED
 from ._private import SET_GRAPH_EXECUTOR_OPTIMIZE as SET_GRAPH_EXECUTOR_OPTIMIZE
 from ._private import SET_TRACING_STATE as SET_TRACING_STATE

@@ -143,6 +143,12 @@ ENGINE_RUN_BACKWARD = _api(
     "caller imported grad; the capture replaces it to trace gradients as ops (no public hook)",
     "_inner_grad",
 )
+QUEUE_CALLBACK = _api(
+    "torch.autograd.Variable._execution_engine.queue_callback",
+    "the meter times a step's backward to its end: a callback the autograd engine runs when "
+    "the running backward pass finishes (DDP and FSDP use it; no public hook says when)",
+    "_meter",
+)
 BACKWARD_HOOK_FUNCTION = _api(
     "torch.nn.modules._functions.BackwardHookFunction",
     "the autograd.Function behind module backward hooks must pass through our interception",
@@ -299,6 +305,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     TORCH_C,
     PROXY_TENSOR,
     ENGINE_RUN_BACKWARD,
+    QUEUE_CALLBACK,
     BACKWARD_HOOK_FUNCTION,
     GLOBAL_HOOKS,
     TENSOR_BASE,
