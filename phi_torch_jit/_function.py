@@ -56,6 +56,7 @@ from ._function_ctx import (
     run_backward,
     run_forward,
 )
+from ._libraries import custom_forward
 from ._patches import RefCounted
 from ._sources import is_user_file
 from ._warnings import torchscript_notices_hidden
@@ -337,6 +338,8 @@ def _closures_of(cls: Any, frame: Any) -> ClosurePlan | None:
     function; none for other classes. None where they cannot be replaced: noted as
     unguardable in the record pass (the specialization runs eagerly, warned)."""
     if cls not in frame.new_functions or frame.phase is Phase.COMPILE:
+        return ClosurePlan(())
+    if custom_forward(cls) is not None:  # a library's class: its adapter passes the values
         return ClosurePlan(())
     plan = plan_closures(cls)
     if isinstance(plan, ClosurePlan):
