@@ -115,10 +115,31 @@ where they are called: the Python guards)."""
 
 
 def _plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
-    """(name, value) of the numbers, strings, enums and tuples of them in ``vars(obj)``."""
-    return tuple(
-        (name, value) for name, value in getattr(obj, "__dict__", {}).items() if _plain(value)
-    )
+    """(name, key) of the state a callable object holds: numbers, strings, enums and tuples of
+    them by value, lists of those by content, tensors by identity (a rebound ``self.w``);
+    its ``__slots__`` too, and the class attributes it reads through ``self`` (the user's
+    classes: not a library's)."""
+    found: dict[str, Any] = {}
+    for klass in reversed(type(obj).__mro__[:-1]):
+        module = getattr(klass, "__module__", "")
+        if module.split(".")[0] in ("torch", "builtins", "functools"):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("__") and _plain(value):
+                found[name] = value
+        for name in getattr(klass, "__slots__", ()):
+            if hasattr(obj, name):
+                found[name] = getattr(obj, name)
+    found.update(getattr(obj, "__dict__", {}))
+    keyed: list[tuple[str, Any]] = []
+    for name, value in found.items():
+        if isinstance(value, torch.Tensor):
+            keyed.append((name, ("tensor", id(value))))
+        elif type(value) is list and len(value) <= 64 and all(_plain(v) for v in value):
+            keyed.append((name, ("list", tuple(value))))
+        elif _plain(value):
+            keyed.append((name, value))
+    return tuple(keyed)
 
 
 def _plain(value: Any) -> bool:

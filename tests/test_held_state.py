@@ -623,3 +623,110 @@ def test_a_per_call_class_reaching_its_tensor_by_any_route_is_never_stale(how: s
             torch.testing.assert_close(jitted(a, b), step(a, b))
     said = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
     assert len(said) == (0 if how == "slots" else 1), said
+
+
+GAIN = 2.0
+
+
+def _gain_term(x: torch.Tensor) -> torch.Tensor:
+    return x * GAIN
+
+
+GAIN_TERMS = [_gain_term]
+
+
+@pytest.mark.parametrize(
+    "how", ["generator", "lambda", "comprehension", "inner function", "function in a list"]
+)
+def test_a_global_read_in_nested_code_or_by_a_function_in_a_list_is_guarded(how: str) -> None:
+    """Lambdas, comprehensions (their own code objects on Python 3.11), generator expressions
+    and inner functions read the function's globals; so do functions kept in a registry."""
+
+    def inner(x: torch.Tensor) -> torch.Tensor:
+        def scaled(y: torch.Tensor) -> torch.Tensor:
+            return y * GAIN
+
+        return scaled(x)
+
+    steps = {
+        "generator": lambda x: sum(x * GAIN for _ in range(2)),
+        "lambda": lambda x: (lambda y: y * GAIN)(x),
+        "comprehension": lambda x: sum([x * GAIN for _ in range(2)]),
+        "inner function": inner,
+        "function in a list": lambda x: sum(t(x) for t in GAIN_TERMS),
+    }
+    global GAIN
+
+    def change() -> None:
+        global GAIN
+        GAIN = 5.0
+
+    try:
+        assert _equal_before_and_after(steps[how], change).num_traces == 2
+    finally:
+        GAIN = 2.0
+
+
+def test_a_partial_held_by_a_module_has_its_keywords_guarded() -> None:
+    cfg = types.SimpleNamespace(alpha=0.1)
+
+    def relax(x: torch.Tensor, cfg: Any) -> torch.Tensor:
+        return x * cfg.alpha
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.op = functools.partial(relax, cfg=cfg)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.op(x)  # type: ignore[no-any-return]
+
+    net = Net()
+
+    def change() -> None:
+        cfg.alpha = 0.9
+
+    assert _equal_before_and_after(net, change).num_traces == 2
+
+
+class _Stateful:
+    """A callable holding a tensor, a list and a class constant."""
+
+    SCALE = 1.0
+
+    def __init__(self) -> None:
+        self.weight = torch.ones(3)
+        self.coefficients = [1.0, 1.0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight * self.coefficients[1] * self.SCALE
+
+
+@pytest.mark.parametrize("change", ["tensor rebound", "list in place", "class constant"])
+def test_a_callable_arguments_tensors_lists_and_class_constants_are_keyed(change: str) -> None:
+    class Force(_Stateful):  # its own class: the class constant changes for this test only
+        pass
+
+    force = Force()
+
+    def step(x: torch.Tensor, f: Any) -> torch.Tensor:
+        return x + f(x)
+
+    def apply_change() -> None:
+        if change == "tensor rebound":
+            force.weight = torch.full((3,), 5.0)
+        elif change == "list in place":
+            force.coefficients[1] = 7.0
+        else:
+            Force.SCALE = 3.0
+
+    jitted = ptj.jit(step)
+    x = torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for phase in range(2):
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x, force), step(x, force))
+            if phase == 0:
+                apply_change()
+    assert jitted.num_traces == 2

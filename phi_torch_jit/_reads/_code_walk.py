@@ -38,18 +38,34 @@ _NAMES: dict[types.CodeType, tuple[dict[str, int], dict[str, int]]] = {}
 
 
 def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
-    """(globals read -> first line, free variables read -> first line) of one code object."""
+    """(globals read -> first line, free variables read -> first line) of one code object and
+    the code nested in it (lambdas, comprehensions, generator expressions, inner functions:
+    their globals are the function's; their free variables that are the function's own free
+    variables are its closure's)."""
     found = _NAMES.get(code)
     if found is None:
         globals_read: dict[str, int] = {}
         cells_read: dict[str, int] = {}
-        for instruction in dis.get_instructions(code):
-            line = instruction.positions.lineno if instruction.positions else None
-            if instruction.opname in _LOADS_GLOBAL:
-                globals_read.setdefault(instruction.argval, line or code.co_firstlineno)
-            elif instruction.opname in _LOADS_CELL and instruction.argval in code.co_freevars:
-                cells_read.setdefault(instruction.argval, line or code.co_firstlineno)
+        for inner in _codes(code):
+            for instruction in dis.get_instructions(inner):
+                line = instruction.positions.lineno if instruction.positions else None
+                name = instruction.argval
+                if instruction.opname in _LOADS_GLOBAL:
+                    globals_read.setdefault(name, line or inner.co_firstlineno)
+                elif instruction.opname in _LOADS_CELL and name in inner.co_freevars:
+                    if name in code.co_freevars:
+                        cells_read.setdefault(name, line or inner.co_firstlineno)
         found = _NAMES[code] = (globals_read, cells_read)
+    return found
+
+
+def _codes(code: types.CodeType, depth: int = 4) -> list[types.CodeType]:
+    """``code`` and the code objects nested in it (a few levels)."""
+    found = [code]
+    if depth:
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                found += _codes(const, depth - 1)
     return found
 
 
@@ -65,12 +81,23 @@ def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[S
     if found is not None:
         return found
     found = {}
+    for inner in _codes(code):
+        _chains_of(inner, code, found)
+    _CHAINS[code] = found
+    return found
+
+
+def _chains_of(
+    inner: types.CodeType, code: types.CodeType, found: dict[tuple[bool, str], set[Any]]
+) -> None:
+    """The chains of one code object nested in ``code`` (or ``code`` itself) into ``found``."""
     root: tuple[bool, str] | None = None
     chain: list[Step] = []
     pending_key: Any = _NO_KEY
-    for instruction in dis.get_instructions(code):
+    for instruction in dis.get_instructions(inner):
         op, arg = instruction.opname, instruction.argval
-        if op in _LOADS_GLOBAL or (op in _LOADS_CELL and arg in code.co_freevars):
+        free = op in _LOADS_CELL and arg in inner.co_freevars and arg in code.co_freevars
+        if op in _LOADS_GLOBAL or free:
             if root is not None and chain:
                 found.setdefault(root, set()).add(tuple(chain))
             root, chain, pending_key = (op in _LOADS_CELL, arg), [], _NO_KEY
@@ -87,8 +114,6 @@ def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[S
             root, chain, pending_key = None, [], _NO_KEY
     if root is not None and chain:
         found.setdefault(root, set()).add(tuple(chain))
-    _CHAINS[code] = found
-    return found
 
 
 _NO_KEY = object()
@@ -187,6 +212,9 @@ def _parts(obj: Any) -> list[Any]:
         return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
         return []
+    if type(obj) in (list, tuple, dict):  # functions kept in a registry: TERMS = [term]
+        items = obj.values() if type(obj) is dict else obj
+        return [item for item in list(items)[:32] if callable(item)]
     wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
     cls = obj if isinstance(obj, type) else type(obj)
     parts: list[Any] = [wrapped] if wrapped is not None else []

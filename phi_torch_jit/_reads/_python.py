@@ -208,7 +208,8 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
         if name.startswith("_") or name == "training" or immutable(value):
             continue
         if isinstance(value, nn.Module) or (
-            callable(value) and not isinstance(value, (torch.Tensor, types.MethodType))
+            callable(value)
+            and not isinstance(value, (torch.Tensor, types.MethodType, functools.partial))
         ):
             continue  # submodules: the module guard; functions: not data (a bound method's
             # object is: ``self.fn = schedule.weight`` reads ``schedule``)
