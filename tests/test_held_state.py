@@ -186,6 +186,18 @@ def _solve(op: Operator, b: torch.Tensor) -> torch.Tensor:
     return Richardson.apply(b)  # type: ignore[no-untyped-call,no-any-return]
 
 
+def _assert_like_eager_with_input_gradients(
+    jitted: Callable[..., Any], step: Callable[..., Any], a: torch.Tensor, b: torch.Tensor
+) -> None:
+    """``step(a, b)`` jitted and eager: equal values, and equal gradients of ``b``."""
+    bs = [b.clone().requires_grad_(True) for _ in range(2)]
+    got, want = jitted(a, bs[0]), step(a, bs[1])
+    torch.testing.assert_close(got, want)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(bs[0].grad, bs[1].grad)
+
+
 def test_a_function_class_defined_per_call_is_compiled_with_its_tensors_as_inputs() -> None:
     """A new class on every call, closing over that call's operator: the matrix is an input
     of the compiled custom function (taken from each call's objects), never the first call's;
@@ -199,13 +211,7 @@ def test_a_function_class_defined_per_call_is_compiled_with_its_tensors_as_input
         warnings.simplefilter("error", ptj.JitWarning)
         for seed in range(4):
             a = torch.eye(4) * (seed + 1) + 0.1 * torch.randn(4, 4)
-            b = torch.randn(4)
-            bs = [b.clone().requires_grad_(True) for _ in range(2)]
-            got, want = jitted(a, bs[0]), step(a, bs[1])
-            torch.testing.assert_close(got, want)
-            got.backward()
-            want.backward()
-            torch.testing.assert_close(bs[0].grad, bs[1].grad)
+            _assert_like_eager_with_input_gradients(jitted, step, a, torch.randn(4))
     assert jitted.num_traces == 1
     assert "runs eagerly" not in jitted.explain()
 
@@ -264,12 +270,7 @@ def test_a_cg_class_made_per_call_solves_each_calls_matrix(how: str) -> None:
         for seed in range(4):
             g = torch.Generator().manual_seed(seed)
             a, b = torch.randn(4, 4, generator=g), torch.randn(4, generator=g)
-            bs = [b.clone().requires_grad_(True) for _ in range(2)]
-            got, want = jitted(a, bs[0]), step(a, bs[1])
-            torch.testing.assert_close(got, want)
-            got.backward()
-            want.backward()
-            torch.testing.assert_close(bs[0].grad, bs[1].grad)
+            _assert_like_eager_with_input_gradients(jitted, step, a, b)
     assert jitted.num_traces == 1
 
 
@@ -403,16 +404,18 @@ def test_a_buffer_a_module_rebinds_in_the_step_is_compiled_and_written(
 # Found by probing programs written as scripts write them (each: silently the first value) ---
 
 
-def _equal_before_and_after(step: Callable[..., Any], change: Callable[[], None]) -> Any:
-    """Jitted and eager over 3 calls, ``change()``, 3 more calls: equal each time, no warning;
-    returns the jitted function."""
+def _equal_before_and_after(
+    step: Callable[..., Any], change: Callable[[], None], *more: Any
+) -> Any:
+    """Jitted and eager on ``(ones(3), *more)`` over 3 calls, ``change()``, 3 more calls: equal
+    each time, no warning; returns the jitted function."""
     jitted = ptj.jit(step)
     x = torch.ones(3)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ptj.JitWarning)
         for phase in range(2):
             for _ in range(3):
-                torch.testing.assert_close(jitted(x), step(x))
+                torch.testing.assert_close(jitted(x, *more), step(x, *more))
             if phase == 0:
                 change()
     return jitted
@@ -720,13 +723,4 @@ def test_a_callable_arguments_tensors_lists_and_class_constants_are_keyed(change
         else:
             Force.SCALE = 3.0
 
-    jitted = ptj.jit(step)
-    x = torch.ones(3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ptj.JitWarning)
-        for phase in range(2):
-            for _ in range(3):
-                torch.testing.assert_close(jitted(x, force), step(x, force))
-            if phase == 0:
-                apply_change()
-    assert jitted.num_traces == 2
+    assert _equal_before_and_after(step, apply_change, force).num_traces == 2
