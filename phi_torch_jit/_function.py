@@ -324,7 +324,8 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         reason = f"the arguments of {cls.__qualname__}.apply cannot be bound to its forward"
     if not reason:
         adapter = _adapter(cls)
-        adapter.closure = plan
+        if len(plan):
+            adapter.closure = plan
         try:
             return adapter(*positional)  # type: ignore[misc]
         except Unsupported as error:
@@ -337,11 +338,15 @@ def _closures_of(cls: Any, frame: Any) -> ClosurePlan | None:
     ``op = Op(a)`` closed over, a new class on every call), which become inputs of its custom
     function; none for other classes. None where they cannot be replaced: noted as
     unguardable in the record pass (the specialization runs eagerly, warned)."""
-    if cls not in frame.new_functions or frame.phase is Phase.COMPILE:
+    if cls not in frame.new_functions:
         return ClosurePlan(())
     if custom_forward(cls) is not None:  # a library's class: its adapter passes the values
         return ClosurePlan(())
     plan = plan_closures(cls)
+    if frame.phase is Phase.COMPILE and (isinstance(plan, str) or len(plan)):
+        # made inside a custom function's forward being compiled, closing over its traced
+        # values: that forward runs as Python instead
+        raise RunEagerly(f"{describe_function(cls.forward)} closes over tensors of the call")
     if isinstance(plan, ClosurePlan):
         return plan
     if frame.phase is Phase.RECORD:

@@ -724,3 +724,29 @@ def test_a_callable_arguments_tensors_lists_and_class_constants_are_keyed(change
             Force.SCALE = 3.0
 
     assert _equal_before_and_after(step, apply_change, force).num_traces == 2
+
+
+class _Outer(torch.autograd.Function):
+    """A custom function whose forward makes a per-call class closing over its own values."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _solve(Operator(a * 2), b) + 1
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, g
+
+
+def test_a_per_call_class_made_inside_a_compiled_forward_is_never_stale() -> None:
+    """Compiling ``_Outer``'s forward makes the inner class again, closing over traced values:
+    that forward runs as Python (logged), never with the first call's matrix."""
+
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _Outer.apply(a, b)  # type: ignore[no-untyped-call,no-any-return]
+
+    jitted = ptj.jit(step)
+    for k in range(1, 5):
+        a, b = torch.eye(4) * k, torch.ones(4)
+        torch.testing.assert_close(jitted(a, b), step(a, b))
+    assert jitted.num_traces == 1
