@@ -1,14 +1,14 @@
 """Tensors an ``autograd.Function`` class closes over, as inputs of its custom function.
 
-Iterative-solver libraries define their Function class inside the function that calls it, a
-new class on every call, whose ``forward``/``backward`` close over that call's objects (``op =
-Op(a)``; ``x = cg(op, b)``). Compiled as it was recorded, the class would keep the first
-call's matrix. Instead, a :class:`ClosurePlan` names where each tensor sits in the closures
-(a cell, then attributes and items of the objects it holds, two levels deep, as
-:func:`holds_tensors` looks): the call passes those tensors after its own arguments, so they
-are inputs of the custom op like the arguments (the trace pass takes them from *its* class,
-whose objects hold the traced values), and the forward and backward run the recorded class
-with its objects holding the op's inputs in their place (:meth:`ClosurePlan.swapped`).
+Iterative-solver libraries define their Function class inside the function that calls it, a new
+class on every call, whose ``forward``/``backward`` close over that call's objects (``op =
+Op(a)``; ``x = cg(op, b)``). Compiled as it was recorded, the class would keep the first call's
+matrix. Instead, a :class:`ClosurePlan` names where each tensor sits in the closures (a cell,
+then attributes and items of the objects it holds, two levels deep): the call passes those
+tensors after its own arguments, so they are inputs of the custom op like the arguments (the
+trace pass takes them from *its* class, whose objects hold the traced values), and the forward
+and backward run the recorded class with its objects holding the op's inputs in their place
+(:meth:`ClosurePlan.swapped`).
 
 Only tensors vary this way: everything else those objects hold was computed by the step's
 Python from guarded state or value-guarded reads, so a compiled program may keep it. Eager
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ClosurePlan", "holds_tensors", "plan_closures"]
+__all__ = ["ClosurePlan", "plan_closures"]
 
 _METHODS = ("forward", "setup_context", "backward", "jvp")
 
@@ -63,9 +63,7 @@ class ClosurePlan:
         """The tensors at the plan's places in ``cls``'s closures (same code, another call)."""
         found = []
         for path in self.paths:
-            value = _cell(cls, path).cell_contents
-            for step in path.steps:
-                value = _get(value, step)
+            value = _get(*_place(cls, path))
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"no tensor at {path.describe()} of {cls.__qualname__}")
             found.append(value)
@@ -77,17 +75,23 @@ class ClosurePlan:
         undo: list[tuple[Any, Step, Any]] = []
         try:
             for path, tensor in zip(self.paths, tensors):
-                holder: Any = _cell(cls, path)
-                step: Step = ("cell", None)
-                for next_step in path.steps:
-                    holder = _get(holder, step)
-                    step = next_step
+                holder, step = _place(cls, path)
                 undo.append((holder, step, _get(holder, step)))
                 _set(holder, step, tensor)
             yield
         finally:
             for holder, step, value in reversed(undo):
                 _set(holder, step, value)
+
+
+def _place(cls: type, path: _Path) -> tuple[Any, Step]:
+    """(what holds the path's tensor, the last step to it)."""
+    holder: Any = _cell(cls, path)
+    step: Step = ("cell", None)
+    for next_step in path.steps:
+        holder = _get(holder, step)
+        step = next_step
+    return holder, step
 
 
 def _cell(cls: type, path: _Path) -> Any:
@@ -126,7 +130,7 @@ def _function(cls: type, method: str) -> Any:
 
 
 def _children(value: Any) -> list[tuple[Step, Any]]:
-    """What :func:`holds_tensors` looks into: items of lists, tuples and dicts, the closure
+    """What a walk looks into: items of lists, tuples and dicts, the closure
     cells of functions, the object of a bound method, the attributes of other objects."""
     if isinstance(value, (type, str, bytes, types.ModuleType, torch.Tensor)):
         return []
@@ -162,11 +166,9 @@ def _cost(step: Step) -> int:
     return 0 if step[0] == "closure" or step == ("attr", "__self__") else 1
 
 
-def holds_tensors(value: Any, depth: int = 2) -> bool:
-    """Whether ``value`` is a tensor or holds one (in items, attributes: two levels; through
-    functions' closures and bound methods, which cost no level)."""
-    found = _tensor_steps(value, depth, _Budget())
-    return bool(found) or isinstance(found, str)
+def _reaches_tensor(value: Any) -> bool:
+    """Whether a tensor sits anywhere under ``value`` (a bounded walk, any depth)."""
+    return bool(_tensor_steps(value, 8, _Budget(512)))
 
 
 class _Budget:
@@ -208,12 +210,12 @@ def plan_closures(cls: type) -> ClosurePlan | str:
         defaults = getattr(function, "__defaults__", None) or ()
         keywords = getattr(function, "__kwdefaults__", None) or {}
         for default in (*defaults, *keywords.values()):
-            if _tensor_steps(default, 8, _Budget(512)):
+            if _reaches_tensor(default):
                 return f" (a default of {method}) holds a tensor"
     for name, value in vars(cls).items():  # cls.M = A, read as F.M by forward
         if name.startswith("__") or callable(value) or isinstance(value, staticmethod):
             continue
-        if _tensor_steps(value, 8, _Budget(512)):
+        if _reaches_tensor(value):
             return f" (class attribute {name}) holds a tensor"
     return ClosurePlan(tuple(paths))
 
@@ -227,7 +229,7 @@ def _tensor_steps(value: Any, depth: int, budget: _Budget) -> list[tuple[Step, .
         return steps
     for step, item in _children(value):
         if depth - _cost(step) < 0:
-            if _tensor_steps(item, 8, _Budget(512)):  # a tensor deeper down: not replaced
+            if _reaches_tensor(item):  # a tensor deeper down: not replaced
                 return f".{step[1]} holds a tensor deeper than two levels"
             continue
         inner = _tensor_steps(item, depth - _cost(step), budget)

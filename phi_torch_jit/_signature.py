@@ -118,18 +118,8 @@ def _plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
     """(name, key) of the state a callable object holds: numbers, strings, enums and tuples of
     them by value, lists of those by content, tensors by identity (a rebound ``self.w``);
     its ``__slots__`` too, and the class attributes it reads through ``self`` (the user's
-    classes: not a library's)."""
-    found: dict[str, Any] = {}
-    for klass in reversed(type(obj).__mro__[:-1]):
-        module = getattr(klass, "__module__", "")
-        if module.split(".")[0] in ("torch", "builtins", "functools"):
-            continue
-        for name, value in vars(klass).items():
-            if not name.startswith("__") and _plain(value):
-                found[name] = value
-        for name in getattr(klass, "__slots__", ()):
-            if hasattr(obj, name):
-                found[name] = getattr(obj, name)
+    classes: not a library's; their names looked up once per class)."""
+    found = {name: getattr(obj, name) for name in _class_names(type(obj)) if hasattr(obj, name)}
     found.update(getattr(obj, "__dict__", {}))
     keyed: list[tuple[str, Any]] = []
     for name, value in found.items():
@@ -140,6 +130,25 @@ def _plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
         elif _plain(value):
             keyed.append((name, value))
     return tuple(keyed)
+
+
+_CLASS_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _class_names(klass: type) -> tuple[str, ...]:
+    """Plain class attributes (``SCALE = 2.0``) and ``__slots__`` of a callable argument's
+    classes, libraries' (torch, functools, builtins) skipped."""
+    names = _CLASS_NAMES.get(klass)
+    if names is None:
+        found: dict[str, None] = {}
+        for base in reversed(klass.__mro__[:-1]):
+            if getattr(base, "__module__", "").split(".")[0] in ("torch", "builtins", "functools"):
+                continue
+            slots = getattr(base, "__slots__", ())
+            found.update(dict.fromkeys((slots,) if isinstance(slots, str) else slots))
+            found.update({n: None for n, v in vars(base).items() if n[:2] != "__" and _plain(v)})
+        names = _CLASS_NAMES[klass] = tuple(found)
+    return names
 
 
 def _plain(value: Any) -> bool:
