@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ._custom_op import CompiledCall
+from ._reads._records import Read
 from ._signature import describe_spec, first_difference
 from ._specialization import Key, Specialization, describe_ambient
 from ._warnings import describe_warning, reemit
@@ -72,6 +73,8 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
     lines += [f"    value guard: {g.describe()}" for g in spec.value_guards]
     for read in spec.python_guard.reads if spec.python_guard is not None else ():
         how = "input of the program" if read.kind.value == "tensor" else f"by {read.kind.value}"
+        if read.unguarded:
+            how += f"; not guarded: {read.unguarded}"
         lines.append(f"    python read: {read.source.label} at {read.source.location}, {how}")
     lines += [f"    tracer warning: {w}" for w in spec.tracer_warnings]
     return lines
@@ -187,6 +190,16 @@ class Reporter:
             JitWarning(f"phi_torch_jit: {self.owner} runs eagerly: {'; '.join(reasons)}."),
             stacklevel=stacklevel,
         )
+
+    def unguarded(self, reads: Sequence[Read]) -> None:
+        """Log (at each trace) what the traced call read that no guard covers."""
+        for read in reads:
+            if read.unguarded:
+                logger.warning(
+                    "phi_torch_jit: %s reads %s (at %s), whose %s are not guarded: a change "
+                    "there is not seen until something else retraces (explain() lists it)",
+                    self.owner, read.source.label, read.source.location, read.unguarded,
+                )  # fmt: skip
 
     def side_effects(self, seen: list[str]) -> None:
         """Warn once about Python side effects that compiled calls skip."""

@@ -35,6 +35,7 @@ from ._reads._written_inputs import WrittenInputs, versions, written_inputs
 from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
+    callables_in,
     converts_natives,
     count_program_outputs,
     describe_spec,
@@ -91,7 +92,9 @@ def specialize(
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
     changed = before.changes() if target.options.side_effects == "eager" else []
-    reads = collect_reads(target.fn, list(recording.modules.values()))
+    callables = callables_in(key[0])
+    reads = collect_reads(target.fn, list(recording.modules.values()), callables)
+    target.report.unguarded(reads)
     guard = PythonGuard(reads) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
     modules = recording.root_modules(modules_known_before(target.fn, guard.reads if guard else ()))
@@ -116,7 +119,7 @@ def specialize(
             eager_reason = _cannot_trace(target, f"engine {target.options.engine.name!r} could not "
                                          f"trace it: {describe_error(error)}")  # fmt: skip
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
-        guard = PythonGuard(collect_reads(target.fn, list(recording.modules.values())))
+        guard = PythonGuard(collect_reads(target.fn, list(recording.modules.values()), callables))
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
-import functools
 import types
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -48,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._callable_state import NOT_STATEFUL, PRIMITIVES, plain_attributes
 from .errors import OutputError, SignatureError
 from .extend import value_type_of
 
@@ -60,6 +60,7 @@ __all__ = [
     "first_difference",
     "describe_spec",
     "modules_in",
+    "callables_in",
     "merge_traced_numbers",
     "count_program_outputs",
 ]
@@ -69,10 +70,6 @@ NAMESPACES: tuple[type, ...] = (types.SimpleNamespace, argparse.Namespace)
 are flattened by attribute, like dataclasses."""
 
 Spec = tuple[Any, ...]
-
-_PRIMITIVES = frozenset(
-    {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout}
-)
 
 
 class _Unsupported(Exception):
@@ -90,7 +87,7 @@ class _Unsupported(Exception):
 
 def _static_leaf(obj: Any) -> Spec:
     cls = type(obj)
-    if cls in _PRIMITIVES or isinstance(obj, enum.Enum):
+    if cls in PRIMITIVES or isinstance(obj, enum.Enum):
         return ("S", cls, obj)
     if cls.__hash__ is None:
         raise _Unsupported(obj, f"unhashable static value of type {cls.__qualname__}")
@@ -101,60 +98,11 @@ def _static_leaf(obj: Any) -> Spec:
             f"object of type {cls.__qualname__} has no value-based hash, so a change to it "
             "could not be noticed",
         )
-    if hash_impl is object.__hash__ and not isinstance(obj, _NOT_STATEFUL):
+    if hash_impl is object.__hash__ and not isinstance(obj, NOT_STATEFUL):
         # a callable object (``forcing(x)`` with ``forcing.amp``): identity and its plain
         # attributes, so that ``forcing.amp = 5.0`` retraces
-        return ("S", cls, obj, _plain_attributes(obj))
+        return ("S", cls, obj, plain_attributes(obj))
     return ("S", cls, obj)
-
-
-_NOT_STATEFUL = (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
-                 types.BuiltinMethodType, type, functools.partial, types.ModuleType)  # fmt: skip
-"""Callables keyed by identity alone (functions' code and partials' arguments are read
-where they are called: the Python guards)."""
-
-
-def _plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
-    """(name, key) of the state a callable object holds: numbers, strings, enums and tuples of
-    them by value, lists of those by content, tensors by identity (a rebound ``self.w``);
-    its ``__slots__`` too, and the class attributes it reads through ``self`` (the user's
-    classes: not a library's; their names looked up once per class)."""
-    found = {name: getattr(obj, name) for name in _class_names(type(obj)) if hasattr(obj, name)}
-    found.update(getattr(obj, "__dict__", {}))
-    keyed: list[tuple[str, Any]] = []
-    for name, value in found.items():
-        if isinstance(value, torch.Tensor):
-            keyed.append((name, ("tensor", id(value))))
-        elif type(value) is list and len(value) <= 64 and all(_plain(v) for v in value):
-            keyed.append((name, ("list", tuple(value))))
-        elif _plain(value):
-            keyed.append((name, value))
-    return tuple(keyed)
-
-
-_CLASS_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _class_names(klass: type) -> tuple[str, ...]:
-    """Plain class attributes (``SCALE = 2.0``) and ``__slots__`` of a callable argument's
-    classes, libraries' (torch, functools, builtins) skipped."""
-    names = _CLASS_NAMES.get(klass)
-    if names is None:
-        found: dict[str, None] = {}
-        for base in reversed(klass.__mro__[:-1]):
-            if getattr(base, "__module__", "").split(".")[0] in ("torch", "builtins", "functools"):
-                continue
-            slots = getattr(base, "__slots__", ())
-            found.update(dict.fromkeys((slots,) if isinstance(slots, str) else slots))
-            found.update({n: None for n, v in vars(base).items() if n[:2] != "__" and _plain(v)})
-        names = _CLASS_NAMES[klass] = tuple(found)
-    return names
-
-
-def _plain(value: Any) -> bool:
-    if type(value) in _PRIMITIVES or isinstance(value, enum.Enum):
-        return True
-    return type(value) is tuple and all(_plain(v) for v in value)
 
 
 def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
@@ -166,7 +114,7 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     cls = type(obj)
     if cls is tuple or cls is list:
         return ("Q", cls, _flatten_items(obj, tensors, meta, None))
-    if cls in _PRIMITIVES:
+    if cls in PRIMITIVES:
         return ("S", cls, obj)
     value_type = value_type_of(obj)
     if value_type is not None:
@@ -176,7 +124,7 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     if isinstance(obj, dict):
         keys = tuple(obj)
         for key in keys:
-            if type(key) not in _PRIMITIVES and not isinstance(key, enum.Enum):
+            if type(key) not in PRIMITIVES and not isinstance(key, enum.Enum):
                 raise _Unsupported(key, f"dict key of type {type(key).__qualname__}")
         return ("D", cls, keys, _flatten_items(obj.values(), tensors, meta, keys))
     if isinstance(obj, tuple) and hasattr(cls, "_fields"):
@@ -365,6 +313,20 @@ def _nodes(spec: Spec, tag: str, at: int = 1) -> list[Any]:
 def modules_in(spec: Spec) -> list[nn.Module]:
     """The nn.Modules passed as arguments, in argument order."""
     return _nodes(spec, "M")
+
+
+def callables_in(spec: Spec) -> list[Any]:
+    """The callable static arguments keyed by identity (functions, callable objects, bound
+    methods, partials; not builtins or classes), in argument order: the Python guards walk
+    the code they run and the state they hold."""
+    return [
+        value for value in _nodes(spec, "S", at=2)
+        if callable(value) and not isinstance(value, _BY_CODE) and type(value) not in PRIMITIVES
+    ]  # fmt: skip
+
+
+_BY_CODE = (types.BuiltinFunctionType, types.BuiltinMethodType, type)
+"""Callables the guards do not walk (builtins: no Python code; classes: constructed)."""
 
 
 def converts_natives(spec: Spec) -> bool:

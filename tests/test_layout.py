@@ -107,7 +107,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("records and services (leaves)",
      ("errors", "extend", "_compat", "_patches", "_sources", "_context", "_reads._records",
       "_libraries", "_warnings")),
-    ("stage 0: signature", ("_signature",)),
+    ("stage 0: signature", ("_signature", "_callable_state")),
     ("the phases' watches (what each phase patches)",
      ("_side_effects", "_unguardable", "_custom", "_function_ctx", "_function_closures",
       "_function", "_tensor_reads", "_static_shapes", "_rnn_layers", "_value_guards",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 import warnings
 from typing import Any
@@ -353,3 +354,41 @@ def test_plain_tensor_and_list_attributes_of_modules() -> None:
     assert torch.equal(jitted(x), net(x))
     net.mask = torch.zeros(3)  # reassigned
     assert torch.equal(jitted(x), net(x)) and jitted.num_traces == 2
+
+
+LOOKUP = {f"k{i}": float(i) for i in range(100)}  # a table of 100 entries read by key
+HUGE = {f"k{i}": [float(i)] for i in range(3000)}  # 9000 items: beyond what is compared
+
+
+def _looked_up(x: torch.Tensor, key: str) -> torch.Tensor:
+    return x * LOOKUP[key]
+
+
+def test_a_table_of_a_hundred_numbers_is_guarded_by_content() -> None:
+    """An entry far past the first 64 changed in place: retraced (it was kept before)."""
+    jitted = ptj.jit(_looked_up)
+    x = torch.ones(2)
+    try:
+        for value in (90.0, 91.0, 91.0, 5.0):
+            LOOKUP["k90"] = value
+            assert torch.equal(jitted(x, "k90"), _looked_up(x, "k90"))
+    finally:
+        LOOKUP["k90"] = 90.0
+    assert jitted.num_traces == 3
+    (read,) = [r for r in collect_reads(_looked_up, []) if r.source.label == "global LOOKUP"]
+    assert read.kind is Kind.CONTENT
+
+
+def _huge(x: torch.Tensor, key: str) -> torch.Tensor:
+    return x + HUGE[key][0]
+
+
+def test_what_a_walk_leaves_unguarded_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        jitted = ptj.jit(_huge)
+        assert torch.equal(jitted(torch.ones(2), "k9"), _huge(torch.ones(2), "k9"))
+    said = "reads global HUGE (at "
+    assert any(said in r.message and "of its 3000 fields" in r.message
+               for r in caplog.records)  # fmt: skip
+    assert "global HUGE at" in jitted.explain()
+    assert re.search(r"not guarded: \d+ of its 3000 fields", jitted.explain())

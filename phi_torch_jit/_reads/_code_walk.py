@@ -149,7 +149,10 @@ def held_objects(fn: Any) -> list[tuple[Any, Source]]:
 
 def describe_callable(obj: Any) -> str:
     """``file:line`` of a callable's code, or its type's name."""
-    target = getattr(obj, "func", None) or getattr(obj, "__func__", None) or obj
+    if isinstance(obj, functools.partial):
+        target = obj.func
+    else:
+        target = obj.__func__ if isinstance(obj, types.MethodType) else obj
     target = getattr(target, "forward", target) if isinstance(target, nn.Module) else target
     code = getattr(target, "__code__", None)
     if code is not None:
@@ -169,7 +172,10 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
             continue
         seen.add(id(obj))
         if not isinstance(obj, types.FunctionType):
-            pending.extend(_parts(obj))
+            try:
+                pending.extend(_parts(obj))
+            except Exception:  # a user __getattr__ raising KeyError: no code found there
+                pass
             continue
         if not is_user_file(obj.__code__.co_filename):
             continue

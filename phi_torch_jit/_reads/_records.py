@@ -145,6 +145,9 @@ class Read:
     expected: Any
     """The value (VALUE), a snapshot (CONTENT), the object (IDENTITY) or the tensor's
     ``(shape, dtype, device, requires_grad)`` (TENSOR)."""
+    unguarded: str = ""
+    """What under an IDENTITY read is not guarded (fields beyond the walk's limit), for
+    :meth:`JitFunction.explain`; empty when its whole tree is."""
 
     def current(self) -> Any:
         """What :attr:`expected` is compared with now."""

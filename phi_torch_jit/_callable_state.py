@@ -1,0 +1,71 @@
+"""Stage 0 (signature), the state of a callable argument: what its cache key holds.
+
+A callable object passed to a jitted function (``step(x, forcing)`` with ``forcing.amplitude``)
+is keyed by identity and by :func:`plain_attributes`, so that ``forcing.amplitude = 5.0``
+retraces; deeper state, and what bound methods and partials hold, is guarded by the Python
+guards (:mod:`._reads`), rooted at the argument.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+from typing import Any
+
+import torch
+
+__all__ = ["PRIMITIVES", "NOT_STATEFUL", "plain_attributes"]
+
+PRIMITIVES = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout}
+)
+
+
+NOT_STATEFUL = (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                types.BuiltinMethodType, type, functools.partial, types.ModuleType)  # fmt: skip
+"""Callables keyed by identity alone (functions' code and partials' arguments are read
+where they are called: the Python guards)."""
+
+
+def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
+    """(name, key) of the state a callable object holds: numbers, strings, enums and tuples of
+    them by value, lists of those by content, tensors by identity (a rebound ``self.w``);
+    its ``__slots__`` too, and the class attributes it reads through ``self`` (the user's
+    classes: not a library's; their names looked up once per class)."""
+    found = {name: getattr(obj, name) for name in _class_names(type(obj)) if hasattr(obj, name)}
+    found.update(getattr(obj, "__dict__", {}))
+    keyed: list[tuple[str, Any]] = []
+    for name, value in found.items():
+        if isinstance(value, torch.Tensor):
+            keyed.append((name, ("tensor", id(value))))
+        elif type(value) is list and len(value) <= 64 and all(_plain(v) for v in value):
+            keyed.append((name, ("list", tuple(value))))
+        elif _plain(value):
+            keyed.append((name, value))
+    return tuple(keyed)
+
+
+_CLASS_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _class_names(klass: type) -> tuple[str, ...]:
+    """Plain class attributes (``SCALE = 2.0``) and ``__slots__`` of a callable argument's
+    classes, libraries' (torch, functools, builtins) skipped."""
+    names = _CLASS_NAMES.get(klass)
+    if names is None:
+        found: dict[str, None] = {}
+        for base in reversed(klass.__mro__[:-1]):
+            if getattr(base, "__module__", "").split(".")[0] in ("torch", "builtins", "functools"):
+                continue
+            slots = getattr(base, "__slots__", ())
+            found.update(dict.fromkeys((slots,) if isinstance(slots, str) else slots))
+            found.update({n: None for n, v in vars(base).items() if n[:2] != "__" and _plain(v)})
+        names = _CLASS_NAMES[klass] = tuple(found)
+    return names
+
+
+def _plain(value: Any) -> bool:
+    if type(value) in PRIMITIVES or isinstance(value, enum.Enum):
+        return True
+    return type(value) is tuple and all(_plain(v) for v in value)

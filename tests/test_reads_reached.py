@@ -1,0 +1,296 @@
+"""State a step reaches through the callables and objects it is handed or holds, not only
+through names its own code spells: a bound method or partial passed as an argument, a
+partial of a bound method, partials kept in dicts and lists, a method replaced on its class,
+the user's modules used only as containers, paths five levels deep, a hundred objects a loop
+iterates, tables of a hundred numbers. Each change retraces (or runs eagerly with one
+JitWarning), never a stale value. Every engine (shared suite)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _like_eager(jitted: Callable[..., Any], eager: Callable[..., Any], args: tuple[Any, ...],
+                changes: list[Callable[[], None]]) -> None:  # fmt: skip
+    """Two calls per state, no JitWarning: the compiled program serves the later calls."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for change in [lambda: None, *changes]:
+            change()
+            for _ in range(2):
+                torch.testing.assert_close(jitted(*args), eager(*args))
+                jitted.wait_compiled()
+
+
+class Integrator:
+    SUBSTEPS = 1
+
+    def __init__(self, dt: float) -> None:
+        self.dt = dt
+
+    def advance(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.SUBSTEPS):
+            x = x * (1 - self.dt)
+        return x
+
+
+def _apply(x: torch.Tensor, advance: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    return advance(x) + 1
+
+
+def test_the_object_of_a_bound_method_passed_as_an_argument_is_guarded() -> None:
+    integrator = Integrator(0.1)
+    jitted = ptj.jit(_apply)
+    x = torch.linspace(1, 2, 3)
+    changes = [lambda: setattr(integrator, "dt", 0.5),
+               lambda: setattr(integrator, "SUBSTEPS", 3)]  # fmt: skip
+    _like_eager(jitted, lambda x, _: _apply(x, integrator.advance), (x, integrator.advance),
+                changes)  # fmt: skip
+    assert jitted.num_traces == 3
+
+
+class Solver:
+    def __init__(self) -> None:
+        self.tol, self.scale = 0.5, 2.0
+
+
+def _precondition(r: torch.Tensor, cfg: SimpleNamespace) -> torch.Tensor:
+    return torch.clamp(r, -cfg.solver.tol, cfg.solver.tol) * cfg.solver.scale
+
+
+def test_a_partial_passed_as_an_argument_has_its_configuration_guarded() -> None:
+    cfg = SimpleNamespace(solver=Solver())
+    precondition = functools.partial(_precondition, cfg=cfg)
+    jitted = ptj.jit(_apply)
+    r = torch.linspace(-2, 2, 5)
+
+    def rebind() -> None:
+        cfg.solver = Solver()
+        cfg.solver.scale = -1.0
+
+    changes = [lambda: setattr(cfg.solver, "tol", 0.1), rebind]
+    _like_eager(jitted, _apply, (r, precondition), changes)
+    assert jitted.num_traces == 3
+
+
+class Damper:
+    def __init__(self) -> None:
+        self.gamma = 0.1
+
+    def apply(self, v: torch.Tensor, dt: float) -> torch.Tensor:
+        return v * (1 - self.gamma * dt)
+
+
+DAMPER = Damper()
+DAMP = functools.partial(DAMPER.apply, dt=1.0)  # a partial of a bound method
+PHYSICS = SimpleNamespace(nu=0.1)
+
+
+def _diffuse(u: torch.Tensor, cfg: SimpleNamespace) -> torch.Tensor:
+    return u * cfg.nu
+
+
+OPERATORS = {"diffuse": functools.partial(_diffuse, cfg=PHYSICS)}
+TERMS = [functools.partial(_diffuse, cfg=PHYSICS)]
+
+
+def _held(v: torch.Tensor) -> torch.Tensor:
+    v = DAMP(v) + OPERATORS["diffuse"](v)
+    for term in TERMS:
+        v = v + term(v)
+    return v
+
+
+def test_partials_of_bound_methods_and_partials_in_dicts_and_lists_are_walked() -> None:
+    jitted = ptj.jit(_held)
+    v = torch.linspace(1, 2, 3)
+    try:
+        changes = [lambda: setattr(DAMPER, "gamma", 0.9), lambda: setattr(PHYSICS, "nu", 0.4)]
+        _like_eager(jitted, _held, (v,), changes)
+    finally:
+        DAMPER.gamma, PHYSICS.nu = 0.1, 0.1
+    assert jitted.num_traces == 3
+
+
+class Limiter:
+    @staticmethod
+    def clip(x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, -1, 1)
+
+
+class Limited(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.limiter = Limiter()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.limiter.clip(x) * 2
+
+
+INTEGRATOR = Integrator(0.5)
+
+
+def _integrated(x: torch.Tensor) -> torch.Tensor:
+    return INTEGRATOR.advance(x)
+
+
+def test_a_method_replaced_on_its_class_retraces() -> None:
+    jitted = ptj.jit(_integrated)
+    x = torch.linspace(1, 2, 3)
+    original = Integrator.advance
+    try:
+        changes = [lambda: setattr(Integrator, "advance", lambda self, x: x * 0.0)]
+        _like_eager(jitted, _integrated, (x,), changes)
+    finally:
+        Integrator.advance = original  # type: ignore[method-assign]
+    assert jitted.num_traces == 2
+    model = Limited()
+    jitted_model = ptj.jit(model)
+    clip = vars(Limiter)["clip"]  # the staticmethod object
+    try:
+        changes = [lambda: setattr(Limiter, "clip", staticmethod(lambda x: x * 0.0))]
+        _like_eager(jitted_model, model, (torch.linspace(-2, 2, 5),), changes)
+    finally:
+        setattr(Limiter, "clip", clip)  # noqa: B010
+    assert jitted_model.num_traces == 2
+
+
+class Settings(nn.Module):
+    """A module used as a configuration container: never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits = [-1.0, 1.0]
+        self.solver = SimpleNamespace(tol=0.5)
+
+
+SETTINGS = Settings()
+
+
+def _clamped(u: torch.Tensor) -> torch.Tensor:
+    return _helper(u, SETTINGS)
+
+
+def _helper(u: torch.Tensor, settings: Settings) -> torch.Tensor:
+    return torch.clamp(u, settings.limits[0], settings.limits[1]) * settings.solver.tol
+
+
+def test_a_module_used_only_as_a_container_has_its_attributes_guarded() -> None:
+    jitted = ptj.jit(_clamped)
+    u = torch.linspace(-2, 2, 5)
+    try:
+        changes = [lambda: SETTINGS.limits.__setitem__(1, 0.05),
+                   lambda: setattr(SETTINGS.solver, "tol", 2.0)]  # fmt: skip
+        _like_eager(jitted, _clamped, (u,), changes)
+    finally:
+        SETTINGS.limits[1], SETTINGS.solver.tol = 1.0, 0.5
+    assert jitted.num_traces == 3
+
+
+def _noise() -> Iterator[float]:
+    value = 0.0
+    while True:
+        value += 1.0
+        yield value
+
+
+def test_an_iterator_held_by_a_container_module_runs_eagerly_with_one_warning() -> None:
+    holder = nn.Module()
+    holder.noise = _noise()  # type: ignore[assignment]
+    reference = _noise()
+    jitted = ptj.jit(lambda x: x + next(holder.noise))  # type: ignore[call-overload]
+    x = torch.zeros(2)
+    with pytest.warns(ptj.JitWarning, match="iterator") as caught:
+        for _ in range(4):
+            assert torch.equal(jitted(x), x + next(reference))
+    assert len([w for w in caught if issubclass(w.category, ptj.JitWarning)]) == 1
+
+
+class Forcing:
+    def __init__(self) -> None:
+        self.params = SimpleNamespace(k=1.0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.params.k * FORCING_GAIN["gain"]
+
+
+FORCING_GAIN = {"gain": 1.0}
+
+
+def test_a_callable_arguments_nested_state_and_the_globals_its_methods_read_are_guarded() -> None:
+    forcing = Forcing()
+    jitted = ptj.jit(_apply)
+    x = torch.linspace(1, 2, 3)
+    try:
+        changes = [lambda: setattr(forcing.params, "k", 2.5),
+                   lambda: FORCING_GAIN.__setitem__("gain", 0.5)]  # fmt: skip
+        _like_eager(jitted, _apply, (x, forcing), changes)
+    finally:
+        FORCING_GAIN["gain"] = 1.0
+    assert jitted.num_traces == 3
+
+
+class LookupConfig:
+    """Attributes looked up in a dict: a missing name raises KeyError, not AttributeError."""
+
+    def __init__(self, **values: float) -> None:
+        object.__setattr__(self, "_data", dict(values))
+
+    def __getattr__(self, name: str) -> float:
+        return self._data[name]  # type: ignore[no-any-return]
+
+    def __setattr__(self, name: str, value: float) -> None:
+        self._data[name] = value
+
+
+LOOKUP_CONFIG = LookupConfig(dt=0.1)
+
+
+def _scaled(u: torch.Tensor) -> torch.Tensor:
+    return u * LOOKUP_CONFIG.dt
+
+
+def test_a_config_whose_getattr_raises_key_error_is_guarded_not_a_crash() -> None:
+    jitted = ptj.jit(_scaled)
+    try:
+        _like_eager(jitted, _scaled, (torch.ones(2),), [lambda: setattr(LOOKUP_CONFIG, "dt", 2.0)])
+    finally:
+        LOOKUP_CONFIG.dt = 0.1
+    assert jitted.num_traces == 2
+
+
+SIMULATION = SimpleNamespace(
+    physics=SimpleNamespace(terms=[SimpleNamespace(params=SimpleNamespace(c=2.0))])
+)
+STAGES = [SimpleNamespace(v=float(i)) for i in range(100)]
+
+
+def _deep_and_wide(x: torch.Tensor) -> torch.Tensor:
+    for term in SIMULATION.physics.terms:  # five levels to the value
+        x = x * term.params.c
+    return x + STAGES[90].v  # the 91st of 100 objects
+
+
+def test_paths_five_levels_deep_and_a_hundred_objects_are_guarded() -> None:
+    jitted = ptj.jit(_deep_and_wide)
+    x = torch.ones(3)
+    term = SIMULATION.physics.terms[0]
+    try:
+        changes = [lambda: setattr(term.params, "c", -20.0),
+                   lambda: setattr(STAGES[90], "v", 7.0)]  # fmt: skip
+        _like_eager(jitted, _deep_and_wide, (x,), changes)
+    finally:
+        term.params.c, STAGES[90].v = 2.0, 90.0
+    assert jitted.num_traces == 3
