@@ -7,6 +7,8 @@ JitWarning), never a stale value. Every engine (shared suite)."""
 
 from __future__ import annotations
 
+import array
+import collections
 import functools
 import warnings
 from collections.abc import Callable, Iterator
@@ -294,3 +296,116 @@ def test_paths_five_levels_deep_and_a_hundred_objects_are_guarded() -> None:
     finally:
         term.params.c, STAGES[90].v = 2.0, 90.0
     assert jitted.num_traces == 3
+
+
+class Table(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg = collections.OrderedDict(scale=1.0)
+
+
+TABLE_MODULE = Table()
+HISTORY = collections.deque([0.1, 0.2], maxlen=3)
+COEFFICIENTS = array.array("d", [1.0, 2.0])
+
+
+def _containers(x: torch.Tensor) -> torch.Tensor:
+    for c in COEFFICIENTS:  # read by iteration, not by index
+        x = x * c
+    return x * TABLE_MODULE.cfg["scale"] + sum(HISTORY)
+
+
+def test_ordered_dicts_deques_and_arrays_are_guarded_by_content() -> None:
+    jitted = ptj.jit(_containers)
+    x = torch.ones(2)
+    try:
+        changes = [lambda: TABLE_MODULE.cfg.__setitem__("scale", -2.0),
+                   lambda: HISTORY.append(1.0), lambda: HISTORY.append(5.0),  # past maxlen
+                   lambda: COEFFICIENTS.__setitem__(1, -3.0)]  # fmt: skip
+        _like_eager(jitted, _containers, (x,), changes)
+    finally:
+        TABLE_MODULE.cfg["scale"] = 1.0
+        HISTORY.clear()
+        HISTORY.extend([0.1, 0.2])
+        COEFFICIENTS[1] = 2.0
+    assert jitted.num_traces == 5
+
+
+class Model:
+    def rhs(self, x: torch.Tensor) -> torch.Tensor:
+        return -x
+
+
+MODEL = Model()
+PARAMETERS = SimpleNamespace()
+
+
+def _attributes_added_later(x: torch.Tensor) -> torch.Tensor:
+    return MODEL.rhs(x) + getattr(PARAMETERS, "shift", 0.0)
+
+
+def test_an_attribute_added_later_shadowing_a_method_or_read_with_a_default_retraces() -> None:
+    jitted = ptj.jit(_attributes_added_later)
+    x = torch.ones(2)
+    try:
+        changes = [lambda: setattr(MODEL, "rhs", lambda x: x * 0 + 42.0),
+                   lambda: setattr(PARAMETERS, "shift", 5.0)]  # fmt: skip
+        _like_eager(jitted, _attributes_added_later, (x,), changes)
+    finally:
+        vars(MODEL).pop("rhs", None)
+        vars(PARAMETERS).pop("shift", None)
+    assert jitted.num_traces == 3
+
+
+class Base:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.0
+
+
+class Child(Base):
+    def _scale(self, x: torch.Tensor, k: float) -> torch.Tensor:
+        return x * k
+
+    scaled = functools.partialmethod(_scale, k=2.0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return super().__call__(x) + self.scaled(x)
+
+
+CHILD = Child()
+
+
+def _called(x: torch.Tensor) -> torch.Tensor:
+    return CHILD(x)
+
+
+def test_a_partialmethod_or_a_base_classes_method_replaced_retraces() -> None:
+    jitted = ptj.jit(_called)
+    x = torch.ones(2)
+    scaled, call = vars(Child)["scaled"], vars(Base)["__call__"]
+    try:
+        changes = [lambda: setattr(Child, "scaled", functools.partialmethod(Child._scale, k=-5.0)),
+                   lambda: setattr(Base, "__call__", lambda self, x: x * 0.0)]  # fmt: skip
+        _like_eager(jitted, _called, (x,), changes)
+    finally:
+        Child.scaled, Base.__call__ = scaled, call  # type: ignore[method-assign]
+    assert jitted.num_traces == 3
+
+
+def _imports_its_settings(x: torch.Tensor) -> torch.Tensor:
+    import read_settings as settings  # imported while the step runs: read through a local
+
+    return x * settings.GRAVITY
+
+
+def test_a_users_module_imported_inside_the_step_is_guarded() -> None:
+    import read_settings
+
+    jitted = ptj.jit(_imports_its_settings)
+    before = read_settings.GRAVITY
+    try:
+        changes = [lambda: setattr(read_settings, "GRAVITY", before * 3)]
+        _like_eager(jitted, _imports_its_settings, (torch.ones(2),), changes)
+    finally:
+        read_settings.GRAVITY = before
+    assert jitted.num_traces == 2

@@ -24,7 +24,7 @@ from .._sources import is_user_file
 from ._records import PRIMITIVES, Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
-           "user_module", "user_class", "MAX_DEPTH"]  # fmt: skip
+           "user_module", "user_class", "modules_imported", "MAX_DEPTH"]  # fmt: skip
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -56,6 +56,18 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
                     if name in code.co_freevars:
                         cells_read.setdefault(name, line or inner.co_firstlineno)
         found = _NAMES[code] = (globals_read, cells_read)
+    return found
+
+
+def modules_imported(code: types.CodeType) -> dict[str, int]:
+    """Modules the code imports while it runs (``import settings as s`` inside a function)
+    -> first line: read through a local, so no global or chain names them."""
+    found: dict[str, int] = {}
+    for inner in _codes(code):
+        for instruction in dis.get_instructions(inner):
+            if instruction.opname == "IMPORT_NAME":
+                line = instruction.positions.lineno if instruction.positions else None
+                found.setdefault(instruction.argval, line or inner.co_firstlineno)
     return found
 
 

@@ -17,9 +17,13 @@ What no compiled program can repeat is noted while the record pass runs by
 
 from __future__ import annotations
 
+import array
 import builtins
+import collections
 import collections.abc
+import copy
 import functools
+import sys
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -28,17 +32,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._signature import NAMESPACES
 from ._code_walk import (
     MAX_DEPTH,
     attribute_chains,
     describe_callable,
     held_objects,
+    modules_imported,
     names_read,
-    user_class,
     user_functions,
     user_module,
 )
+from ._fields import INSTANCE_DICT, TREE_DEPTH, depth, fields, has_attribute, has_attributes
 from ._records import (
     GONE,
     LENGTH,
@@ -91,19 +95,25 @@ def _kind(value: Any) -> Kind | None:
         return Kind.VALUE
     if _small_plain(value, _MAX_CONTENT) >= 0:
         return Kind.CONTENT
-    if _has(value, "__array_interface__") and getattr(value, "size", _MAX_ARRAY + 1) <= _MAX_ARRAY:
+    if (
+        has_attribute(value, "__array_interface__")
+        and getattr(value, "size", _MAX_ARRAY + 1) <= _MAX_ARRAY
+    ):
         return Kind.ARRAY
     return Kind.IDENTITY
 
 
 def _small_plain(value: Any, budget: int) -> int:
-    """Budget left after walking a list/dict/set of immutable values; -1 if it is not one."""
+    """Budget left after walking a list/dict/set/deque/array of immutable values (subclasses
+    too: an OrderedDict); -1 if it is not one."""
     if immutable(value):
         return budget - 1
-    if type(value) in (list, set, tuple):
-        items = list(value)
-    elif type(value) is dict:
+    if isinstance(value, dict):
         items = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, set, tuple, collections.deque, array.array)):
+        if len(value) > budget:
+            return -1
+        items = list(value)
     else:
         return -1
     for item in items:
@@ -114,6 +124,8 @@ def _small_plain(value: Any, budget: int) -> int:
 
 
 def _snapshot(value: Any) -> Any:
+    if type(value) not in (list, dict, set, tuple):  # an OrderedDict, a deque (its maxlen)
+        return copy.deepcopy(value)
     if type(value) is list:
         return [_snapshot(v) for v in value]
     if type(value) is dict:
@@ -177,6 +189,7 @@ def collect_reads(
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", namespace, name)
                 _add(reads, (id(namespace), name), source)
                 _add_chains(reads, (id(namespace), name), source, chains.get((False, name), set()))
+        _add_imported(reads, code)
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             if name in cells_read:
                 location = f"{code.co_filename}:{cells_read[name]}"
@@ -184,6 +197,25 @@ def collect_reads(
                 _add(reads, id(cell), source)
                 _add_chains(reads, id(cell), source, chains.get((True, name), set()))
     return list(reads.values())
+
+
+def _add_imported(reads: dict[Any, Read], code: types.CodeType) -> None:
+    """The user's modules a function imports while it runs (``import settings as s``, read
+    through a local): which module the name is (``sys.modules``) and its public data."""
+    for name, line in modules_imported(code).items():
+        module = sys.modules.get(name)
+        if module is None or not user_module(module):
+            continue
+        where = f"{code.co_filename}:{line}"
+        _add(reads, ("module", name), Source(f"module {name}", where, sys.modules, name))
+        namespace = vars(module)
+        for attribute, value in list(namespace.items()):
+            if attribute.startswith("_") or isinstance(value, (types.ModuleType, type)):
+                continue
+            if callable(value) and not isinstance(value, (torch.Tensor, nn.Module)):
+                continue  # functions: code (their globals are walked where they are called)
+            source = Source(f"{name}.{attribute}", where, namespace, attribute)
+            _add(reads, (id(namespace), attribute), source)
 
 
 def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
@@ -243,97 +275,25 @@ def _add(reads: dict[Any, Read], key: Any, source: Source, budget: list[int] | N
     if kind is Kind.IDENTITY and isinstance(value, nn.Module):  # called or a container only
         for module in value.modules():
             _add_attributes(reads, module)
-    if kind is Kind.IDENTITY and _depth(source.path) < _TREE_DEPTH:
+    if kind is Kind.IDENTITY and depth(source.path) < TREE_DEPTH:
         budget = [_MAX_FIELDS] if budget is None else budget
-        fields = _fields(value)
-        for n, step in enumerate(fields):
+        steps_under = fields(value)
+        if has_attributes(value):  # an attribute added later (shadowing a method, or read
+            names = source.child(INSTANCE_DICT).child(LENGTH)  # with a getattr default)
+            budget[0] -= 1
+            _add(reads, (key, "attributes"), names, budget)
+        for n, step in enumerate(steps_under):
             if budget[0] <= 0:  # say so (explain): never assumed constant silently
-                left = f"{len(fields) - n} of its {len(fields)} fields"
+                left = f"{len(steps_under) - n} of its {len(steps_under)} fields"
                 reads[key] = replace(reads[key], unguarded=f"{left} (a tree walks {_MAX_FIELDS})")
                 break
             budget[0] -= 1
-            child = ("class", id(type(value))) if step.key == "__class__" else (key, step)
-            _add(reads, child, source.child(step), budget)  # a class: once for its objects
-
-
-def _fields(value: Any) -> list[Step]:
-    """The attribute paths one step under a configuration object (NOTE [attribute paths]):
-    public attributes of namespaces and of instances of user classes (dataclasses included;
-    class attributes too), public class attributes of user classes, str/int entries of dicts,
-    items of lists and tuples (``models[0]``), the object of a bound method, the arguments
-    a ``functools.partial`` binds.
-    Libraries' objects stay guarded by identity: their internals are not the user's state."""
-    if type(value) is dict:
-        return [Step(False, k) for k in value if type(k) in (str, int)]
-    if type(value) in (list, tuple):
-        return [Step(False, i) for i in range(len(value))]
-    if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
-        return [Step(True, "__self__")]
-    if isinstance(value, functools.partial):  # the arguments it binds, what it calls
-        return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]
-    if isinstance(value, (nn.Module, types.FunctionType, types.ModuleType)):
-        return []  # modules: the module guard; functions: code, walked by user_functions
-    if isinstance(value, type):  # its data, then its methods (replaced on the class)
-        klasses = [k for k in value.__mro__ if k is not object and user_class(k)]
-        return [Step(True, n) for n in (*_class_data(klasses), *_methods(klasses))]
-    klass = type(value)
-    plain = klass in NAMESPACES or user_class(klass)  # a library's objects: by identity
-    if not plain or not _has(value, "__dict__"):
-        return []
-    names = [n for n in vars(value) if n.isidentifier() and not n.startswith("_")]
-    names += [n for n in _class_data([k for k in klass.__mro__ if user_class(k)])
-              if n not in names]  # fmt: skip
-    steps = [Step(True, n) for n in names]
-    return [*steps, Step(True, "__class__")] if user_class(klass) else steps
-
-
-_STRUCTURE = frozenset(("__self__", "func", "args", "keywords", "__class__"))
-"""Steps through a callable's or an object's machinery (a partial's function and bound
-arguments, a method's object, an instance's class): they cost no level of the walk."""
-
-_TREE_DEPTH = 5
-"""Levels of data (attributes, entries) walked under a global, a closure variable or a held
-object; the whole tree shares ``_MAX_FIELDS`` reads."""
-
-
-def _depth(path: tuple[Step, ...]) -> int:
-    return sum(1 for step in path if not (step.attribute and step.key in _STRUCTURE))
-
-
-def _has(value: Any, name: str) -> bool:
-    """``hasattr`` that survives a ``__getattr__`` raising something else than AttributeError
-    (a config class looking names up in a dict: KeyError)."""
-    try:
-        return hasattr(value, name)
-    except Exception:
-        return False
-
-
-def _methods(klasses: list[type]) -> list[str]:
-    """Functions and static methods defined on these classes, guarded by identity (a method
-    replaced on the class retraces); class methods, properties and descriptors are not (each
-    read makes a new object, or runs code)."""
-    names: list[str] = []
-    for klass in klasses:
-        for name, member in vars(klass).items():
-            if name.startswith("__") or name in names or not name.isidentifier():
-                continue
-            if isinstance(member, (types.FunctionType, staticmethod)):
-                names.append(name)
-    return names
-
-
-def _class_data(klasses: list[type]) -> list[str]:
-    """Public data attributes defined on these classes (no methods, properties, classes)."""
-    names: list[str] = []
-    for klass in klasses:
-        for name, member in vars(klass).items():
-            if name.startswith("_") or name in names or not name.isidentifier():
-                continue
-            if callable(member) or hasattr(type(member), "__get__"):
-                continue  # methods, properties, cached properties: reading them runs code
-            names.append(name)
-    return names
+            steps = step if isinstance(step, tuple) else (step,)
+            child = source
+            for each in steps:
+                child = child.child(each)
+            place = ("class", id(type(value))) if steps[0].key == "__class__" else (key, steps)
+            _add(reads, place, child, budget)  # a class: once for all its objects
 
 
 def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:

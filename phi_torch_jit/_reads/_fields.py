@@ -1,0 +1,124 @@
+"""Stage 1 (reads), the shape of the walk: what lies one step under an object read by the
+step, and how deep the walk goes (NOTE [attribute paths]).
+
+:func:`fields` lists the steps under a configuration object: public attributes of namespaces
+and of instances of user classes, class data, the methods of user classes (read from their
+class's ``__dict__``: the same object on every read), entries of dicts and items of lists,
+a bound method's object, what a ``functools.partial`` binds and calls. Steps through such
+machinery cost no level of :data:`TREE_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import types
+from typing import Any
+
+from torch import nn
+
+from .._signature import NAMESPACES
+from ._code_walk import user_class
+from ._records import Step
+
+__all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT"]
+
+
+def has_attributes(value: Any) -> bool:
+    """Whether ``value`` is a namespace or an instance of a user class with a ``__dict__``."""
+    klass = type(value)
+    plain = klass in NAMESPACES or (user_class(klass) and not isinstance(value, type))
+    return plain and not isinstance(value, nn.Module) and has_attribute(value, "__dict__")
+
+
+def fields(value: Any) -> list[Step | tuple[Step, ...]]:
+    """The attribute paths one step under a configuration object (NOTE [attribute paths]):
+    public attributes of namespaces and of instances of user classes (dataclasses included;
+    class attributes too), public class attributes of user classes, str/int entries of dicts,
+    items of lists and tuples (``models[0]``), the object of a bound method, the arguments
+    a ``functools.partial`` binds.
+    Libraries' objects stay guarded by identity: their internals are not the user's state."""
+    if isinstance(value, dict):
+        return [Step(False, k) for k in value if type(k) in (str, int)]
+    if isinstance(value, (list, tuple, collections.deque)):
+        return [Step(False, i) for i in range(len(value))]
+    if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
+        return [Step(True, "__self__")]
+    if isinstance(value, functools.partial):  # the arguments it binds, what it calls
+        return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]
+    if isinstance(value, (nn.Module, types.FunctionType, types.ModuleType)):
+        return []  # modules: the module guard; functions: code, walked by user_functions
+    if isinstance(value, type):  # its data, then its methods (replaced on the class)
+        klasses = [k for k in value.__mro__ if k is not object and user_class(k)]
+        return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value)]
+    klass = type(value)
+    plain = klass in NAMESPACES or user_class(klass)  # a library's objects: by identity
+    if not plain or not has_attribute(value, "__dict__"):
+        return []
+    names = [n for n in vars(value) if n.isidentifier() and not n.startswith("_")]
+    names += [n for n in _class_data([k for k in klass.__mro__ if user_class(k)])
+              if n not in names]  # fmt: skip
+    steps: list[Step | tuple[Step, ...]] = [Step(True, n) for n in names]
+    return [*steps, Step(True, "__class__")] if user_class(klass) else steps
+
+
+_STRUCTURE = frozenset(("__self__", "func", "args", "keywords", "__class__", "__mro__",
+                        "__dict__"))  # fmt: skip
+"""Steps through a callable's or an object's machinery (a partial's function and bound
+arguments, a method's object, an instance's class): they cost no level of the walk."""
+
+TREE_DEPTH = 5
+"""Levels of data (attributes, entries) walked under a global, a closure variable or a held
+object; the whole tree shares ``_MAX_FIELDS`` reads."""
+
+
+def depth(path: tuple[Step, ...]) -> int:
+    return sum(1 for step in path if not (step.attribute and step.key in _STRUCTURE))
+
+
+def has_attribute(value: Any, name: str) -> bool:
+    """``hasattr`` that survives a ``__getattr__`` raising something else than AttributeError
+    (a config class looking names up in a dict: KeyError)."""
+    try:
+        return hasattr(value, name)
+    except Exception:
+        return False
+
+
+def _methods(klass: type) -> list[tuple[Step, ...]]:
+    """Paths to the methods (functions, static and class methods, properties, partialmethods,
+    ``__call__``) defined on the user classes of ``klass``'s MRO, each read from its class's
+    ``__dict__`` (``K.__mro__[1].__dict__['__call__']``: the descriptor itself, the same
+    object on every read), guarded by identity: a method replaced on a class, a base class
+    reached through ``super()`` included, retraces."""
+    paths: list[tuple[Step, ...]] = []
+    for i, base in enumerate(klass.__mro__):
+        if base is object or not user_class(base):
+            continue
+        for name, member in vars(base).items():
+            if name not in _CLASS_MACHINERY and (
+                callable(member) or hasattr(type(member), "__get__")
+            ):
+                paths.append(
+                    (Step(True, "__mro__"), Step(False, i), INSTANCE_DICT, Step(False, name))
+                )
+    return paths
+
+
+INSTANCE_DICT = Step(True, "__dict__")
+_MRO = Step(True, "__mro__")
+_CLASS_MACHINERY = frozenset(("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__",
+                              "__annotations__", "__slots__", "__init_subclass__"))  # fmt: skip
+
+
+def _class_data(klasses: list[type]) -> list[str]:
+    """Public data attributes defined on these classes (no methods, properties, classes)."""
+    names: list[str] = []
+    for klass in klasses:
+        for name, member in vars(klass).items():
+            if name.startswith("_") or name in names or not name.isidentifier():
+                continue
+            if callable(member) or hasattr(type(member), "__get__"):
+                continue  # methods, properties, cached properties: reading them runs code
+            names.append(name)
+    return names
