@@ -409,3 +409,23 @@ def test_a_users_module_imported_inside_the_step_is_guarded() -> None:
     finally:
         read_settings.GRAVITY = before
     assert jitted.num_traces == 2
+
+
+class Irreps(tuple):  # type: ignore[type-arg]
+    """A library's tuple subclass with rules of its own (e3nn's Irreps: no ``len``)."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+IRREPS = Irreps((2.0, 3.0))
+
+
+def _irreps(x: torch.Tensor) -> torch.Tensor:
+    return x * IRREPS[0]
+
+
+def test_a_container_subclass_whose_len_raises_is_guarded_by_identity_not_a_crash() -> None:
+    jitted = ptj.jit(_irreps)
+    _like_eager(jitted, _irreps, (torch.ones(2),), [])
+    assert jitted.num_traces == 1

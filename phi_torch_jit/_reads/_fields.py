@@ -38,9 +38,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     items of lists and tuples (``models[0]``), the object of a bound method, the arguments
     a ``functools.partial`` binds.
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
-    if isinstance(value, dict):
+    if type(value) in (dict, collections.OrderedDict, collections.defaultdict):
         return [Step(False, k) for k in value if type(k) in (str, int)]
-    if isinstance(value, (list, tuple, collections.deque)):
+    if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
     if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
         return [Step(True, "__self__")]

@@ -93,7 +93,7 @@ def _kind(value: Any) -> Kind | None:
         return Kind.ITERATOR
     if immutable(value):
         return Kind.VALUE
-    if _small_plain(value, _MAX_CONTENT) >= 0:
+    if _plain_container(value):
         return Kind.CONTENT
     if (
         has_attribute(value, "__array_interface__")
@@ -103,18 +103,29 @@ def _kind(value: Any) -> Kind | None:
     return Kind.IDENTITY
 
 
+_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+_SEQUENCES = (list, set, tuple, collections.deque, array.array)
+
+
+def _plain_container(value: Any) -> bool:
+    try:
+        return _small_plain(value, _MAX_CONTENT) >= 0
+    except Exception:  # a container's own rules (a __len__ that raises)
+        return False
+
+
 def _small_plain(value: Any, budget: int) -> int:
-    """Budget left after walking a list/dict/set/deque/array of immutable values (subclasses
-    too: an OrderedDict); -1 if it is not one."""
+    """Budget left after walking a list/dict/set/deque/array of immutable values (also an
+    OrderedDict, a defaultdict, a Counter); -1 if it is not one."""
     if immutable(value):
         return budget - 1
-    if isinstance(value, dict):
+    if type(value) in _MAPPINGS:
         items = [*value.keys(), *value.values()]
-    elif isinstance(value, (list, set, tuple, collections.deque, array.array)):
+    elif type(value) in _SEQUENCES:
         if len(value) > budget:
             return -1
         items = list(value)
-    else:
+    else:  # a library's subclass of tuple or dict (e3nn's Irreps): its own semantics
         return -1
     for item in items:
         budget = _small_plain(item, budget)
@@ -277,7 +288,10 @@ def _add(reads: dict[Any, Read], key: Any, source: Source, budget: list[int] | N
             _add_attributes(reads, module)
     if kind is Kind.IDENTITY and depth(source.path) < TREE_DEPTH:
         budget = [_MAX_FIELDS] if budget is None else budget
-        steps_under = fields(value)
+        try:
+            steps_under = fields(value)
+        except Exception:  # an object's own __getattr__/__len__ rules: not walked
+            steps_under = []
         if has_attributes(value):  # an attribute added later (shadowing a method, or read
             names = source.child(INSTANCE_DICT).child(LENGTH)  # with a getattr default)
             budget[0] -= 1
