@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import array
 import collections
+import contextvars
+import enum
 import functools
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -429,3 +433,54 @@ def test_a_container_subclass_whose_len_raises_is_guarded_by_identity_not_a_cras
     jitted = ptj.jit(_irreps)
     _like_eager(jitted, _irreps, (torch.ones(2),), [])
     assert jitted.num_traces == 1
+
+
+class Scheme(enum.Enum):
+    EULER = (1.0, [1.0])  # a member whose value holds a list of stage weights
+
+
+GAIN = contextvars.ContextVar("gain", default=1.0)
+LOCAL = threading.local()
+
+
+class Physics:
+    def __init__(self) -> None:
+        self.k = 2.0
+
+
+PHYSICS_OBJECT = Physics()
+PROXY = weakref.proxy(PHYSICS_OBJECT)
+
+
+def _scoped(x: torch.Tensor) -> torch.Tensor:
+    weights = Scheme.EULER.value[1]
+    return x * sum(weights) * GAIN.get() * getattr(LOCAL, "scale", 1.0) * PROXY.k
+
+
+def test_enum_values_context_variables_thread_locals_and_weak_proxies_are_guarded() -> None:
+    jitted = ptj.jit(_scoped)
+    x = torch.ones(2)
+    token = GAIN.set(2.0)
+    try:
+        changes = [lambda: Scheme.EULER.value[1].__setitem__(0, 3.0),
+                   lambda: Scheme.EULER.value[1].append(1.0),
+                   lambda: GAIN.set(-3.0), lambda: setattr(LOCAL, "scale", 5.0),
+                   lambda: setattr(PHYSICS_OBJECT, "k", 0.5)]  # fmt: skip
+        _like_eager(jitted, _scoped, (x,), changes)
+    finally:
+        GAIN.reset(token)
+        Scheme.EULER.value[1][:] = [1.0]
+        vars(LOCAL).pop("scale", None)
+        PHYSICS_OBJECT.k = 2.0
+    assert jitted.num_traces == 6
+
+
+def test_a_context_variable_read_under_each_calls_own_context_is_that_contexts_value() -> None:
+    jitted = ptj.jit(_scoped)
+    x = torch.ones(2)
+    for gain in (2.0, -3.0, 4.0, 2.0):
+        context = contextvars.copy_context()
+        context.run(GAIN.set, gain)
+        torch.testing.assert_close(context.run(jitted, x), context.run(_scoped, x))
+        jitted.wait_compiled()
+    assert jitted.num_traces == 3

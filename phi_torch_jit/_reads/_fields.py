@@ -11,8 +11,12 @@ machinery cost no level of :data:`TREE_DEPTH`.
 from __future__ import annotations
 
 import collections
+import contextvars
+import enum
 import functools
+import threading
 import types
+import weakref
 from typing import Any
 
 from torch import nn
@@ -24,10 +28,20 @@ from ._records import Step
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT"]
 
 
+def _class_of(value: Any) -> type:
+    """The class whose attributes ``value`` has (a weak proxy's: its object's)."""
+    return value.__class__ if isinstance(value, weakref.ProxyTypes) else type(value)
+
+
+def _bag(klass: type) -> bool:
+    """A class whose instances hold configuration as attributes: namespaces, thread-locals."""
+    return klass in NAMESPACES or issubclass(klass, threading.local)
+
+
 def has_attributes(value: Any) -> bool:
     """Whether ``value`` is a namespace or an instance of a user class with a ``__dict__``."""
-    klass = type(value)
-    plain = klass in NAMESPACES or (user_class(klass) and not isinstance(value, type))
+    klass = _class_of(value)
+    plain = _bag(klass) or (user_class(klass) and not isinstance(value, type))
     return plain and not isinstance(value, nn.Module) and has_attribute(value, "__dict__")
 
 
@@ -48,11 +62,15 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]
     if isinstance(value, (nn.Module, types.FunctionType, types.ModuleType)):
         return []  # modules: the module guard; functions: code, walked by user_functions
+    if isinstance(value, enum.Enum):  # a member whose value holds a list (immutable ones
+        return [Step(True, "value")]  # are compared by value)
+    if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context
+        return [Step(True, "get", call=True)]
     if isinstance(value, type):  # its data, then its methods (replaced on the class)
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]
         return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value)]
-    klass = type(value)
-    plain = klass in NAMESPACES or user_class(klass)  # a library's objects: by identity
+    klass = _class_of(value)
+    plain = _bag(klass) or user_class(klass)  # a library's objects: by identity
     if not plain or not has_attribute(value, "__dict__"):
         return []
     names = [n for n in vars(value) if n.isidentifier() and not n.startswith("_")]

@@ -25,6 +25,7 @@ import copy
 import functools
 import sys
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -89,6 +90,8 @@ def _kind(value: Any) -> Kind | None:
         return Kind.IDENTITY if user_module(value) else None
     if isinstance(value, types.BuiltinFunctionType):  # Python's own (len, min): never rebound
         return None if value.__self__ is builtins else Kind.IDENTITY  # torch.tanh in a dict
+    if isinstance(value, weakref.ProxyTypes):  # forwards __next__ whatever its object is
+        return Kind.IDENTITY
     if isinstance(value, collections.abc.Iterator):
         return Kind.ITERATOR
     if immutable(value):
@@ -169,7 +172,7 @@ def _add_chains(
                 break
             if callable(value) and not isinstance(value, (nn.Module, torch.Tensor)):
                 break  # a method or function (a new bound method on every read): code, not data
-            _add(reads, parent, child, budget=[0])
+            _add(reads, parent, child, budget=[-1])  # -1: not descended
 
 
 def collect_reads(
@@ -294,10 +297,12 @@ def _add(reads: dict[Any, Read], key: Any, source: Source, budget: list[int] | N
             steps_under = []
         if has_attributes(value):  # an attribute added later (shadowing a method, or read
             names = source.child(INSTANCE_DICT).child(LENGTH)  # with a getattr default)
-            budget[0] -= 1
+            budget[0] -= 1 if budget[0] > 0 else 0
             _add(reads, (key, "attributes"), names, budget)
         for n, step in enumerate(steps_under):
-            if budget[0] <= 0:  # say so (explain): never assumed constant silently
+            if budget[0] < 0:  # a chain's step: the root's own walk covers what is under it
+                break
+            if budget[0] == 0:  # say so (explain): never assumed constant silently
                 left = f"{len(steps_under) - n} of its {len(steps_under)} fields"
                 reads[key] = replace(reads[key], unguarded=f"{left} (a tree walks {_MAX_FIELDS})")
                 break
@@ -306,7 +311,7 @@ def _add(reads: dict[Any, Read], key: Any, source: Source, budget: list[int] | N
             child = source
             for each in steps:
                 child = child.child(each)
-            place = ("class", id(type(value))) if steps[0].key == "__class__" else (key, steps)
+            place = ("class", id(type(value))) if steps[0].key == "__class__" else (key, step)
             _add(reads, place, child, budget)  # a class: once for all its objects
 
 

@@ -75,6 +75,7 @@ class Source:
                 value = len(value)
             else:
                 value = getattr(value, step.key) if step.attribute else value[step.key]
+                value = value() if step.call else value
         return value
 
     def _root(self) -> Any:
@@ -106,6 +107,7 @@ class Source:
             label = f"len({self.label})"
         else:
             label = self.label + (f".{step.key}" if step.attribute else f"[{step.key!r}]")
+            label += "()" if step.call else ""
         return Source(label, self.location, self.namespace, self.name, self.cell,
                       (*self.path, step), self.holder)  # fmt: skip
 
@@ -116,6 +118,7 @@ class Source:
                 root = f"len({root})"
             else:
                 root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
+                root += "()" if step.call else ""
         return root
 
 
@@ -129,6 +132,8 @@ class Step:
     """An identifier, or a str/int dict key."""
     length: bool = False
     """``len()`` of the value instead (a list's or dict's length: an append is a change)."""
+    call: bool = False
+    """Call the attribute (``var.get()`` of a ``contextvars.ContextVar``)."""
 
 
 LENGTH = Step(False, None, length=True)
@@ -214,8 +219,10 @@ def tensor_meta(value: Any) -> Any:
 def immutable(value: Any) -> bool:
     """Whether a value can be guarded by value: numbers, strings, None, enums, dtypes,
     devices, and tuples or frozensets of these."""
-    if isinstance(value, PRIMITIVES) or isinstance(value, enum.Enum):
+    if isinstance(value, PRIMITIVES):
         return True
+    if isinstance(value, enum.Enum):  # a member is one object, but its value may hold a list
+        return immutable(value.value)
     if type(value) in (tuple, frozenset):
         return all(immutable(v) for v in value)
     return False
