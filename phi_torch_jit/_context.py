@@ -250,6 +250,9 @@ class CallState(threading.local):
     last_error: BaseException | None = None
     """The exception a Python forward raised inside a compiled program, until the caller
     re-raises it unchanged (TorchScript reports it as a RuntimeError)."""
+    check_error: BaseException | None = None
+    """The exception a library's check on a compiled forward's values raised (PhiML's
+    ``Diverged``), until the specialization asks whether its error was one."""
 
 
 _STATE = CallState()

@@ -48,7 +48,8 @@ from ._record import RecordedCall
 from .engines import Engine, FunctionTarget
 from .errors import TraceError
 
-__all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error"]
+__all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error",
+           "raised_by_check"]  # fmt: skip
 
 _OP_NUMBERS = itertools.count()
 
@@ -94,6 +95,14 @@ def original_error(wrapped: BaseException) -> BaseException | None:
     state = call_state()
     error, state.last_error = state.last_error, None
     return error if error is not None and str(error) in str(wrapped) else None
+
+
+def raised_by_check(error: BaseException) -> bool:
+    """Whether ``error`` (raised by a compiled program) came from a library's check on a
+    custom forward's values rather than from running it; taken only once."""
+    state = call_state()
+    checked, state.check_error = state.check_error, None
+    return checked is not None and checked is error
 
 
 def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -227,11 +236,15 @@ class CompiledCall:
         else:
             try:
                 results = self.forward.run(*tensors)
-                if self.checks:  # raises as eager code does (PhiML's NotConverged, Diverged)
-                    self.checks.run(results[self.n_outputs :])
             except BaseException as error:  # re-raised unchanged by Specialization.run
                 state.last_error = error
                 raise
+            if self.checks:  # raises as eager code does (PhiML's NotConverged, Diverged)
+                try:
+                    self.checks.run(results[self.n_outputs :])
+                except BaseException as error:
+                    state.last_error = state.check_error = error
+                    raise
             python = self.forward.runs_python
             state.pending_context = state.last_context if python else self.static_context
             if python and self.graph_captured and state.pending_context != self.recorded_context:

@@ -7,18 +7,20 @@ Two rules, NOTE [never slower than eager] in docs/design.md:
   engine reaches the step's outputs to the end of that backward pass, so that a program with a
   fast forward and a slow compiled backward is not kept) in rounds where one call in
   :data:`EAGER_EVERY` runs eagerly and the others run the program, until :data:`SAMPLES` eager
-  calls were timed (:data:`ROUND` calls). Interleaved, a burst of load slows samples of both
-  paths, and from its second call on the function serves its program on 4 of 5 calls while it
-  measures (a meter that timed 5 eager calls in a row made a PhiFlow heat step's median over 12
-  steps eager's). A program found slower is measured a second round before it is dropped
-  (:data:`TO_DROP` calls in all); the specialization then serves whichever path is faster (more
-  than 10% slower compiled: eager), said in one log line and in ``explain()`` with the figures.
-  After the decision a call pays one attribute test. A decision for eager code is not final: after
-  :data:`REVISIT` eager calls (then twice as many each time it holds, up to :data:`MAX_REVISIT`) a
-  round measures the paths again; a program dropped because a burst of load fell on both its
-  rounds is served again. The record pass is no measure of eager's time: it was 44x eager's on a
-  complex-valued step (a first call, with the recording's patches), so a program 1.8x slower than
-  eager passed for fast when it was compared with it.
+  calls were timed (:data:`ROUND` calls), or earlier, after :data:`EARLY_SAMPLES`, where the
+  program won by far (:data:`DECISIVE`: its slowest call 3x faster than eager's fastest).
+  Interleaved, a burst of load slows samples of both paths, and from its second call on the
+  function serves its program on 4 of 5 calls while it measures (a meter that timed 5 eager
+  calls in a row made a PhiFlow heat step's median over 12 steps eager's). A program found
+  slower is measured a second round before it is dropped (:data:`TO_DROP` calls in all); the
+  specialization then serves whichever path is faster (more than 10% slower compiled: eager),
+  said in one log line and in ``explain()`` with the figures. After the decision a call pays one
+  attribute test. A decision for eager code is not final: after :data:`REVISIT` eager calls
+  (then twice as many each time it holds, up to :data:`MAX_REVISIT`) a round measures the paths
+  again; a program dropped because a burst of load fell on both its rounds is served again. The
+  record pass is no measure of eager's time: it was 44x eager's on a complex-valued step (a
+  first call, with the recording's patches), so a program 1.8x slower than eager passed for fast
+  when it was compared with it.
 * **Per function** (:class:`HitRate`): a function whose calls keep missing (at least
   ``MISSES`` of the last ``WINDOW`` calls started a new specialization: shapes, static values
   or branches that never repeat) stops compiling; its calls run the Python function. So does
@@ -49,6 +51,8 @@ __all__ = [
     "HitRate",
     "SAMPLES",
     "SLOWER",
+    "EARLY_SAMPLES",
+    "DECISIVE",
     "TO_DROP",
     "WINDOW",
     "MISSES",
@@ -73,6 +77,12 @@ ROUND = SAMPLES * EAGER_EVERY
 """Timed calls per round (``SAMPLES`` eager, the rest compiled)."""
 TO_DROP = WARM_UP + 2 * ROUND
 """Calls until a program measured slower than eager in two rounds is dropped."""
+EARLY_SAMPLES = 2
+"""Timed eager calls after which a decisive win ends a round early (:data:`DECISIVE`)."""
+DECISIVE = 3.0
+"""A round ends early for the program when even its slowest timed call is this many times
+faster than eager's fastest: a PhiFlow gradient step compiled to 13 ms against eager's 480 ms
+paid five eager samples, 2.4 s, to learn what two showed."""
 SLOWER = 1.1
 """Compiled must not be more than this times eager's step time."""
 REVISIT = 64
@@ -189,7 +199,7 @@ class Meter:
         samples = self.eager_s if timing_eager else self.compiled_s
         samples.append(seconds)
         backward = _time_backward(result, samples, len(samples) - 1)
-        if len(self.eager_s) >= SAMPLES:
+        if len(self.eager_s) >= SAMPLES or (timing_eager and len(self.eager_s) >= EARLY_SAMPLES):
             if backward:
                 self._decide_next = True
             else:
@@ -208,10 +218,22 @@ class Meter:
         self._revisiting = True
         self._new_round()
 
+    def _decisive(self) -> bool:
+        """The program's slowest timed call :data:`DECISIVE` times faster than eager's
+        fastest, after at least :data:`EARLY_SAMPLES` eager calls."""
+        return (
+            len(self.eager_s) >= EARLY_SAMPLES
+            and bool(self.compiled_s)
+            and max(self.compiled_s) * DECISIVE <= min(self.eager_s)
+        )
+
     def _decide(self) -> None:
+        early = len(self.eager_s) < SAMPLES
+        if early and not self._decisive():  # the round goes on
+            return
         compiled = statistics.median(self.compiled_s)
         eager = statistics.median(self.eager_s)
-        if compiled <= SLOWER * eager:
+        if early or compiled <= SLOWER * eager:
             self.done = True
             if self._revisiting:  # the earlier decision was wrong: said, with the figures
                 self._revisiting = False

@@ -9,6 +9,7 @@ signature (newest first), or says why none could.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from ._compat import any_autocast
-from ._custom_op import CompiledCall, original_error
+from ._custom_op import CompiledCall, original_error, raised_by_check
 from ._guards import ModuleGuard
 from ._meter import Meter
 from ._reads import PythonGuard
@@ -45,6 +46,13 @@ under."""
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+logger = logging.getLogger("phi_torch_jit")
+
+CHECK_STRIKES = 3
+"""A compiled program whose library checks raise where the Python function runs (PhiML's
+``Diverged`` on a solve that float rounding decides) serves again at the next call; this many
+such calls in a row and it runs eagerly for good: NOTE [a check that fails on rounding]."""
 
 
 def ambient_state() -> Any:
@@ -150,6 +158,9 @@ class Specialization:
     failed: list[str] = field(default_factory=list)
     """Why its compiled program stopped serving (it raised where the Python function ran);
     empty while it serves."""
+    check_failures: list[str] = field(default_factory=list)
+    """What the library checks of the latest compiled calls raised where the Python function
+    ran, one per call in a row (:data:`CHECK_STRIKES`); emptied by a call they pass."""
     meter: Meter | None = None
     """Times the first compiled calls against eager's and serves the faster path (None:
     ``jit(fallback="off")``, or an eager specialization): NOTE [never slower than eager]."""
@@ -210,12 +221,25 @@ class Specialization:
         have been built for another path (a guard failure, so a retrace); one without value
         guards runs the Python function: if that raises too, the error is the user's, raised
         as eager raises it; if it runs, the program was wrong for these inputs (a size the
-        trace baked), and the specialization runs eagerly from now on, warned once."""
+        trace baked), and the specialization runs eagerly from now on, warned once. Unless
+        the error came from a library's check on the program's values (PhiML's ``Diverged``):
+        then only :data:`CHECK_STRIKES` such calls in a row make it run eagerly for good."""
+        checked = raised_by_check(error)
         if isinstance(error, JitError) or self.python is None:
             raise error
         if self.value_guards:
             return GuardFailure(f"its compiled program raised {describe_error(error)}")
         result = self.python(tensors)
+        if checked:  # NOTE [a check that fails on rounding]
+            self.check_failures.append(describe_error(error))
+            if len(self.check_failures) < CHECK_STRIKES:
+                logger.info(
+                    "phi_torch_jit: a library's check on its compiled program's values raised "
+                    "where the Python function runs (%s); this call returns the Python "
+                    "function's result (%d of %d in a row before it runs eagerly for good)",
+                    self.check_failures[-1], len(self.check_failures), CHECK_STRIKES,
+                )  # fmt: skip
+                return result
         reason = (
             f"its compiled program raised where the Python function runs "
             f"({describe_error(error)}); this specialization runs eagerly from now on"
@@ -227,6 +251,8 @@ class Specialization:
 
     def _commit(self, flat: tuple[torch.Tensor, ...]) -> Any:
         """Write replaced buffers, run deferred callbacks, return the result."""
+        if self.check_failures:
+            self.check_failures.clear()
         start = self.n_outputs + len(self.value_guards)
         for deferred in self.deferred:  # usually none
             deferred.call(flat[start : start + deferred.count])

@@ -64,6 +64,36 @@ def test_a_fast_compiled_program_is_kept_after_honest_eager_runs(clock: FakeCloc
     assert "serves the compiled program" in meter.describe()
 
 
+def test_a_program_that_wins_by_far_ends_its_round_after_two_eager_samples(
+    clock: FakeClock,
+) -> None:
+    """A compiled PhiFlow gradient step (13 ms against eager's 480 ms) paid five eager calls
+    to learn what two showed: where the program's slowest call is 3x faster than eager's
+    fastest, the round ends after EARLY_SAMPLES eager calls."""
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=2.0)
+    compiled = _compiled(clock, 0.03)
+    calls_to_decide = _meter.WARM_UP + _meter.EARLY_SAMPLES * _meter.EAGER_EVERY
+    served = [meter.serve(compiled, []) for _ in range(calls_to_decide)]
+    assert meter.done and served.count("eager") == _meter.EARLY_SAMPLES and not switches
+    assert "serves the compiled program" in meter.describe()
+
+
+def test_a_program_faster_but_not_by_far_is_measured_the_whole_round(clock: FakeClock) -> None:
+    """2x faster on average, but one slow call (a burst of load on the program) within 3x of
+    eager's fastest: no early decision; the full round keeps the program."""
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=2.0)
+    times = iter([0.05] * 3 + [0.5] + [0.05] * 100)
+
+    def compiled(tensors: list[torch.Tensor]) -> str:
+        clock.now += next(times)
+        return "compiled"
+
+    served = [meter.serve(compiled, []) for _ in range(_meter.WARM_UP + _meter.ROUND - 1)]
+    assert not meter.done and served.count("eager") == _meter.SAMPLES - 1
+    meter.serve(compiled, [])
+    assert meter.done and not switches
+
+
 def test_a_compiled_program_faster_than_the_record_pass_but_slower_than_eager_is_dropped(
     clock: FakeClock,
 ) -> None:

@@ -68,7 +68,7 @@ def product_form(matrix: torch.Tensor) -> tuple[torch.Tensor, ...]:
     nonzeros = int(torch.count_nonzero(values)) if values.numel() else 0
     if values.numel() <= max(4 * nonzeros, PADDED_ENTRIES):
         return columns, values
-    csr = matrix.coalesce().to_sparse_csr() if matrix.layout == torch.sparse_coo else matrix
+    csr = _as_csr(matrix)
     crow = csr.crow_indices()
     rows = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=crow.device), crow.diff())
     return rows, csr.col_indices().long(), csr.values()
@@ -79,10 +79,9 @@ def padded_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     in their order, padded with column 0 and value 0 up to the longest row's ``width``. Then
     ``matrix @ b`` is ``(values * b[columns]).sum(-1)``: the same terms as the sparse
     product (their sum may round differently in the last bit)."""
-    if matrix.layout == torch.sparse_coo:
-        matrix = matrix.coalesce().to_sparse_csr()
+    matrix = _as_csr(matrix)
     if matrix.layout != torch.sparse_csr or matrix.dim() != 2:
-        raise ValueError(f"a 2D sparse CSR or COO matrix is needed, not {matrix.layout}")
+        raise ValueError(f"a 2D sparse CSR, CSC or COO matrix is needed, not {matrix.layout}")
     crow, col, val = matrix.crow_indices(), matrix.col_indices(), matrix.values()
     counts = crow[1:] - crow[:-1]
     rows = counts.numel()
@@ -94,6 +93,20 @@ def padded_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     columns[row_of, slot] = col.long()
     values[row_of, slot] = val
     return columns, values
+
+
+SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo)
+"""The sparse layouts the captured solvers multiply with. PhiML's adjoint solve (in the
+backward of a solve) gets the transposed CSR matrix: a CSC one."""
+
+
+def _as_csr(matrix: torch.Tensor) -> torch.Tensor:
+    """``matrix`` in CSR layout (the same entries; COO is coalesced first)."""
+    if matrix.layout == torch.sparse_coo:
+        return matrix.coalesce().to_sparse_csr()
+    if matrix.layout == torch.sparse_csc:
+        return matrix.to_sparse_csr()
+    return matrix
 
 
 def _product(matrix: Any, b: torch.Tensor) -> torch.Tensor:
@@ -204,7 +217,7 @@ class Solvers:
         lin = args[0]
         if isinstance(captured, str) or not isinstance(lin, torch.Tensor):
             return dispatch.original(*args)
-        if lin.layout in (torch.sparse_csr, torch.sparse_coo):
+        if lin.layout in SPARSE_LAYOUTS:
             lin = product_form(lin)
         elif lin.layout != torch.strided:
             return dispatch.original(*args)

@@ -48,14 +48,16 @@ class ForwardChecks:
         self.tensors.extend(tensors)
 
     def run(self, tensors: Sequence[torch.Tensor]) -> None:
-        """A compiled call's values: its solves go to the open tapes, then each check runs
-        (raising as eager PhiML does)."""
-        if open_tapes():  # SolveInfo costs ~1 ms a call (PhiML formats it)
-            add_to_tapes(solve_infos(self.checks, tensors, real=True))
+        """A compiled call's values: each check runs (raising as eager PhiML does), then its
+        solves go to the open tapes. A check that raises leaves the tapes as they were: the
+        Python function runs the call again and adds its own solves (eager's entries, raising
+        or not), so a compiled solve that diverged only by rounding leaves no trace."""
         start = 0
         for check in self.checks:
             check.call(tensors[start : start + check.count])
             start += check.count
+        if open_tapes():  # SolveInfo costs ~1 ms a call (PhiML formats it)
+            add_to_tapes(solve_infos(self.checks, tensors, real=True))
 
     def traced(self, tensors: Sequence[torch.Tensor]) -> None:
         """The trace pass: SolveTapes the jitted function opened get the solve's SolveInfo
