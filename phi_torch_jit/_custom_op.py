@@ -38,6 +38,7 @@ from ._compat import (
     get_tracing_state,
     is_fake,
     is_view,
+    kept_though_unused,
 )
 from ._context import CustomCallee, Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
@@ -183,12 +184,17 @@ class CompiledCall:
 
     def _define_op(self) -> str:
         base = re.sub(r"\W", "_", self.function.__name__).strip("_") or "custom"
-        name = f"{base}_{next(_OP_NUMBERS)}"
+        kept = self.forward.runs_python or bool(self.checks)
+        # An op kept though unused is named apart: inductor's on-disk cache keys a graph by its
+        # text, and a program compiled where a same-named op could be dropped must not serve.
+        name = f"{base}{'_kept' if kept else ''}_{next(_OP_NUMBERS)}"
         inputs = ", ".join(f"Tensor x{i}" for i in range(self.n_inputs))
         total = self.n_outputs + self.n_info
         returns = "Tensor" if total == 1 else f"({', '.join(['Tensor'] * total)})"
         tags = forward_tags(self.forward.mode, bool(self.checks))
-        self._library.define(f"{name}({inputs}) -> {returns}", tags=tags)
+        # CONSERVATIVE: TorchScript's dead-code elimination keeps the call too
+        aliasing = "CONSERVATIVE" if kept else ""
+        self._library.define(f"{name}({inputs}) -> {returns}", alias_analysis=aliasing, tags=tags)
         # torch's registry is C++ and would keep strong references alive forever: register
         # weak ones, and remove the op when this object is collected (NOTE [custom calls as ops]).
         self._library.impl(name, _weak(self._impl), "CompositeExplicitAutograd")
@@ -201,6 +207,8 @@ class CompiledCall:
         torch.library.register_fake(f"phi_torch_jit::{name}", _weak(self._fake), lib=self._library)
         weakref.finalize(self, destroy_library(self._library))
         self.op = getattr(torch.ops.phi_torch_jit, name).default
+        if kept:  # its Python or its checks run eagerly whether its outputs are used or not
+            weakref.finalize(self, kept_though_unused(self.op))
         return name
 
     def _fake(self, *tensors: torch.Tensor) -> Any:

@@ -218,3 +218,44 @@ def test_exception_in_python_forward_of_compiled_call_keeps_its_type() -> None:
         step(torch.full((4,), float("nan")), k)
     assert info.traceback[-1].name == "checked_solve"
     assert torch.allclose(step(torch.ones(4), k), cg_loop(torch.ones(4), k) + 1)
+
+
+_LOGGED = Counter()  # forward: runs; gradient: the sum of what the runs saw
+
+
+class _Logged(torch.autograd.Function):
+    """A forward whose Python runs on every call (it reads values with ``.tolist()``) and
+    leaves a trace outside the program: how often it ran and what it saw."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        _LOGGED.forward += 1
+        _LOGGED.gradient += int(sum(x.tolist()))
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+def test_a_custom_call_whose_result_is_unused_still_runs_as_eagerly() -> None:
+    """A dead custom call (PhiFlow's second pressure solve when the loss reads only the smoke
+    the first one moved) was dropped by the backend: its SolveTape entry and its convergence
+    check were missing on every compiled call. One that runs Python, or a library's checks,
+    runs on every call, used or not, as eagerly."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        _Logged.apply(x + 1)  # result unused
+        return x.sin()
+
+    jitted = ptj.jit(step, fallback="off")
+    inputs = [torch.full((3,), float(i)) for i in range(4)]
+    jitted(inputs[0])
+    jitted(inputs[0])
+    jitted.wait_compiled()  # the compiled program serves from here on
+    runs, seen = _LOGGED.forward, _LOGGED.gradient
+    for x in inputs:
+        torch.testing.assert_close(jitted(x), x.sin())
+    assert _LOGGED.forward - runs == len(inputs)
+    assert _LOGGED.gradient - seen == sum(3 * (i + 1) for i in range(4))
+    assert jitted.num_traces == 1

@@ -28,6 +28,7 @@ from ._private import (
     SET_GRAD_ENABLED,
     SET_GRAPH_EXECUTOR_OPTIMIZE,
     SET_TRACING_STATE,
+    SIDE_EFFECTFUL,
     TENSOR_BASE,
     TRACER_WARNING,
     TRACING_STATE,
@@ -122,6 +123,15 @@ def version(tensor: torch.Tensor) -> int:
 def destroy_library(library: Any) -> Callable[[], None]:
     """A callable that removes ``library``'s operators from torch's registry."""
     return LIBRARY_DESTROY.find().__get__(library)  # type: ignore[no-any-return]
+
+
+def kept_though_unused(op: Any) -> Callable[[], None]:
+    """Mark ``op`` (an OpOverload) as having side effects, so that no dead-code elimination
+    (FX's, AOTAutograd's, inductor's) drops a call whose outputs are unused; returns the
+    callable that unmarks it."""
+    marked: set[Any] = SIDE_EFFECTFUL.find()
+    marked.add(op)
+    return lambda: marked.discard(op)
 
 
 def original_function_apply(descriptor: Any) -> Callable[..., Any]:

@@ -169,6 +169,14 @@ LIBRARY_DESTROY = _api(
     "drop our ops from torch's C++ registry when their compiled program is collected",
     "_custom_op",
 )
+SIDE_EFFECTFUL = _api(
+    "torch.fx.node._side_effectful_functions",
+    "an op whose forward runs Python or a library's checks must not be dropped as dead code "
+    "when its outputs are unused (eager runs it: PhiML's Diverged, SolveTape entries); "
+    "torch.fx.node.has_side_effect adds to this set but nothing removes from it, and our ops "
+    "are removed with their compiled program",
+    "_custom_op",
+)
 LOOKUP_BACKEND = _api(
     "torch._dynamo.backends.registry.lookup_backend",
     "check a backend name when jit() is created, not at the first call; "
@@ -310,6 +318,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     GLOBAL_HOOKS,
     TENSOR_BASE,
     LIBRARY_DESTROY,
+    SIDE_EFFECTFUL,
     LOOKUP_BACKEND,
     INVALID_BACKEND,
     INDUCTOR,
