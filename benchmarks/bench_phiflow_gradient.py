@@ -14,8 +14,9 @@ compiled, decided by rounding). Reported per box and variant: the first call, th
 fresh function's first 12 gradient steps (what a short optimization sees), the steady median
 (the compiled variants interleaved per repetition; eager timed after them), the largest
 relative difference of the gradient to eager's, and for ``ptj.jit`` what ``explain()`` says
-serves. Each gradient step starts from the same velocity (a descent would change the solves'
-iteration counts between variants). Ratios are to PhiML's jit. Not a test.
+serves. The gradient steps cycle through :data:`INPUTS` velocities near one another, the same
+for every variant (a descent would change the solves' iteration counts between variants).
+Ratios are to PhiML's jit. Not a test.
 """
 
 from __future__ import annotations
@@ -40,10 +41,14 @@ import phi_torch_jit as ptj
 
 FIRST = 12
 """Gradient steps of a fresh function whose median is reported beside the steady step."""
+INPUTS = 16
+"""Velocities the gradient steps cycle through (the start scaled by 1 + 1e-4 i), the same
+sequence for every variant: on the closed box, rounding decides per input whether a solve
+diverges, as along an optimization."""
 
 
 def _start(box: str, n: int) -> tuple[Callable[..., Any], Any]:
-    """The loss and the velocity every gradient step starts from: one eager descent step from
+    """The loss and the velocity the gradient steps start near: one eager descent step from
     rest (at rest the solves have nothing to do)."""
     loss, rest = smoke_match(n)
     if box == "open":
@@ -70,8 +75,8 @@ def _timed(step: Callable[[Any], Any], v: Any) -> tuple[Any, float]:
 
 
 def _relative(a: Any, b: Any) -> float:
-    x, y = a.values.native("vector,x,y"), b.values.native("vector,x,y")
-    return float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
+    largest = float(math.max(abs(b.values)))
+    return float(math.max(abs(a.values - b.values))) / max(largest, 1e-30)
 
 
 def bench(box: str, n: int, reps: int) -> list[dict[str, Any]]:
@@ -83,13 +88,16 @@ def bench(box: str, n: int, reps: int) -> list[dict[str, Any]]:
     }
     steps = {name: _gradient_step(fn) for name, fn in variants.items()}
     eager_step = _gradient_step(loss)
-    want = eager_step(v)
+    inputs = [v * (1 + 1e-4 * i) for i in range(INPUTS)]
+    want = eager_step(inputs[FIRST - 1])
     rows: dict[str, dict[str, Any]] = {}
     for name, step in steps.items():
         first: list[float] = []
-        for _ in range(FIRST):
-            grad, seconds = _timed(step, v)
+        for i in range(FIRST):
+            grad, seconds = _timed(step, inputs[i])
             first.append(seconds)
+        if "-v" in sys.argv:
+            print(name, " ".join(f"{1e3 * t:.0f}" for t in first))
         rows[name] = {
             "first call s": first[0],
             "first 12 ms": 1e3 * statistics.median(first),
@@ -98,14 +106,14 @@ def bench(box: str, n: int, reps: int) -> list[dict[str, Any]]:
         }
     jitted.wait_compiled()
     for step in steps.values():  # warm after the switch (the meter decides meanwhile)
-        for _ in range(6):
-            step(v)
+        for i in range(6):
+            step(inputs[i])
     for rep in range(reps):
         names = list(steps)
         names = names[rep % len(names) :] + names[: rep % len(names)]
         for name in names:
-            rows[name]["steady"].append(_timed(steps[name], v)[1])
-    eager_s = [_timed(eager_step, v)[1] for _ in range(max(3, reps // 3))]
+            rows[name]["steady"].append(_timed(steps[name], inputs[rep % INPUTS])[1])
+    eager_s = [_timed(eager_step, inputs[i % INPUTS])[1] for i in range(max(3, reps // 3))]
     phiml = statistics.median(rows["PhiML jit"]["steady"])
     table = [
         {
@@ -131,6 +139,7 @@ def main() -> None:
     )
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("-v", action="store_true", help="print the first steps' times")
     args = parser.parse_args()
     torch.set_num_threads(2)
     warnings.filterwarnings("ignore")

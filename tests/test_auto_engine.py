@@ -163,6 +163,40 @@ def test_calls_from_threads_while_compiling_are_served_and_compile_once() -> Non
     assert gate.compiles == 1 and program_of(jitted).switched_after_calls == 81
 
 
+class _Doubled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+def test_where_a_backward_may_follow_the_compile_waits_for_the_first_one() -> None:
+    """A custom function's backward compiles at its first backward and needs the tracing lock,
+    which a background compile holds: queued at the second call, the compile made that
+    backward run as Python until it ended (a PhiFlow gradient step's adjoint solves, 40 s).
+    Where a backward may follow, the compile is queued at the next call instead."""
+    gate = _Gate()
+    jitted = ptj.jit(lambda x: _Doubled.apply(x).sin(), engine="auto", backend=gate)
+    x = torch.randn(4, requires_grad=True)
+    for _ in range(2):  # the record pass, then the fast tier with its backward
+        (grad,) = torch.autograd.grad(jitted(x).sum(), x)
+        torch.testing.assert_close(grad, 2 * (2 * x).cos())
+    assert not gate.entered.is_set()
+    assert "backward for needs_input_grad=(True,): traced" in jitted.explain()
+    jitted(x)
+    assert gate.entered.wait(60)  # queued by the third call
+    gate.opened.set()
+    assert jitted.wait_compiled(60)
+    with torch.no_grad():
+        inference = ptj.jit(lambda x: x.cos() * 3, engine="auto", backend=gate)
+        inference(x)
+        inference(x)  # no backward can follow: queued by the second call
+        assert _background.wait_idle(60) and gate.compiles == 2
+
+
 def test_a_new_signature_while_a_compile_traces_runs_eagerly_without_waiting() -> None:
     gate = _Gate()
     jitted = ptj.jit(lambda x: x * 3, engine="auto", backend=gate)
@@ -206,6 +240,28 @@ def test_clear_caches_skips_queued_compiles_and_the_thread_ends() -> None:
     while _background.worker_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _background.worker_alive()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's nice value: Linux")
+def test_the_compile_thread_runs_at_a_lower_priority_than_the_caller() -> None:
+    """On 2 cores the caller's ops run on two OpenMP threads: a compile beside them at the same
+    priority slowed a PhiFlow gradient step 2-4x. The compile thread (and the compiler
+    processes it starts) lowers its own priority; the caller's stays."""
+    import os
+
+    class _Probe:
+        niceness: int | None = None
+
+        def upgrade(self) -> None:
+            self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    probe = _Probe()
+    assert _background.submit(probe)
+    assert _background.wait_idle(60)
+    assert probe.niceness is not None
+    assert probe.niceness == min(caller + _background.COMPILE_NICENESS, 19)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
 
 def test_an_evicted_specialization_is_never_compiled() -> None:

@@ -136,6 +136,11 @@ class AutoEngine(CompileEngine):
         )
 
 
+def _backward_may_follow(inputs: tuple[torch.Tensor, ...]) -> bool:
+    """Whether a call on these inputs (arguments and state) can be differentiated."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+
+
 class TieredProgram:
     """One captured graph, run by the fast tier until the compiled one replaces it.
 
@@ -173,7 +178,8 @@ class TieredProgram:
         self._settled = threading.Event()
         self._unsubmitted = False
         """Whether the compile waits for a call of the program: it is queued at the function's
-        second call, so the first (with its backward) runs without a compile competing."""
+        second call (its third where a backward may follow the second), so the first (with its
+        backward) runs without a compile competing."""
         self._submit_lock = threading.Lock()
         self._queued_at: float | None = None
         self._state_grads: tuple[bool, ...] = ()
@@ -190,8 +196,12 @@ class TieredProgram:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
 
     def _serve_fast(self, *inputs: torch.Tensor) -> Any:
-        """The fast tier, counting calls and queuing the compile at the first one."""
-        if self._unsubmitted:  # the function is called again: worth compiling
+        """The fast tier, counting calls and queuing the compile at the first one, or at the
+        second where a backward may follow the first: that backward compiles the custom
+        functions' backwards, which a compile holding the tracing lock would make run as Python
+        until it ends (a PhiFlow gradient step's adjoint solves ran as PhiML's Python CG for
+        the 40 s of its compile). A compile on the caller's thread is done in the call."""
+        if self._unsubmitted and (self.calls or self.on_caller or not _backward_may_follow(inputs)):
             self._submit()
             if self.tier != self.fast_tier:  # compiled in this call (compile_on="caller")
                 return self.serve(*inputs)
