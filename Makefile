@@ -21,7 +21,7 @@ TORCH_VERSIONS ?= $(sort $(patsubst requirements/torch-%.txt,%,$(wildcard requir
 # The environment that tests a torch version: .venv for the demo's torch, else its own.
 venv_of = $(if $(filter $(DEMO_TORCH),$(1)),$(VENV),$(VENV)-torch$(1))
 
-.PHONY: demo test envs test-no-torchscript test-cuda lint docs bench bench-peers bench-phiflow bench-warm-start bench-inner-grad fuzz clean
+.PHONY: demo test envs test-no-torchscript test-cuda lint docs bench bench-peers bench-phiflow bench-phiflow-gradient bench-warm-start bench-inner-grad fuzz clean
 .SECONDEXPANSION:
 
 $(VENV)/.ready: pyproject.toml Makefile requirements/torch-$(DEMO_TORCH).txt
@@ -94,6 +94,10 @@ bench-inner-grad: $$(call venv_of,$$(BENCH_TORCH))/.ready
 # PhiFlow steps: eager, PhiML's own jit, install(), ptj.jit (docs/phiflow.md).
 bench-phiflow: $$(call venv_of,$$(BENCH_TORCH))/.ready
 	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_phiflow.py
+
+# PhiFlow's backward: a gradient step through two smoke steps (docs/phiflow.md).
+bench-phiflow-gradient: $$(call venv_of,$$(BENCH_TORCH))/.ready
+	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_phiflow_gradient.py
 
 fuzz: $(VENV)/.ready
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -p no:cacheprovider

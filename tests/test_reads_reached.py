@@ -484,3 +484,33 @@ def test_a_context_variable_read_under_each_calls_own_context_is_that_contexts_v
         torch.testing.assert_close(context.run(jitted, x), context.run(_scoped, x))
         jitted.wait_compiled()
     assert jitted.num_traces == 3
+
+
+def _scale_from_environment() -> float:
+    import os
+
+    return float(os.getenv("PTJ_TEST_SCALE", "1.0"))
+
+
+def test_the_environment_read_by_the_step_or_a_function_it_calls_is_guarded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``os.environ`` is no container the guards compared (a library object): a variable
+    exported between calls (a run script switching a physics option) kept the first value.
+    Read directly and through ``os.getenv`` in a called function, it retraces."""
+    import os
+
+    monkeypatch.setenv("PTJ_TEST_SCALE", "2.0")
+    monkeypatch.setenv("PTJ_TEST_MODE", "damped")
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        damping = 0.5 if os.environ.get("PTJ_TEST_MODE") == "damped" else 1.0
+        return x * damping * _scale_from_environment()
+
+    jitted = ptj.jit(step)
+    _like_eager(jitted, step, (torch.ones(3),), [
+        lambda: monkeypatch.setenv("PTJ_TEST_SCALE", "3.0"),
+        lambda: monkeypatch.setenv("PTJ_TEST_MODE", "free"),
+        lambda: monkeypatch.delenv("PTJ_TEST_SCALE"),
+    ])  # fmt: skip
+    assert jitted.num_traces >= 2

@@ -18,6 +18,8 @@ chains under it (``cfg.alpha``,              tensor is a program input
 ``settings.TABLE["drag"][1]``)
 a loop over a container of user objects      the container's length and each   ``_python``
 (``for st in stages: ... st.w``)             item's read attributes
+the process environment (``os.environ``,      by content, where user code       ``_python``
+``os.getenv``)                               names ``environ`` or ``getenv``
 an iterator or generator the step advances   eager, one warning (its items     ``_python``
 (``next(forcing)``)                          change every call)
 what the step changes (counters, appended    snapshot before/after the record  ``_mutations``

@@ -23,6 +23,7 @@ import collections
 import collections.abc
 import copy
 import functools
+import os
 import sys
 import types
 import weakref
@@ -204,6 +205,7 @@ def collect_reads(
                 _add(reads, (id(namespace), name), source)
                 _add_chains(reads, (id(namespace), name), source, chains.get((False, name), set()))
         _add_imported(reads, code)
+        _add_environment(reads, code)
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             if name in cells_read:
                 location = f"{code.co_filename}:{cells_read[name]}"
@@ -230,6 +232,31 @@ def _add_imported(reads: dict[Any, Read], code: types.CodeType) -> None:
                 continue  # functions: code (their globals are walked where they are called)
             source = Source(f"{name}.{attribute}", where, namespace, attribute)
             _add(reads, (id(namespace), attribute), source)
+
+
+_ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb"))
+"""Names through which code reads the process environment (``os.environ[...]``,
+``os.getenv(...)``, ``from os import environ``)."""
+
+
+def _add_environment(reads: dict[Any, Read], code: types.CodeType) -> None:
+    """The process environment, where a function's code names it: its whole content (a dict
+    of a few dozen byte strings: copied and compared in about a microsecond), so a variable
+    exported between calls (``os.environ["SIM_SCALE"] = "3"``) retraces. Shown shortened in
+    logs (``<dict object>``), never with its values."""
+    if not _names_environment(code):
+        return
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    source = Source("the environment (os.environ)", where, vars(os.environ), "_data")
+    _add(reads, ("environment",), source)
+
+
+def _names_environment(code: types.CodeType) -> bool:
+    """Whether ``code`` or code nested in it (a lambda, a comprehension) names the
+    environment."""
+    if not _ENVIRONMENT_NAMES.isdisjoint(code.co_names):
+        return True
+    return any(isinstance(c, types.CodeType) and _names_environment(c) for c in code.co_consts)
 
 
 def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
