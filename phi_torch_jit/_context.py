@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "raised_by_check",
     "Phase",
     "Frame",
     "TraceOutputs",
@@ -261,3 +262,16 @@ _STATE = CallState()
 def call_state() -> CallState:
     """This thread's :class:`CallState`."""
     return _STATE
+
+
+def raised_by_check(error: BaseException) -> bool:
+    """Whether ``error`` (raised by a compiled program, or TorchScript's RuntimeError
+    reporting it) came from a library's check on a custom forward's values rather than from
+    running it; taken only once."""
+    state = _STATE
+    checked, state.check_error = state.check_error, None
+    if checked is None or (checked is not error and str(checked) not in str(error)):
+        return False
+    if state.last_error is checked:
+        state.last_error = None
+    return True

@@ -49,8 +49,7 @@ from ._record import RecordedCall
 from .engines import Engine, FunctionTarget
 from .errors import TraceError
 
-__all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error",
-           "raised_by_check"]  # fmt: skip
+__all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error"]
 
 _OP_NUMBERS = itertools.count()
 
@@ -96,14 +95,6 @@ def original_error(wrapped: BaseException) -> BaseException | None:
     state = call_state()
     error, state.last_error = state.last_error, None
     return error if error is not None and str(error) in str(wrapped) else None
-
-
-def raised_by_check(error: BaseException) -> bool:
-    """Whether ``error`` (raised by a compiled program) came from a library's check on a
-    custom forward's values rather than from running it; taken only once."""
-    state = call_state()
-    checked, state.check_error = state.check_error, None
-    return checked is not None and checked is error
 
 
 def _weak(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from ._compat import any_autocast
-from ._custom_op import CompiledCall, original_error, raised_by_check
+from ._context import raised_by_check
+from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
 from ._meter import Meter
 from ._reads import PythonGuard

@@ -242,28 +242,6 @@ def test_clear_caches_skips_queued_compiles_and_the_thread_ends() -> None:
     assert not _background.worker_alive()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's nice value: Linux")
-def test_the_compile_thread_runs_at_a_lower_priority_than_the_caller() -> None:
-    """On 2 cores the caller's ops run on two OpenMP threads: a compile beside them at the same
-    priority slowed a PhiFlow gradient step 2-4x. The compile thread (and the compiler
-    processes it starts) lowers its own priority; the caller's stays."""
-    import os
-
-    class _Probe:
-        niceness: int | None = None
-
-        def upgrade(self) -> None:
-            self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    probe = _Probe()
-    assert _background.submit(probe)
-    assert _background.wait_idle(60)
-    assert probe.niceness is not None
-    assert probe.niceness == min(caller + _background.COMPILE_NICENESS, 19)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
-
-
 def test_an_evicted_specialization_is_never_compiled() -> None:
     gate = _Gate()
     gate.opened.set()

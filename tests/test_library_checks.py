@@ -189,3 +189,37 @@ def test_a_check_that_raises_eagerly_too_raises_the_users_error() -> None:
     start = CALLS.forward
     torch.testing.assert_close(step(b), b / 2 + 1)
     assert CALLS.forward == start and "runs eagerly" not in step.explain()
+
+
+class _Outer(torch.autograd.Function):
+    """A custom function whose gradient runs a solve with a check (an adjoint solve)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        CALLS.gradient += 1
+        return _Solve.apply(grad) * 6  # grad / 2 * 6: 3 * grad
+
+
+@pytest.mark.uses_torchscript
+@pytest.mark.usefixtures("checking")
+def test_a_check_that_raises_only_in_the_compiled_backward_runs_the_gradient_as_python() -> None:
+    """The adjoint solve in a compiled backward diverged by rounding where eager's converges:
+    that backward raised ``Diverged`` where eager autograd returns gradients. It now runs the
+    user's gradient as Python for that call (its own checks on real values); the compiled
+    backward serves again at the next."""
+    step = ptj.jit(lambda x: _Outer.apply(x).sin(), engine="torchscript", fallback="off")
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    want = 3 * (3 * x).cos()
+    for drift in (0.0, 0.0, 10 * LIMIT, 0.0):
+        DRIFT.value = drift
+        before = CALLS.gradient
+        (grad,) = torch.autograd.grad(step(x).sum(), x)
+        torch.testing.assert_close(grad, want.detach())
+        if drift:
+            assert CALLS.gradient == before + 1  # the gradient ran as Python this call
+    assert CALLS.gradient == before  # compiled again after it
+    assert step.num_traces == 1 and "runs eagerly" not in step.explain()

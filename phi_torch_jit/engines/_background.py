@@ -12,7 +12,6 @@ exit] in docs/design.md.
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import sys
 import threading
@@ -53,26 +52,6 @@ def _yield_now_and_then(frame: Any, event: str, arg: Any) -> None:
         time.sleep(_YIELD_S)
 
 
-COMPILE_NICENESS = 10
-"""How much lower the compile thread's scheduling priority is than the caller's (Linux: a
-thread's own nice value, inherited by the compiler processes it starts)."""
-
-
-def _lower_priority() -> None:
-    """Make this thread (and what it starts) yield the cores to the caller's: on a 2-core CPU
-    the caller's ops run on two OpenMP threads, and a compile beside them at the same priority
-    slowed a PhiFlow gradient step 2-4x. Linux only (elsewhere a thread has no nice value of
-    its own); a failure leaves the priority as it was."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread)
-                       + COMPILE_NICENESS)  # fmt: skip
-    except OSError:
-        pass
-
-
 class _Worker:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[weakref.ref[Upgradable]] = queue.SimpleQueue()
@@ -97,7 +76,6 @@ class _Worker:
 
     def _run(self) -> None:
         sys.setprofile(_yield_now_and_then)  # this thread only
-        _lower_priority()
         while True:
             try:
                 ref = self._queue.get(timeout=_IDLE_EXIT_S)
