@@ -91,7 +91,7 @@ def _relative(a: Any, b: Any) -> float:
     return float(math.max(abs(a.values - b.values))) / max(largest, 1e-30)
 
 
-def bench(box: str, n: int, reps: int) -> list[dict[str, Any]]:
+def bench(box: str, n: int, reps: int, verbose: bool = False) -> list[dict[str, Any]]:
     loss, v = _start(box, n)
     jitted = ptj.jit(loss)
     variants: dict[str, Callable[..., Any]] = {
@@ -108,7 +108,7 @@ def bench(box: str, n: int, reps: int) -> list[dict[str, Any]]:
         for i in range(FIRST):
             grad, seconds = _timed(step, inputs[i])
             first.append(seconds)
-        if "-v" in sys.argv:
+        if verbose:
             print(name, " ".join(f"{1e3 * t:.0f}" for t in first))
         rows[name] = {
             "first call s": first[0],
@@ -164,7 +164,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     notes = []
     for box in args.boxes:
-        for row in bench(box, args.n, args.reps):
+        for row in bench(box, args.n, args.reps, args.v):
             first = f"{row['first call s']:.2f} s" if "first call s" in row else ""
             first12 = f"{row['first 12 ms']:.1f} ms" if "first 12 ms" in row else ""
             diff = f"{row['difference']:.1e}" if row.get("difference") is not None else ""

@@ -270,7 +270,10 @@ def raised_by_check(error: BaseException) -> bool:
     running it; taken only once."""
     state = _STATE
     checked, state.check_error = state.check_error, None
-    if checked is None or (checked is not error and str(checked) not in str(error)):
+    if checked is None:
+        return False
+    message = str(checked)
+    if checked is not error and not (message and message in str(error)):  # TorchScript's report
         return False
     if state.last_error is checked:
         state.last_error = None
