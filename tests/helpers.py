@@ -116,6 +116,12 @@ def make_solve(
     return solve
 
 
+def seeded(seed: int) -> torch.Generator:
+    """A generator seeded with ``seed`` on the device tensors are made on (``torch.Generator()``
+    is a CPU one, which draws for CUDA tensors refuse under ``make test-cuda``)."""
+    return torch.Generator(device=torch.get_default_device()).manual_seed(seed)
+
+
 def gradcheck(fn: Any, inputs: tuple[torch.Tensor, ...]) -> bool:
     """``torch.autograd.gradcheck``, which runs backward with ``retain_graph=True``.
 

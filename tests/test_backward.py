@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, engine_name, make_solve, torchscript_bodies, value_loop_mode
+from helpers import Counter, engine_name, make_solve, seeded, torchscript_bodies, value_loop_mode
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -153,7 +153,7 @@ def test_a_custom_functions_backward_differentiates_again_under_create_graph() -
 
     jitted = ptj.jit(step)
     for seed in range(3):
-        g = torch.Generator().manual_seed(seed)
+        g = seeded(seed)
         grads = []
         for f in (jitted, step):
             m = torch.randn(4, 4, dtype=torch.float64, generator=g).requires_grad_(True)

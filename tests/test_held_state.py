@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import read_settings
 import torch
+from helpers import seeded
 from test_state_paths import _Counting
 from torch import nn
 
@@ -268,7 +269,7 @@ def test_a_cg_class_made_per_call_solves_each_calls_matrix(how: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", ptj.JitWarning)
         for seed in range(4):
-            g = torch.Generator().manual_seed(seed)
+            g = seeded(seed)
             a, b = torch.randn(4, 4, generator=g), torch.randn(4, generator=g)
             _assert_like_eager_with_input_gradients(jitted, step, a, b)
     assert jitted.num_traces == 1

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from helpers import seeded
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import phi_torch_jit as ptj
@@ -19,7 +20,7 @@ def _ema(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _inputs() -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     return (
         torch.randn(4, 3, generator=g),
         torch.randn(4, 5, generator=g),

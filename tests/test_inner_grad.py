@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import captures_graph, gradcheck, gradgradcheck
+from helpers import captures_graph, gradcheck, gradgradcheck, seeded
 from torch import nn
 from torch.autograd import grad as imported_grad
 
@@ -61,7 +61,7 @@ def _train(step: Callable[..., Any], potential: nn.Module, batches: list[Any]) -
 
 
 def _batches(n: int) -> list[tuple[torch.Tensor, ...]]:
-    g = torch.Generator().manual_seed(1)
+    g = seeded(1)
     return [
         (torch.randn(6, 3, generator=g, dtype=torch.float64),
          torch.randn((), generator=g, dtype=torch.float64),
@@ -114,7 +114,7 @@ def test_a_pinn_residual_with_second_derivatives_trains_like_eager(jit_engine: s
 
     eager_net, jit_net = make(), make()
     jit_net.load_state_dict(eager_net.state_dict())
-    g = torch.Generator().manual_seed(2)
+    g = seeded(2)
     batches = [(torch.rand(16, 2, generator=g, dtype=torch.float64),
                 torch.tensor(0.01, dtype=torch.float64)) for _ in range(4)]  # fmt: skip
     want = _train(_pinn(eager_net), eager_net, batches)
@@ -140,7 +140,7 @@ def test_a_hamiltonian_flow_integrated_inside_the_step_equals_eager(jit_engine: 
 
     jitted = ptj.jit(flow)
     for seed in range(3):
-        g = torch.Generator().manual_seed(seed)
+        g = seeded(seed)
         q, p = (torch.randn(5, generator=g, dtype=torch.float64) for _ in range(2))
         got, _ = _warnings_of(jitted, q, p)
         want = flow(q, p)
@@ -205,7 +205,7 @@ def test_the_gradient_follows_new_values_and_cuts_where_eager_cuts(jit_engine: s
 
     jitted = ptj.jit(step)
     for seed in range(3):
-        x = torch.randn(4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        x = torch.randn(4, generator=seeded(seed), dtype=torch.float64)
         got, _ = _warnings_of(jitted, x)
         torch.testing.assert_close(got, step(x))
     assert jitted.num_traces == 1
@@ -268,7 +268,7 @@ def test_a_gradient_through_an_op_with_several_results_is_compiled(
     jitted = ptj.jit(step)
     said = []
     for seed in range(3):
-        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        x = torch.randn(4, 3, generator=seeded(seed), dtype=torch.float64)
         got, warned = _warnings_of(jitted, x)
         torch.testing.assert_close(got, step(x))
         said += warned
@@ -331,7 +331,7 @@ def test_an_inner_step_on_parameters_and_a_jacobian_inside_the_step_equal_eager(
     for step in (inner_step, jacobian_norm):
         jitted = ptj.jit(step)
         for seed in range(3):
-            g = torch.Generator().manual_seed(seed)
+            g = seeded(seed)
             x = torch.randn(4, 3, generator=g, dtype=torch.float64)
             y = torch.randn(4, 1, generator=g, dtype=torch.float64)
             got, _ = _warnings_of(jitted, x, y)

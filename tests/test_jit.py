@@ -358,7 +358,7 @@ def test_exception_while_tracing_runs_eagerly_with_one_warning() -> None:
     assert runs.forward == 3 and "runs eagerly" in step.explain()
 
 
-def test_two_threads_jitting_at_once() -> None:
+def test_two_threads_jitting_at_once(device: torch.device) -> None:
     solve = make_solve()
     nets = [Source(6), Source(6)]
     steps = [ptj.jit(lambda u, k, net=net: solve(u + net(u), k)) for net in nets]
@@ -368,9 +368,9 @@ def test_two_threads_jitting_at_once() -> None:
     def work(i: int) -> None:
         try:
             barrier.wait(5)
-            for j in range(20):
-                u = torch.randn(6) + j
-                k = torch.tensor(0.3)
+            for j in range(20):  # a thread's default device is the CPU: named
+                u = torch.randn(6, device=device) + j
+                k = torch.tensor(0.3, device=device)
                 got = steps[i](u, k)
                 want = cg_loop(u + nets[i](u), k)
                 assert torch.allclose(got, want, atol=1e-4)
@@ -407,7 +407,10 @@ def test_explain_lists_signature_modules_custom_functions_and_times(jit_engine: 
     step(u, torch.tensor(0.2)).sum().backward()
     text = step.explain()
     assert f"engine {engine_name(jit_engine)!r}, 1 trace(s)" in text
-    assert "(Tensor[4] float32 cpu requires_grad, Tensor[] float32 cpu), grad enabled" in text
+    where = u.device
+    assert (
+        f"(Tensor[4] float32 {where} requires_grad, Tensor[] float32 {where}), grad enabled" in text
+    )
     assert "modules: m0_Source" in text
     assert "custom function solve (" in text
     assert "forward: scripted" in text or "forward: looped" in text

@@ -594,3 +594,17 @@ def test_a_loop_in_a_backward_is_captured_and_its_gradients_equal_eager(step: An
     (backward,) = call.backward.specializations.values()
     assert backward.mode == "looped", backward
     assert backward.compiled is not None and "captured" in backward.compiled.reason
+
+
+def test_a_python_truth_joins_the_loops_tensors_on_their_device() -> None:
+    """A condition that mixes a Python value with the loop's tensors (``while bool(rs > tol)
+    and it < 500``) is made on their device: a CPU truth beside CUDA ones raised inside the
+    compiled program on CUDA, and the whole step ran eagerly (make test-cuda)."""
+    from phi_torch_jit._loops._block import _and, _or, _stay, _truth
+
+    on_meta = torch.zeros((), dtype=torch.bool, device="meta")
+    assert _truth(True, on_meta).device.type == "meta"
+    assert _truth(torch.tensor(2), on_meta).device.type == "meta"
+    assert _truth(True).device == torch.get_default_device()
+    for truth in (_stay(True, on_meta), _and(True, on_meta), _or(on_meta, False)):
+        assert truth.device.type == "meta" and truth.dtype == torch.bool

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import cg_loop, make_solve
+from helpers import cg_loop, make_solve, seeded
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -107,7 +107,7 @@ def test_four_threads_two_functions_racing_first_calls() -> None:
 
     def work(seed: int) -> None:
         try:
-            generator = torch.Generator().manual_seed(seed)
+            generator = seeded(seed)
             barrier.wait(10)
             for i in range(200):
                 which = (i + seed) % 2

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("phi")
 pytest.importorskip("phiml")
 
-from helpers import phiml_eager
+from helpers import phiml_eager, seeded
 from phi.torch.flow import (
     ZERO_GRADIENT,
     Box,
@@ -156,7 +156,7 @@ def test_gradients_through_several_jitted_steps_equal_eager() -> None:
     call on (engines.torchscript._differentiable)."""
 
     def loss_gradient(stepper: Any) -> torch.Tensor:
-        native = torch.rand(N, N, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        native = torch.rand(N, N, generator=seeded(1), requires_grad=True)
         math.seed(0)
         v = StaggeredGrid(Noise(), ZERO_GRADIENT, DOMAIN, x=N, y=N) * 0.1
         s = CenteredGrid(math.tensor(native, spatial("x,y")), ZERO_GRADIENT, DOMAIN)

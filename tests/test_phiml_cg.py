@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("phiml")
 pytest.importorskip("phi")
 
-from helpers import phiml_eager
+from helpers import phiml_eager, seeded
 from phi.torch.flow import ZERO_GRADIENT, Box, Noise, Solve, StaggeredGrid, field, fluid, math
 from phiml.backend.torch import _torch_backend as phiml_torch
 
@@ -107,7 +107,7 @@ def _solves(n: int) -> list[tuple[str, tuple[Any, ...]]]:
     """(what, PhiML's arguments): converging, at rest, max_iter reached, NaN, two right-hand
     sides converging at different iterations."""
     matrix = _laplacian(n)
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     y = torch.randn(2, n * n, generator=g, dtype=torch.float64)
     y[1] *= 1e-3
 
@@ -171,7 +171,7 @@ def test_the_adjoint_solves_transposed_matrix_runs_the_captured_solver(name: str
     dense[2, 3] += 0.25
     transposed = dense.to_sparse_csr().t()
     assert transposed.layout == torch.sparse_csc
-    y = torch.randn(2, 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(2, 36, dtype=torch.float64, generator=seeded(1))
     args = (transposed, y, torch.zeros_like(y), torch.full((2,), 1e-20, dtype=torch.float64),
             torch.full((2,), 200, dtype=torch.int32))  # fmt: skip
     want = _original(name)(*args[:2], args[2].clone(), *args[3:])  # x0 is written in place

@@ -276,7 +276,7 @@ def test_ints_derived_from_tensor_values_are_never_baked() -> None:
 def test_numpy_conversions_are_guarded_like_item() -> None:
     jitted = ptj.jit(lambda x: x * float(np.asarray(x).sum()) + float(x.numpy()[0]))
     for fill in (1.0, 2.0, 1.0):
-        x = torch.full((2,), fill)
+        x = torch.full((2,), fill, device="cpu")  # numpy reads CPU tensors only
         assert torch.equal(jitted(x), x * float(x.sum()) + fill)
     assert jitted.num_traces == 2  # one per branch of values, reused
 

@@ -56,32 +56,42 @@ class Unfaithful(CaptureFailed):
     in place the syntax does not show): the loop must not be captured at all."""
 
 
-def _truth(value: Any) -> torch.Tensor:
-    """``bool(value)`` as a 0-d bool tensor (on the value's device)."""
+def _truth(value: Any, like: torch.Tensor | None = None) -> torch.Tensor:
+    """``bool(value)`` as a 0-d bool tensor, on the device of ``like`` where given (a Python
+    value's truth joins the loop's tensors: a CPU tensor would not combine with CUDA ones)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise CaptureFailed(f"a loop condition has {value.numel()} elements")
         value = value.reshape(())
         truth: torch.Tensor = value if value.dtype == torch.bool else value != 0
+        if like is not None and truth.device != like.device:
+            truth = truth.to(like.device)
         return truth
-    return torch.tensor(bool(value))
+    return torch.tensor(bool(value), device=None if like is None else like.device)
+
+
+def _first_tensor(values: Sequence[Any]) -> torch.Tensor | None:
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _stay(go: Any, leave: Any) -> torch.Tensor:
-    return torch.logical_and(_truth(go), torch.logical_not(_truth(leave)))
+    like = _first_tensor((go, leave))
+    return torch.logical_and(_truth(go, like), torch.logical_not(_truth(leave, like)))
 
 
 def _and(*values: Any) -> torch.Tensor:
-    result = _truth(values[0])
+    like = _first_tensor(values)
+    result = _truth(values[0], like)
     for value in values[1:]:
-        result = torch.logical_and(result, _truth(value))
+        result = torch.logical_and(result, _truth(value, like))
     return result
 
 
 def _or(*values: Any) -> torch.Tensor:
-    result = _truth(values[0])
+    like = _first_tensor(values)
+    result = _truth(values[0], like)
     for value in values[1:]:
-        result = torch.logical_or(result, _truth(value))
+        result = torch.logical_or(result, _truth(value, like))
     return result
 
 
@@ -110,7 +120,9 @@ def _merge(
         if isinstance(n, torch.Tensor) and isinstance(o, torch.Tensor):
             if n.shape != o.shape or n.dtype != o.dtype:
                 raise CaptureFailed("a carried tensor changes its shape or dtype in the loop")
-            merged.append(torch.where(_truth(go), n, o))
+            if n.device != o.device:  # a flag made from Python values inside the body
+                n = n.to(o.device)
+            merged.append(torch.where(_truth(go, o), n, o))
         elif isinstance(n, torch.Tensor) or isinstance(o, torch.Tensor):
             raise CaptureFailed("a carried value changes between a tensor and a Python value")
         else:
@@ -195,7 +207,7 @@ class CapturedLoop:
     ) -> tuple[Any, ...]:
         inputs = _tensors_of(invariants)
         with torch.no_grad():  # a custom function's forward: its gradient is the user's
-            go = self.enter(*state, *invariants)
+            go = _truth(self.enter(*state, *invariants), _first_tensor(state))
             flat = (go, *state)
             while bool(flat[0]):
                 flat = tuple(program(*flat, *inputs))
@@ -262,7 +274,7 @@ class CapturedLoop:
             for _ in range(size):
                 go, *rest = iterate(go, *carried, *reads)
                 carried = tuple(rest)
-            return (torch.logical_and(go, enter(*carried, *reads)), *carried)
+            return (torch.logical_and(go, _truth(enter(*carried, *reads), go)), *carried)
 
         inputs = tuple(
             v.detach().clone()
