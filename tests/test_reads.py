@@ -323,7 +323,7 @@ def _lookup(x: torch.Tensor) -> torch.Tensor:
 def test_small_numpy_arrays_are_guarded_by_content() -> None:
     """torch's TracerWarning is right in general; here the array is guarded (docs/guarded.md)."""
     jitted = ptj.jit(_lookup)
-    x = torch.ones(3)
+    x = torch.ones(3, device="cpu")  # from_numpy makes CPU tensors
     try:
         for value in (1.0, 10.0, 10.0, 1.0):
             TABLE[0] = value  # updated in place between calls
