@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._compat import any_autocast
+from ._compat import any_autocast, function_modes
 from ._context import raised_by_check
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
@@ -58,29 +58,40 @@ such calls in a row and it runs eagerly for good: NOTE [a check that fails on ro
 
 def ambient_state() -> Any:
     """The torch state around a call that its program bakes in, as part of a cache key: None
-    (no autocast, default dtype float32: one C call each), or ``((device, dtype), ...)`` for
-    each device where autocast is on, and ``("default dtype", dtype)`` where
-    ``torch.set_default_dtype`` changed it (``torch.ones(3)`` in the step makes that dtype)."""
+    (no autocast, default dtype float32, no torch-function mode: one C call each), or a tuple
+    of ``(device, dtype)`` for each device where autocast is on, ``("default dtype", dtype)``
+    where ``torch.set_default_dtype`` changed it and ``("default device", device)`` where
+    ``torch.set_default_device`` (or ``with torch.device(...)``) made another device than the
+    CPU the default (``torch.ones(3)`` in the step makes that dtype, on that device)."""
     dtype = torch.get_default_dtype()
-    if dtype is torch.float32 and not any_autocast():
+    if dtype is torch.float32 and not any_autocast() and not function_modes():
         return None
-    state = tuple(
+    state: tuple[Any, ...] = tuple(
         (device, torch.get_autocast_dtype(device))
         for device in _AUTOCAST_DEVICES
         if torch.is_autocast_enabled(device)
     )
-    return (*state, ("default dtype", dtype)) if dtype is not torch.float32 else state
+    if dtype is not torch.float32:
+        state = (*state, ("default dtype", dtype))
+    default = torch.get_default_device() if function_modes() else None
+    if default is not None and default.type != "cpu":
+        state = (*state, ("default device", default))
+    return state or None
 
 
 def describe_ambient(state: Any) -> str:
-    """``"autocast cuda float16, default dtype float64"``, or ``"none"``."""
+    """``"autocast cuda float16, default dtype float64, default device cuda:0"``, or
+    ``"none"``."""
     if not state:
         return "none"
     return ", ".join(
-        f"{d} {str(t).replace('torch.', '')}" if d == "default dtype"
-        else f"autocast {d} {str(t).replace('torch.', '')}"
+        f"autocast {d} {str(t).replace('torch.', '')}" if d not in _DEFAULTS
+        else f"{d} {str(t).replace('torch.', '')}"
         for d, t in state
     )  # fmt: skip
+
+
+_DEFAULTS = ("default dtype", "default device")
 
 
 @dataclass(frozen=True)

@@ -44,15 +44,18 @@ def torchscript_bodies(jitted: Any) -> bool:
 
 
 class Counter:
-    """Counts calls of the Python functions under test. Slotted: test instrumentation, not
-    state of the program under test, so attribute-path guards and the side-effect check
-    (which look into ``__dict__``) leave it alone."""
+    """Counts calls of the Python functions under test: test instrumentation, not state of
+    the program under test. Its class names a module without a file (as a library's class
+    would), so attribute-path guards and the side-effect check leave it alone."""
 
     __slots__ = ("forward", "gradient")
 
     def __init__(self) -> None:
         self.forward = 0
         self.gradient = 0
+
+
+Counter.__module__ = "builtins"  # not the user's class (_reads._code_walk.user_class)
 
 
 def laplace(u: torch.Tensor) -> torch.Tensor:

@@ -136,8 +136,12 @@ def test_the_users_modules_are_configuration(fn: Any, change: Any, fresh_setting
 def test_library_modules_are_not_guarded() -> None:
     from phi_torch_jit._reads import collect_reads
 
-    reads = collect_reads(lambda x: torch.sin(x) * functools.reduce(max, [1, 2]), [])
-    assert reads == []
+    step = lambda x: torch.sin(x) * functools.reduce(max, [1, 2])  # noqa: E731
+    reads = collect_reads(step, [])
+    # the lambda's own code and defaults only: nothing of torch or functools
+    assert {r.source.label for r in reads} == {
+        f"{step.__qualname__}.{a}" for a in ("__code__", "__defaults__", "__kwdefaults__")
+    }
 
 
 def test_a_jitted_module_that_counts_its_calls_runs_eagerly_like_eager() -> None:
@@ -529,6 +533,31 @@ def test_the_default_dtype_is_part_of_the_cache_key() -> None:
         torch.set_default_dtype(torch.float32)
     assert jitted.num_traces == 2
     assert "default dtype float64" in jitted.explain()
+
+
+def test_the_default_device_is_part_of_the_cache_key(device: torch.device) -> None:
+    """``torch.set_default_device`` (and ``with torch.device(...)``) decide where the step's
+    factories make tensors: a compiled program made them where it was traced."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.arange(3.0) + x.sum().to(torch.get_default_device())
+
+    jitted = ptj.jit(step)
+    x = torch.ones(3)
+    try:
+        for default in (device, torch.device("meta"), device):
+            torch.set_default_device(default)
+            for _ in range(2):
+                got, want = jitted(x), step(x)
+                assert got.device == want.device and got.device.type == default.type
+                if default.type != "meta":
+                    torch.testing.assert_close(got, want)
+    finally:
+        torch.set_default_device(device)
+    with torch.device("meta"):
+        assert jitted(x).device.type == "meta"
+    assert jitted.num_traces == 2
+    assert "default device meta" in jitted.explain()
 
 
 class _Forcing:

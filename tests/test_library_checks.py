@@ -39,10 +39,13 @@ class _Diverged(RuntimeError):
 
 
 class _Drift:
-    __slots__ = ("value",)  # test instrumentation: no guard looks inside
+    __slots__ = ("value",)
 
     def __init__(self) -> None:
         self.value = 0.0
+
+
+_Drift.__module__ = "builtins"  # test instrumentation: a library's class, no guard looks inside
 
 
 DRIFT = _Drift()

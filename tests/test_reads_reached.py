@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import collections
 import contextvars
+import dataclasses
 import enum
 import functools
 import threading
@@ -514,3 +515,206 @@ def test_the_environment_read_by_the_step_or_a_function_it_calls_is_guarded(
         lambda: monkeypatch.delenv("PTJ_TEST_SCALE"),
     ])  # fmt: skip
     assert jitted.num_traces >= 2
+
+
+def _imports_by_name(x: torch.Tensor) -> torch.Tensor:
+    import importlib
+
+    settings = importlib.import_module("read_settings")
+    return x * settings.GRAVITY
+
+
+def test_a_users_module_imported_by_importlib_inside_the_step_is_guarded() -> None:
+    """``importlib.import_module("read_settings")`` returns the module to a local: no import
+    statement, no global names it; its data kept the first value."""
+    import read_settings
+
+    jitted = ptj.jit(_imports_by_name)
+    before = read_settings.GRAVITY
+    try:
+        changes = [lambda: setattr(read_settings, "GRAVITY", before * 3)]
+        _like_eager(jitted, _imports_by_name, (torch.ones(2),), changes)
+    finally:
+        read_settings.GRAVITY = before
+    assert jitted.num_traces == 2
+
+
+class Stepper:
+    """State kept private, changed through a setter: the step reads it in a method."""
+
+    def __init__(self, dt: float) -> None:
+        self._dt = dt
+        self.__substeps = 1
+
+    def set_dt(self, dt: float) -> None:
+        self._dt = dt
+
+    def refine(self) -> None:
+        self.__substeps += 1
+
+    def advance(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.__substeps):
+            x = x * (1 - self._dt)
+        return x
+
+
+STEPPER = Stepper(0.1)
+
+
+def _stepper() -> Stepper:
+    return STEPPER
+
+
+def test_private_attributes_of_an_object_the_step_reaches_are_guarded() -> None:
+    """``self._dt`` changed by a setter, a name-mangled ``self.__substeps``, and a private
+    name built at run time (``getattr(obj, "_" + name)``) on an object a function returns:
+    the walk listed public attributes only, and each kept its first value."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        scale = getattr(_stepper(), "_" + "dt")
+        return STEPPER.advance(x) + scale
+
+    jitted = ptj.jit(step)
+    try:
+        _like_eager(jitted, step, (torch.ones(3),), [
+            lambda: STEPPER.set_dt(0.5),
+            STEPPER.refine,
+        ])  # fmt: skip
+    finally:
+        STEPPER.__init__(0.1)  # type: ignore[misc]
+    assert jitted.num_traces == 3
+
+
+def _damping(x: torch.Tensor, rate: float = 0.5) -> torch.Tensor:
+    return x * rate
+
+
+def _doubled(x: torch.Tensor, rate: float = 0.5) -> torch.Tensor:
+    return 2 * x * rate
+
+
+def test_a_called_functions_code_or_defaults_replaced_retraces() -> None:
+    """``f.__code__ = g.__code__`` (hot-patching a physics term) and ``f.__defaults__ = (...)``
+    keep the function object, which the guard held by identity: both kept the first code."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return _damping(x) + 1
+
+    code, defaults = _damping.__code__, _damping.__defaults__
+    jitted = ptj.jit(step)
+    try:
+        _like_eager(jitted, step, (torch.ones(3),), [
+            lambda: setattr(_damping, "__code__", _doubled.__code__),
+            lambda: setattr(_damping, "__defaults__", (0.25,)),
+        ])  # fmt: skip
+    finally:
+        _damping.__code__, _damping.__defaults__ = code, defaults
+    assert jitted.num_traces == 3
+
+
+@dataclasses.dataclass(slots=True)
+class _SlotSettings:
+    dt: float
+    _gain: float = 1.0
+
+
+SLOT_SETTINGS = _SlotSettings(0.1)
+
+
+def _slot_scaled(x: torch.Tensor, settings: _SlotSettings) -> torch.Tensor:
+    return x * settings.dt * settings._gain
+
+
+def test_an_object_with_slots_reached_through_a_call_is_guarded() -> None:
+    """A dataclass with ``slots=True`` has no ``__dict__``: the walk guarded it by identity
+    only, and a changed field read through a parameter of a called function was stale."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return _slot_scaled(x, SLOT_SETTINGS)
+
+    jitted = ptj.jit(step)
+    try:
+        _like_eager(jitted, step, (torch.ones(3),), [
+            lambda: setattr(SLOT_SETTINGS, "dt", 0.5),
+            lambda: setattr(SLOT_SETTINGS, "_gain", 2.0),
+        ])  # fmt: skip
+    finally:
+        SLOT_SETTINGS.dt, SLOT_SETTINGS._gain = 0.1, 1.0
+    assert jitted.num_traces == 3
+
+
+LOOKED_UP = {"k": 1.0}
+
+
+def test_a_global_looked_up_through_globals_is_guarded() -> None:
+    """``globals()["LOOKED_UP"]`` loads no global by name: each string constant of code that
+    calls ``globals`` is taken as a global it may read."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * globals()["LOOKED_UP"]["k"]
+
+    jitted = ptj.jit(step)
+    try:
+        _like_eager(jitted, step, (torch.ones(3),), [lambda: LOOKED_UP.update(k=4.0)])
+    finally:
+        LOOKED_UP["k"] = 1.0
+    assert jitted.num_traces == 2
+
+
+def _gravity_of(x: torch.Tensor, settings: Any) -> torch.Tensor:
+    return x * settings.GRAVITY
+
+
+def test_a_users_module_held_in_a_local_or_passed_on_and_its_classes_are_guarded() -> None:
+    """A module of the user's reached other than by a chain the code spells from its global
+    (``m = settings; m.GRAVITY``, ``helper(x, settings)``), and a class in it
+    (``settings.Limits.RATE``, also ``k = settings.Limits; k.RATE``): the module and the class
+    were guarded by identity only, their data stale."""
+    import read_settings
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        alias = read_settings
+        limits = read_settings.Limits
+        return _gravity_of(x, read_settings) + alias.TABLE["drag"][1] + limits.RATE
+
+    def through_chain(x: torch.Tensor) -> torch.Tensor:
+        return x * read_settings.Limits.RATE
+
+    gravity, rate = read_settings.GRAVITY, read_settings.Limits.RATE
+    try:
+        for fn in (step, through_chain):  # each change retraces: the module is walked whole
+            jitted = ptj.jit(fn)
+            _like_eager(jitted, fn, (torch.ones(3),), [
+                lambda: setattr(read_settings, "GRAVITY", 1.0),
+                lambda: read_settings.TABLE["drag"].__setitem__(1, 5.0),
+                lambda: setattr(read_settings.Limits, "RATE", read_settings.Limits.RATE + 1),
+            ])  # fmt: skip
+            assert jitted.num_traces == 4
+            read_settings.GRAVITY, read_settings.Limits.RATE = gravity, rate
+            read_settings.TABLE["drag"][1] = 0.2
+    finally:
+        read_settings.GRAVITY, read_settings.Limits.RATE = gravity, rate
+        read_settings.TABLE["drag"][1] = 0.2
+
+
+class _Tempered:
+    """A callable object (no nn.Module) jitted itself: ``jit(tempered)``."""
+
+    def __init__(self) -> None:
+        self.shift = 0.0
+        self._temperature = 1.0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self._temperature + self.shift
+
+
+def test_a_callable_object_jitted_itself_has_its_attributes_guarded() -> None:
+    """``jit(obj)`` for an object with ``__call__``: its attributes are read through ``self``
+    (a parameter), and the object was no root of the walk: every change was stale."""
+    tempered = _Tempered()
+    jitted = ptj.jit(tempered)
+    _like_eager(jitted, tempered, (torch.ones(3),), [
+        lambda: setattr(tempered, "_temperature", 2.0),
+        lambda: setattr(tempered, "shift", 1.0),
+    ])  # fmt: skip
+    assert jitted.num_traces == 3

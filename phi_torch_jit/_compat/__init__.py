@@ -39,6 +39,7 @@ from ._calls import (
     destroy_library,
     disable_dispatch_modes,
     eager_functions,
+    function_modes,
     functorch_transform,
     get_tracing_state,
     global_module_hooks,
@@ -78,6 +79,7 @@ from ._private import DISABLE_MODES as DISABLE_MODES
 from ._private import EAGER_FUNCTIONS as EAGER_FUNCTIONS
 from ._private import ENGINE_RUN_BACKWARD as ENGINE_RUN_BACKWARD
 from ._private import FAKE_MODE as FAKE_MODE
+from ._private import FUNCTION_MODES as FUNCTION_MODES
 from ._private import FUNCTORCH_CONFIG as FUNCTORCH_CONFIG
 from ._private import FUNCTORCH_STACK as FUNCTORCH_STACK
 from ._private import GLOBAL_HOOKS as GLOBAL_HOOKS
@@ -123,6 +125,7 @@ __all__ = [
     "set_tracing_state",
     "functorch_transform",
     "any_autocast",
+    "function_modes",
     "value_trace",
     "graph_executor_optimize",
     "set_graph_executor_optimize",

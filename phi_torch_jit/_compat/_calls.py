@@ -17,6 +17,7 @@ from ._private import (
     BACKWARD_HOOK_FUNCTION,
     DISABLE_MODES,
     EAGER_FUNCTIONS,
+    FUNCTION_MODES,
     FUNCTORCH_STACK,
     GLOBAL_HOOKS,
     GRAPH_EXECUTOR_OPTIMIZE,
@@ -65,6 +66,8 @@ functorch_transform: Callable[[], Any] = _now_or_lazy(FUNCTORCH_STACK)
 """The innermost running torch.func transform, None outside any (read on every jitted call)."""
 any_autocast: Callable[[], bool] = _now_or_lazy(ANY_AUTOCAST)
 """Whether autocast is enabled for some device (read on every jitted call)."""
+function_modes: Callable[[], int] = _now_or_lazy(FUNCTION_MODES)
+"""How many torch-function modes are active (0: factories make tensors on the CPU)."""
 set_tracing_state: Callable[[Any], None] = _now_or_lazy(SET_TRACING_STATE)
 """Install a tracing state (None pauses the trace)."""
 value_trace: Callable[[torch.Tensor], Any] = _now_or_lazy(VALUE_TRACE)

@@ -222,6 +222,13 @@ ANY_AUTOCAST = _api(
     "the public torch.is_autocast_enabled asks one device at a time)",
     "_jit",
 )
+FUNCTION_MODES = _api(
+    "torch._C._len_torch_function_stack",
+    "one C call telling whether a torch-function mode is active (torch.set_default_device "
+    "keeps one): read on every jitted call, where the public torch.get_default_device costs "
+    "microseconds",
+    "_specialization",
+)
 TRACER_WARNING = _api(
     "torch.jit.TracerWarning torch.jit._trace.TracerWarning",
     "the warning torch.jit.trace gives where it bakes a value; documented, but torch.jit does "

@@ -18,6 +18,8 @@ chains under it (``cfg.alpha``,              tensor is a program input
 ``settings.TABLE["drag"][1]``)
 a loop over a container of user objects      the container's length and each   ``_python``
 (``for st in stages: ... st.w``)             item's read attributes
+the code and defaults of the functions run   code by identity, defaults by     ``_python``
+(``f.__code__ = g.__code__``)                value
 the process environment (``os.environ``,      by content, where user code       ``_python``
 ``os.getenv``)                               names ``environ`` or ``getenv``
 an iterator or generator the step advances   eager, one warning (its items     ``_python``

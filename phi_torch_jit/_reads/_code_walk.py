@@ -47,10 +47,16 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
         globals_read: dict[str, int] = {}
         cells_read: dict[str, int] = {}
         for inner in _codes(code):
-            for instruction in dis.get_instructions(inner):
+            instructions = list(dis.get_instructions(inner))
+            by_name = any(  # globals()["G"]: each string constant may name a global
+                i.opname in _LOADS_GLOBAL and i.argval == "globals" for i in instructions
+            )
+            for instruction in instructions:
                 line = instruction.positions.lineno if instruction.positions else None
                 name = instruction.argval
-                if instruction.opname in _LOADS_GLOBAL:
+                if instruction.opname in _LOADS_GLOBAL or (
+                    by_name and instruction.opname == "LOAD_CONST" and isinstance(name, str)
+                ):
                     globals_read.setdefault(name, line or inner.co_firstlineno)
                 elif instruction.opname in _LOADS_CELL and name in inner.co_freevars:
                     if name in code.co_freevars:
@@ -59,16 +65,31 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
     return found
 
 
+_IMPORTERS = frozenset(("import_module", "__import__"))
+"""Functions that import a module named by a string (``importlib.import_module("settings")``)."""
+
+
 def modules_imported(code: types.CodeType) -> dict[str, int]:
-    """Modules the code imports while it runs (``import settings as s`` inside a function)
-    -> first line: read through a local, so no global or chain names them."""
+    """Modules the code imports while it runs -> first line: ``import settings as s`` inside a
+    function, and ``importlib.import_module("settings")`` or ``__import__`` with a constant
+    name (each string constant of code that calls one is a candidate; the caller keeps those
+    that are modules). Read through a local, so no global or chain names them."""
     found: dict[str, int] = {}
     for inner in _codes(code):
-        for instruction in dis.get_instructions(inner):
+        instructions = list(dis.get_instructions(inner))
+        imports = any(i.argval in _IMPORTERS for i in instructions if i.opname in _NAMED_LOADS)
+        for instruction in instructions:
+            line = instruction.positions.lineno if instruction.positions else None
             if instruction.opname == "IMPORT_NAME":
-                line = instruction.positions.lineno if instruction.positions else None
                 found.setdefault(instruction.argval, line or inner.co_firstlineno)
+            elif imports and instruction.opname == "LOAD_CONST":
+                name = instruction.argval
+                if isinstance(name, str) and all(p.isidentifier() for p in name.split(".")):
+                    found.setdefault(name, line or inner.co_firstlineno)
     return found
+
+
+_NAMED_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"))
 
 
 def _codes(code: types.CodeType, depth: int = 4) -> list[types.CodeType]:
@@ -134,8 +155,8 @@ _NO_KEY = object()
 def held_objects(fn: Any) -> list[tuple[Any, Source]]:
     """The objects a jitted callable holds besides code: the arguments and keywords of a
     ``functools.partial`` (``partial(relax, cfg=cfg)``), a bound method's ``self``, the
-    jitted module itself; their attributes are read through parameters, not names, so they
-    are guarded as roots of their own (NOTE [attribute paths])."""
+    jitted module or callable object itself; their attributes are read through parameters,
+    not names, so they are guarded as roots of their own (NOTE [attribute paths])."""
     found: list[tuple[Any, Source]] = []
     pending, seen = [fn], 0
     while pending and seen < MAX_DEPTH:
@@ -155,6 +176,9 @@ def held_objects(fn: Any) -> list[tuple[Any, Source]]:
                 found.append(((id(owner), "self"), Source(label, where, holder=owner)))
         elif isinstance(obj, nn.Module):
             label = f"{type(obj).__name__} object (the jitted module)"
+            found.append(((id(obj), "self"), Source(label, where, holder=obj)))
+        elif not isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type)):
+            label = f"{type(obj).__name__} object (the jitted callable)"  # its __call__'s self
             found.append(((id(obj), "self"), Source(label, where, holder=obj)))
     return found
 

@@ -47,10 +47,10 @@ def has_attributes(value: Any) -> bool:
 
 def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     """The attribute paths one step under a configuration object (NOTE [attribute paths]):
-    public attributes of namespaces and of instances of user classes (dataclasses included;
-    class attributes too), public class attributes of user classes, str/int entries of dicts,
-    items of lists and tuples (``models[0]``), the object of a bound method, the arguments
-    a ``functools.partial`` binds.
+    attributes of namespaces and of instances of user classes, private ones included
+    (dataclasses too; class attributes too), data attributes of user classes, str/int
+    entries of dicts, items of lists and tuples (``models[0]``), the object of a bound
+    method, the arguments a ``functools.partial`` binds.
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
     if type(value) in (dict, collections.OrderedDict, collections.defaultdict):
         return [Step(False, k) for k in value if type(k) in (str, int)]
@@ -60,7 +60,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "__self__")]
     if isinstance(value, functools.partial):  # the arguments it binds, what it calls
         return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]
-    if isinstance(value, (nn.Module, types.FunctionType, types.ModuleType)):
+    if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read)
+        return [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
+    if isinstance(value, (nn.Module, types.FunctionType)):
         return []  # modules: the module guard; functions: code, walked by user_functions
     if isinstance(value, enum.Enum):  # a member whose value holds a list (immutable ones
         return [Step(True, "value")]  # are compared by value)
@@ -71,9 +73,12 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value)]
     klass = _class_of(value)
     plain = _bag(klass) or user_class(klass)  # a library's objects: by identity
-    if not plain or not has_attribute(value, "__dict__"):
+    if not plain:
         return []
-    names = [n for n in vars(value) if n.isidentifier() and not n.startswith("_")]
+    if has_attribute(value, "__dict__"):
+        names = [n for n in vars(value) if n.isidentifier() and not _dunder(n)]
+    else:  # a class with __slots__ (a dataclass with slots=True): its set slots
+        names = [n for n in _slots(klass) if has_attribute(value, n)]
     names += [n for n in _class_data([k for k in klass.__mro__ if user_class(k)])
               if n not in names]  # fmt: skip
     steps: list[Step | tuple[Step, ...]] = [Step(True, n) for n in names]
@@ -129,12 +134,49 @@ _CLASS_MACHINERY = frozenset(("__dict__", "__weakref__", "__module__", "__doc__"
                               "__annotations__", "__slots__", "__init_subclass__"))  # fmt: skip
 
 
+def _slots(klass: type) -> list[str]:
+    """The attribute names the ``__slots__`` of the user classes in ``klass``'s MRO declare
+    (private ones as Python mangles them: ``__n`` of ``K`` is ``_K__n``)."""
+    names: list[str] = []
+    for base in klass.__mro__:
+        if not user_class(base):
+            continue
+        declared = vars(base).get("__slots__", ())
+        for name in (declared,) if isinstance(declared, str) else declared:
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{base.__name__.lstrip('_')}{name}"
+            if not _dunder(name) and name not in names:
+                names.append(name)
+    return names
+
+
+def _module_data(name: str, value: Any) -> bool:
+    """Whether a module attribute is configuration the walk descends into: data and the
+    user's classes (``settings.Inner.RATE``), not functions (code: walked where called),
+    other modules, or classes imported from libraries."""
+    if _dunder(name) or not name.isidentifier():
+        return False
+    if isinstance(value, type):
+        return user_class(value)
+    return not isinstance(value, _CODE_OR_MODULES)
+
+
+_CODE_OR_MODULES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                    types.ModuleType, functools.partial)  # fmt: skip
+
+
+def _dunder(name: str) -> bool:
+    """Python's own names (``__dict__``, ``__module__``); private ones (``_dt``, a setter's
+    target) are the user's state like public ones."""
+    return name.startswith("__") and name.endswith("__")
+
+
 def _class_data(klasses: list[type]) -> list[str]:
-    """Public data attributes defined on these classes (no methods, properties, classes)."""
+    """Data attributes defined on these classes (no methods, properties, classes)."""
     names: list[str] = []
     for klass in klasses:
         for name, member in vars(klass).items():
-            if name.startswith("_") or name in names or not name.isidentifier():
+            if _dunder(name) or name in names or not name.isidentifier():
                 continue
             if callable(member) or hasattr(type(member), "__get__"):
                 continue  # methods, properties, cached properties: reading them runs code

@@ -41,6 +41,7 @@ from ._code_walk import (
     held_objects,
     modules_imported,
     names_read,
+    user_class,
     user_functions,
     user_module,
 )
@@ -171,6 +172,9 @@ def _add_chains(
                 value = child.get()
             except GONE:
                 break
+            if isinstance(value, type) and user_class(value):  # settings.Inner: its data
+                _add(reads, parent, child)  # and methods, walked like any class read
+                continue
             if callable(value) and not isinstance(value, (nn.Module, torch.Tensor)):
                 break  # a method or function (a new bound method on every read): code, not data
             _add(reads, parent, child, budget=[-1])  # -1: not descended
@@ -196,6 +200,7 @@ def collect_reads(
     for function in user_functions([fn, *arguments, *modules]):
         code = function.__code__
         _add_defaults(reads, function)
+        _add_code(reads, function)
         globals_read, cells_read = names_read(code)
         namespace = function.__globals__
         chains = attribute_chains(code)
@@ -276,6 +281,21 @@ def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
         _add(reads, (id(keywords), name), source)
 
 
+def _add_code(reads: dict[Any, Read], function: types.FunctionType) -> None:
+    """What a function runs, as its own attributes: its code by identity and its defaults
+    (``f.__code__ = g.__code__``, ``f.__defaults__ = (0.5,)`` retrace)."""
+    code = function.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    for attribute in ("__code__", "__defaults__", "__kwdefaults__"):
+        label = f"{function.__qualname__}.{attribute}"
+        source = Source(label, where, holder=function, path=(Step(True, attribute),))
+        _add(reads, (id(function), attribute), source)
+
+
+_MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"training"}
+"""What ``nn.Module.__init__`` sets (parameters, buffers, hooks): the module guard's."""
+
+
 def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
     """Plain attributes of a module that the module guard does not cover: tensors that are
     not buffers (``self.mask = torch.ones(3)``) become inputs; lists, dicts and arrays are
@@ -283,7 +303,7 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
     namespace = module.__dict__
     where = f"{type(module).__qualname__} attributes"
     for name, value in list(namespace.items()):
-        if name.startswith("_") or name == "training" or immutable(value):
+        if name in _MODULE_MACHINERY or name.startswith("__") or immutable(value):
             continue
         if isinstance(value, nn.Module) or (
             callable(value)
