@@ -283,10 +283,13 @@ def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
 
 def _add_code(reads: dict[Any, Read], function: types.FunctionType) -> None:
     """What a function runs, as its own attributes: its code by identity and its defaults
-    (``f.__code__ = g.__code__``, ``f.__defaults__ = (0.5,)`` retrace)."""
+    (``f.__code__ = g.__code__``, ``f.__defaults__ = (0.5,)`` retrace). Defaults only where
+    it has some: a read costs about 0.1 us on every call."""
     code = function.__code__
     where = f"{code.co_filename}:{code.co_firstlineno}"
     for attribute in ("__code__", "__defaults__", "__kwdefaults__"):
+        if getattr(function, attribute) is None:
+            continue
         label = f"{function.__qualname__}.{attribute}"
         source = Source(label, where, holder=function, path=(Step(True, attribute),))
         _add(reads, (id(function), attribute), source)
