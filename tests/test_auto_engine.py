@@ -66,7 +66,7 @@ def test_first_call_records_then_fast_tier_then_switch_with_equal_results() -> N
     assert torch.allclose(jitted(inputs[0], k), step(inputs[0], k))
     program = program_of(jitted)
     assert program.tier in ("torchscript-graph", "straight-line")
-    assert "the backend compiles from the second call on" in jitted.explain()
+    assert "the backend compiles from the third call on" in jitted.explain()
     counter.forward = 0
     assert torch.allclose(jitted(inputs[1], k), step(inputs[1], k), atol=1e-6)  # queues it
     assert jitted.wait_compiled(60)
@@ -140,8 +140,8 @@ def test_calls_from_threads_while_compiling_are_served_and_compile_once() -> Non
     gate = _Gate()
     jitted = ptj.jit(lambda x: x.cos() + 1, engine="auto", backend=gate, fallback="off")
     x = torch.randn(6)
-    jitted(x)
-    jitted(x)
+    for _ in range(3):  # the record pass, then the fast tier; its second call queues it
+        jitted(x)
     assert gate.entered.wait(60)
     errors: list[BaseException] = []
 
@@ -160,7 +160,7 @@ def test_calls_from_threads_while_compiling_are_served_and_compile_once() -> Non
     assert not errors and not jitted.wait_compiled(0)  # still compiling, calls were served
     gate.opened.set()
     assert jitted.wait_compiled(60)
-    assert gate.compiles == 1 and program_of(jitted).switched_after_calls == 81
+    assert gate.compiles == 1 and program_of(jitted).switched_after_calls == 82
 
 
 class _Doubled(torch.autograd.Function):
@@ -173,11 +173,13 @@ class _Doubled(torch.autograd.Function):
         return grad * 2
 
 
-def test_where_a_backward_may_follow_the_compile_waits_for_the_first_one() -> None:
+def test_the_compile_waits_for_the_first_backward_and_a_signatures_third_call() -> None:
     """A custom function's backward compiles at its first backward and needs the tracing lock,
     which a background compile holds: queued at the second call, the compile made that
     backward run as Python until it ended (a PhiFlow gradient step's adjoint solves, 40 s).
-    Where a backward may follow, the compile is queued at the next call instead."""
+    And a signature met twice may not come again (a simulation's first state, built
+    otherwise than those its step returns): its compile kept the next signature from being
+    traced, whose calls ran eagerly while it lasted. The compile is queued at the third."""
     gate = _Gate()
     jitted = ptj.jit(lambda x: _Doubled.apply(x).sin(), engine="auto", backend=gate)
     x = torch.randn(4, requires_grad=True)
@@ -193,16 +195,48 @@ def test_where_a_backward_may_follow_the_compile_waits_for_the_first_one() -> No
     with torch.no_grad():
         inference = ptj.jit(lambda x: x.cos() * 3, engine="auto", backend=gate)
         inference(x)
-        inference(x)  # no backward can follow: queued by the second call
+        inference(x)
+        assert _background.wait_idle(60) and gate.compiles == 1  # not queued yet
+        assert torch.allclose(inference(x), x.cos() * 3)  # the third call queues it
         assert _background.wait_idle(60) and gate.compiles == 2
+
+
+def test_a_signature_met_twice_does_not_keep_the_next_one_from_compiling(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``make demo``: the step is called twice on its first state, then on the states it
+    returns, which PhiML builds with another structure (another signature). Queued at the
+    second call, the first signature's compile held the tracing lock and the new signature's
+    calls ran eagerly (the Python function) for the whole compile: 1.0x eager over 40 steps."""
+    gate = _Gate()
+    request.addfinalizer(gate.opened.set)
+    counter = Counter()
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1
+        return x.cos() * 2
+
+    jitted = ptj.jit(step, engine="auto", backend=gate)
+    first, later = torch.randn(3), torch.randn(4)
+    jitted(first)
+    jitted(first)
+    for _ in range(3):  # its third call queues its compile, which the gate holds
+        assert torch.allclose(jitted(later), later.cos() * 2)
+    assert jitted.num_traces == 2 and gate.entered.wait(60)
+    counter.forward = 0
+    for _ in range(3):  # served by its captured program while the compile runs
+        assert torch.allclose(jitted(later), later.cos() * 2)
+    assert counter.forward == 0 and gate.compiles == 1
+    gate.opened.set()
+    assert jitted.wait_compiled(60)
 
 
 def test_a_new_signature_while_a_compile_traces_runs_eagerly_without_waiting() -> None:
     gate = _Gate()
     jitted = ptj.jit(lambda x: x * 3, engine="auto", backend=gate)
     x = torch.randn(3)
-    jitted(x)
-    jitted(x)
+    for _ in range(3):
+        jitted(x)
     assert gate.entered.wait(60)
     other = ptj.jit(lambda x: x + 1, engine="auto", backend=gate)
     results: list[bool] = []
@@ -228,6 +262,8 @@ def test_clear_caches_skips_queued_compiles_and_the_thread_ends() -> None:
     x = torch.randn(3)
     first(x)
     second(x)  # both captured before any compile starts
+    first(x)
+    second(x)
     first(x)
     assert gate.entered.wait(60)  # first's compile runs
     second(x)  # queued behind it
@@ -388,6 +424,7 @@ def test_a_compile_does_not_rewind_the_callers_random_stream() -> None:
     jitted = ptj.jit(lambda x: x.sin(), engine="auto", backend=backend)
     x = torch.randn(3)
     jitted(x)
+    jitted(x)
     torch.manual_seed(7)
     jitted(x)
     assert gate.entered.wait(60)
@@ -545,8 +582,8 @@ def test_ctrl_c_while_waiting_for_a_compile_leaves_it_running_and_the_function_w
     request.addfinalizer(gate.opened.set)  # a failed test must not leave the compile waiting
     jitted = ptj.jit(lambda x: x.cos() * 3, engine="auto", backend=gate)
     x = torch.randn(4)
-    jitted(x)
-    jitted(x)
+    for _ in range(3):
+        jitted(x)
     assert gate.entered.wait(60)
     main = threading.main_thread().ident
     assert main is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import Counter
 
 import phi_torch_jit as ptj
 
@@ -23,14 +24,20 @@ triple = ptj.custom_gradient(_triple, lambda i, o, g: (3 * g[0],))
 
 
 class Flaky:
-    """Calls custom functions differently on its second run (record vs trace)."""
+    """Calls custom functions differently on its second run (record vs trace). It counts its
+    runs in a ``Counter`` (test instrumentation no guard looks into): a count the guards saw
+    change would make it run eagerly before any trace."""
 
     def __init__(self, second: str) -> None:
-        self.runs = 0
+        self.counter = Counter()
         self.second = second
 
+    @property
+    def runs(self) -> int:
+        return self.counter.forward
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        self.runs += 1
+        self.counter.forward += 1
         if self.runs == 1:
             return double(x)
         if self.second == "other":

@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from phi_torch_jit._tensor_reads import PASS, READS, watching
+from phi_torch_jit.engines import _background
 
 
 def test_watchers_leaving_in_any_order_leave_torch_as_it_was() -> None:
     """Two stages that each patched and restored Tensor.tolist themselves restored each
     other's patch, or removed it twice, when two threads' uses overlapped (the second exit
     raised "type object 'Tensor' has no attribute 'tolist'")."""
+    assert _background.wait_idle(120)  # no compile thread tracing with its own watchers
     before = {kind: torch.Tensor.__dict__.get(kind) for kind in READS}
     seen: list[str] = []
     here = threading.get_ident()  # reads of other threads (a compile still running) aside
@@ -34,15 +36,16 @@ def test_watchers_leaving_in_any_order_leave_torch_as_it_was() -> None:
     a, b = watching(first), watching(second)
     a.__enter__()
     b.__enter__()
+    left = [b, a]  # a failure below must not leave the patches to later tests
     try:
         assert t.tolist() == [1.5, 2.0] and t[0].item() == 7
         assert seen == ["first tolist", "second tolist", "first item", "second item"]
-        a.__exit__(None, None, None)  # the first leaves before the second (another thread's)
+        left.pop().__exit__(None, None, None)  # the first leaves before the second
         seen.clear()
         assert t[0].item() == 7 and seen == ["second item"]
-    finally:  # a failure above must not leave the patches to later tests
-        a.__exit__(None, None, None)
-        b.__exit__(None, None, None)
+    finally:
+        for watcher in left:
+            watcher.__exit__(None, None, None)
     assert t.tolist() == [1.5, 2.0] and t[0].item() == 1.5 and bool(t[1]) is True
     assert {kind: torch.Tensor.__dict__.get(kind) for kind in READS} == before
 

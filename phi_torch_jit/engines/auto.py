@@ -136,11 +136,6 @@ class AutoEngine(CompileEngine):
         )
 
 
-def _backward_may_follow(inputs: tuple[torch.Tensor, ...]) -> bool:
-    """Whether a call on these inputs (arguments and state) can be differentiated."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-
-
 class TieredProgram:
     """One captured graph, run by the fast tier until the compiled one replaces it.
 
@@ -177,9 +172,9 @@ class TieredProgram:
         self._example = example
         self._settled = threading.Event()
         self._unsubmitted = False
-        """Whether the compile waits for a call of the program: it is queued at the function's
-        second call (its third where a backward may follow the second), so the first (with its
-        backward) runs without a compile competing."""
+        """Whether the compile waits for a call of the program: it is queued at the second call
+        of the fast tier (the signature's third), so the first (with its backward) runs
+        without a compile competing, and a signature met only twice is not compiled."""
         self._submit_lock = threading.Lock()
         self._queued_at: float | None = None
         self._state_grads: tuple[bool, ...] = ()
@@ -196,12 +191,16 @@ class TieredProgram:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
 
     def _serve_fast(self, *inputs: torch.Tensor) -> Any:
-        """The fast tier, counting calls and queuing the compile at the first one, or at the
-        second where a backward may follow the first: that backward compiles the custom
-        functions' backwards, which a compile holding the tracing lock would make run as Python
-        until it ends (a PhiFlow gradient step's adjoint solves ran as PhiML's Python CG for
-        the 40 s of its compile). A compile on the caller's thread is done in the call."""
-        if self._unsubmitted and (self.calls or self.on_caller or not _backward_may_follow(inputs)):
+        """The fast tier, counting calls and queuing the compile at its second one (the
+        function's third call of this signature). Not at the first: a backward after it
+        compiles the custom functions' backwards, which a compile holding the tracing lock
+        would make run as Python until it ends (a PhiFlow gradient step's adjoint solves ran
+        as PhiML's Python CG for the 40 s of its compile); and a signature seen twice may not
+        come again (a simulation's first state, built otherwise than the states its step
+        returns: the compile of its program kept the next signature from being traced, and
+        the demo's steps ran eagerly for the 20 s of that compile). A compile on the caller's
+        thread is done in the call."""
+        if self._unsubmitted and (self.calls or self.on_caller):
             self._submit()
             if self.tier != self.fast_tier:  # compiled in this call (compile_on="caller")
                 return self.serve(*inputs)
@@ -389,7 +388,7 @@ class TieredProgram:
         if self.failure is not None:
             return (f"tier: {self.tier} (backend compile not used: {self.failure})",)
         if self._queued_at is None:
-            return (f"tier: {self.tier}; the backend compiles from the second call on",)
+            return (f"tier: {self.tier}; the backend compiles from the third call on",)
         if self.compile_s is None:
             waited = time.perf_counter() - self._queued_at
             return (
