@@ -30,6 +30,7 @@ from ._context import current_frame
 from ._reads._records import Source
 from ._signature import Spec, flatten_outputs, unflatten_arguments
 from ._state import buffer_slots, put_back
+from .errors import RunEagerly
 
 __all__ = ["TensorHolder", "WrapperModule", "make_wrapper", "module_names"]
 
@@ -128,6 +129,13 @@ def make_wrapper(
 @contextmanager
 def _rebound(sources: Sequence[Source], values: Sequence[torch.Tensor]) -> Iterator[None]:
     """Bind each source to a traced input while the block runs, then back."""
+    for source in sources:
+        if source.in_tuple():
+            raise RunEagerly(
+                f"it reads a tensor kept in a tuple ({source.label}), which a compiled "
+                "program cannot take as its input; keep it in a list or pass it as an "
+                "argument to have it compiled"
+            )
     saved = [s.get() for s in sources]
     for source, value in zip(sources, values):
         source.set(value)

@@ -24,7 +24,8 @@ from .._sources import is_user_file
 from ._records import PRIMITIVES, Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
-           "user_module", "user_class", "modules_imported", "MAX_DEPTH"]  # fmt: skip
+           "user_module", "user_class", "modules_imported", "names_in_user_code",
+           "MAX_DEPTH"]  # fmt: skip
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -288,3 +289,29 @@ def user_module(module: types.ModuleType) -> bool:
         return is_user_file(filename)
     made_at_run_time = getattr(module, "__spec__", None) is None
     return made_at_run_time and module.__name__ not in sys.builtin_module_names
+
+
+_USER_NAMES: dict[type, frozenset[str]] = {}
+
+
+def names_in_user_code(klass: type) -> frozenset[str]:
+    """The attribute names the methods of the user classes in ``klass``'s MRO spell
+    (``self._table``): a module's private attributes are the user's state where the user's
+    code names them, a library base class's internals (gpytorch's memo caches) otherwise."""
+    found = _USER_NAMES.get(klass)
+    if found is None:
+        names: set[str] = set()
+        for base in klass.__mro__:
+            if not user_class(base):
+                continue
+            for member in vars(base).values():
+                function = getattr(member, "__func__", member)
+                code = getattr(function, "__code__", None)
+                if isinstance(code, types.CodeType):
+                    stack = [code]
+                    while stack:
+                        each = stack.pop()
+                        names.update(each.co_names)
+                        stack.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
+        found = _USER_NAMES[klass] = frozenset(names)
+    return found

@@ -40,6 +40,7 @@ from ._code_walk import (
     describe_callable,
     held_objects,
     modules_imported,
+    names_in_user_code,
     names_read,
     user_class,
     user_functions,
@@ -308,6 +309,8 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
     for name, value in list(namespace.items()):
         if name in _MODULE_MACHINERY or name.startswith("__") or immutable(value):
             continue
+        if name.startswith("_") and name not in names_in_user_code(type(module)):
+            continue  # private state only your code names: a library base's is its own
         if isinstance(value, nn.Module) or (
             callable(value)
             and not isinstance(value, (torch.Tensor, types.MethodType, functools.partial))

@@ -101,6 +101,15 @@ class Source:
             assert self.namespace is not None, "an object held by the callable is not rebound"
             self.namespace[self.name] = value
 
+    def in_tuple(self) -> bool:
+        """Whether the value is an item of a tuple, which :meth:`set` cannot rebind (a new
+        tuple would change the identity its guard holds)."""
+        if not self.path or self.path[-1].attribute or self.path[-1].length:
+            return False
+        owner = Source(self.label, self.location, self.namespace, self.name, self.cell,
+                       self.path[:-1], self.holder).get()  # fmt: skip
+        return isinstance(owner, tuple)
+
     def child(self, step: Step) -> Source:
         """The source one attribute or item further."""
         if step.length:
