@@ -403,14 +403,27 @@ def _imports_its_settings(x: torch.Tensor) -> torch.Tensor:
     return x * settings.GRAVITY
 
 
-def test_a_users_module_imported_inside_the_step_is_guarded() -> None:
+def _imports_by_name(x: torch.Tensor) -> torch.Tensor:
+    import importlib
+
+    settings = importlib.import_module("read_settings")
+    return x * settings.GRAVITY
+
+
+@pytest.mark.parametrize(
+    "step", [_imports_its_settings, _imports_by_name], ids=["import", "importlib"]
+)
+def test_a_users_module_imported_inside_the_step_is_guarded(step: Callable[..., Any]) -> None:
+    """``import read_settings`` in the step, or ``importlib.import_module("read_settings")``
+    (no import statement, no global names it): the module reaches a local, and its data kept
+    the first value."""
     import read_settings
 
-    jitted = ptj.jit(_imports_its_settings)
+    jitted = ptj.jit(step)
     before = read_settings.GRAVITY
     try:
         changes = [lambda: setattr(read_settings, "GRAVITY", before * 3)]
-        _like_eager(jitted, _imports_its_settings, (torch.ones(2),), changes)
+        _like_eager(jitted, step, (torch.ones(2),), changes)
     finally:
         read_settings.GRAVITY = before
     assert jitted.num_traces == 2
@@ -515,28 +528,6 @@ def test_the_environment_read_by_the_step_or_a_function_it_calls_is_guarded(
         lambda: monkeypatch.delenv("PTJ_TEST_SCALE"),
     ])  # fmt: skip
     assert jitted.num_traces >= 2
-
-
-def _imports_by_name(x: torch.Tensor) -> torch.Tensor:
-    import importlib
-
-    settings = importlib.import_module("read_settings")
-    return x * settings.GRAVITY
-
-
-def test_a_users_module_imported_by_importlib_inside_the_step_is_guarded() -> None:
-    """``importlib.import_module("read_settings")`` returns the module to a local: no import
-    statement, no global names it; its data kept the first value."""
-    import read_settings
-
-    jitted = ptj.jit(_imports_by_name)
-    before = read_settings.GRAVITY
-    try:
-        changes = [lambda: setattr(read_settings, "GRAVITY", before * 3)]
-        _like_eager(jitted, _imports_by_name, (torch.ones(2),), changes)
-    finally:
-        read_settings.GRAVITY = before
-    assert jitted.num_traces == 2
 
 
 class Stepper:
