@@ -64,7 +64,8 @@ def ambient_state() -> Any:
     ``torch.set_default_device`` (or ``with torch.device(...)``) made another device than the
     CPU the default (``torch.ones(3)`` in the step makes that dtype, on that device)."""
     dtype = torch.get_default_dtype()
-    if dtype is torch.float32 and not any_autocast() and not function_modes():
+    modes = function_modes()
+    if dtype is torch.float32 and not modes and not any_autocast():
         return None
     state: tuple[Any, ...] = tuple(
         (device, torch.get_autocast_dtype(device))
@@ -73,7 +74,7 @@ def ambient_state() -> Any:
     )
     if dtype is not torch.float32:
         state = (*state, ("default dtype", dtype))
-    default = torch.get_default_device() if function_modes() else None
+    default = torch.get_default_device() if modes else None
     if default is not None and default.type != "cpu":
         state = (*state, ("default device", default))
     return state or None

@@ -308,10 +308,7 @@ def names_in_user_code(klass: type) -> frozenset[str]:
                 function = getattr(member, "__func__", member)
                 code = getattr(function, "__code__", None)
                 if isinstance(code, types.CodeType):
-                    stack = [code]
-                    while stack:
-                        each = stack.pop()
+                    for each in _codes(code):  # nested code too (lambdas, comprehensions)
                         names.update(each.co_names)
-                        stack.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
         found = _USER_NAMES[klass] = frozenset(names)
     return found
