@@ -7,6 +7,7 @@ user code from library code; they ask here.
 from __future__ import annotations
 
 import os
+import site
 import sys
 import sysconfig
 from typing import Any
@@ -39,23 +40,81 @@ def user_location(depth: int, skip_torch: bool = False) -> str | None:
     return f"{filename}:{frame.f_lineno}"
 
 
-_LIBRARY_DIRS = tuple(
-    os.path.realpath(d) + os.sep
-    for d in {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    if d
-)
+_PACKAGE_DIR_NAMES = ("site-packages", "dist-packages")
+"""Folders that only hold installed packages, wherever they are (a virtual environment's, the
+user's site, Debian's system Python)."""
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:  # an embedded or virtualenv-patched ``site`` without them
+        pass
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
 _NOT_USER = (
     *{os.path.realpath(d) + os.sep for d in (TORCH_DIR, OWN_DIR)},
-    *_LIBRARY_DIRS,
+    *_library_dirs(),
 )
 _USER: dict[str, bool] = {}
+_INSTALLED_HERE: dict[str, frozenset[str]] = {}
+"""Per folder on ``sys.path``: the top-level names its ``*.dist-info`` records list."""
 
 
 def is_user_file(filename: str) -> bool:
     """Whether code from ``filename`` is the user's: not torch's, not ours, not the standard
-    library's or an installed package's (and not generated: ``<string>``, ``<frozen ...>``)."""
+    library's or an installed package's (and not generated: ``<string>``, ``<frozen ...>``).
+
+    An installed package is one under the interpreter's package folders, under any folder
+    named ``site-packages`` or ``dist-packages``, or one that a distribution's ``RECORD``
+    lists in the folder on ``sys.path`` that holds it (``pip install --target DIR`` with
+    ``DIR`` on ``PYTHONPATH``): its state is the library's, not the user's, and is not
+    walked for guards."""
     known = _USER.get(filename)
     if known is None:
         path = os.path.realpath(filename) if not filename.startswith("<") else ""
-        known = _USER[filename] = bool(path) and not path.startswith(_NOT_USER)
+        known = _USER[filename] = (
+            bool(path) and not path.startswith(_NOT_USER) and not _installed(path)
+        )
+    return known
+
+
+def _installed(path: str) -> bool:
+    """Whether ``path`` lies in a package folder or belongs to a recorded distribution."""
+    if any(part in _PACKAGE_DIR_NAMES for part in path.split(os.sep)):
+        return True
+    for entry in sys.path:
+        root = os.path.realpath(entry or os.curdir) + os.sep
+        if path.startswith(root):
+            top = path[len(root) :].split(os.sep, 1)[0]
+            if top.removesuffix(".py") in _recorded_tops(root):
+                return True
+    return False
+
+
+def _recorded_tops(root: str) -> frozenset[str]:
+    """The top-level module and package names that the ``*.dist-info/RECORD`` files in
+    ``root`` list (a user's project folder has none: an editable install records its
+    metadata in the environment's site-packages, not beside the code)."""
+    known = _INSTALLED_HERE.get(root)
+    if known is not None:
+        return known
+    tops: set[str] = set()
+    try:
+        infos = [e for e in os.scandir(root) if e.name.endswith(".dist-info") and e.is_dir()]
+    except OSError:
+        infos = []
+    for info in infos:
+        try:
+            with open(os.path.join(info.path, "RECORD"), encoding="utf-8") as record:
+                for line in record:
+                    first = line.split(",", 1)[0].split("/", 1)[0]
+                    if first and not first.endswith((".dist-info", ".data")) and first != "..":
+                        tops.add(first.removesuffix(".py"))
+        except OSError:
+            continue
+    known = _INSTALLED_HERE[root] = frozenset(tops)
     return known

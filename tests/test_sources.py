@@ -1,0 +1,110 @@
+"""Whose code is it: a library installed where the interpreter does not look for packages
+(``pip install --target DIR`` with ``DIR`` on ``PYTHONPATH``, as on a GPU machine that must not
+replace its torch) is a library, not the user's. Its module state is not walked for guards: a
+memo cache it fills on the first call is no "Python state the step changes" (PhiFlow's solves
+ran eagerly on CUDA for this). Code the user wrote beside it stays the user's and guarded."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import phi_torch_jit as ptj
+from phi_torch_jit._sources import is_user_file
+
+_MEMO = '''
+import torch
+_TABLES = {}
+
+def scaled(x):
+    """A library function that builds a table once per shape and keeps it (a memo cache)."""
+    key = tuple(x.shape)
+    if key not in _TABLES:
+        _TABLES.clear()  # keeps one entry, as PhiML's linear functions with forget_traces do
+        _TABLES[key] = 2.0
+    return x * _TABLES[key]
+'''
+
+
+def _package(folder: Path, name: str, recorded: bool) -> None:
+    """``folder/name/__init__.py``, and with ``recorded`` a distribution's ``RECORD`` listing it,
+    as ``pip install --target folder`` leaves them."""
+    (folder / name).mkdir()
+    (folder / name / "__init__.py").write_text(_MEMO)
+    if recorded:
+        info = folder / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "RECORD").write_text(
+            f"{name}/__init__.py,sha256=x,{len(_MEMO)}\n{name}-1.0.dist-info/RECORD,,\n"
+        )
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _import(name: str, monkeypatch: pytest.MonkeyPatch) -> object:
+    importlib.invalidate_caches()
+    module = importlib.import_module(name)
+    monkeypatch.delitem(sys.modules, name)
+    return module
+
+
+def test_a_package_a_record_lists_on_sys_path_is_a_library(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _package(folder, "ptj_target_lib", recorded=True)
+    _package(folder, "ptj_target_mine", recorded=False)  # the user's, beside it
+    (folder / "ptj_target_script.py").write_text("X = 1\n")
+    library = _import("ptj_target_lib", monkeypatch)
+    mine = _import("ptj_target_mine", monkeypatch)
+    assert not is_user_file(library.__file__)  # type: ignore[attr-defined]
+    assert is_user_file(mine.__file__)  # type: ignore[attr-defined]
+    assert is_user_file(str(folder / "ptj_target_script.py"))
+
+
+def test_any_folder_named_site_or_dist_packages_holds_libraries(tmp_path: Path) -> None:
+    for name in ("site-packages", "dist-packages"):
+        path = tmp_path / "env" / name / "somelib" / "core.py"
+        path.parent.mkdir(parents=True)
+        path.write_text("")
+        assert not is_user_file(str(path))
+    assert is_user_file(str(tmp_path / "env" / "my_sim.py"))
+    assert not is_user_file("<string>")
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["installed", "users"])
+def test_a_librarys_memo_cache_filled_in_the_step_is_not_the_users_state(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, recorded: bool
+) -> None:
+    """Installed: compiled, one trace, no warning, equal to eager; the same file as the user's
+    own code: its cache is state the step changes, so the step runs eagerly, warned once."""
+    name = f"ptj_memo_{'installed' if recorded else 'users'}"
+    _package(folder, name, recorded=recorded)
+    lib = _import(name, monkeypatch)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return lib.scaled(x) + 1  # type: ignore[attr-defined, no-any-return]
+
+    lib._TABLES[(9,)] = 3.0  # type: ignore[attr-defined]  # another shape met earlier, eagerly
+    jitted = ptj.jit(step)
+    x = torch.arange(3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ptj.JitWarning)
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x), x * 2 + 1)
+            jitted.wait_compiled()
+    warned = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    if recorded:
+        assert warned == []
+        assert "runs eagerly" not in jitted.explain()
+    else:
+        assert len(warned) == 1 and "changes Python state it reads" in warned[0], warned
+    assert jitted.num_traces == 1
