@@ -231,6 +231,40 @@ def test_a_signature_met_twice_does_not_keep_the_next_one_from_compiling(
     assert jitted.wait_compiled(60)
 
 
+def test_a_signature_met_twice_leaves_its_loop_blocks_uncompiled_too(
+    request: pytest.FixtureRequest,
+) -> None:
+    """The same, with a captured loop (PhiFlow's pressure solve in ``make demo``): the block's
+    compile, queued at the second call, held the tracing lock, and the next signature's calls
+    ran eagerly for as long as it took (a cold inductor: the demo's 40 steps at 1.0-1.25x
+    eager, in the runs where the compile thread took the lock first)."""
+    gate = _Gate()
+    request.addfinalizer(gate.opened.set)
+    counter, solve_step = Counter(), step_with_solve(make_solve())
+
+    def step(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1  # the Python step ran: a record pass or an eager call
+        return solve_step(u, k)  # type: ignore[no-any-return]
+
+    jitted = ptj.jit(step, engine="auto", backend=gate)
+    k, first, later = torch.tensor(0.5), torch.randn(16), torch.randn(24)
+    jitted(first, k)
+    jitted(first, k)
+    _background.wait_idle(5)  # a compile queued by now would have taken the lock
+    assert not gate.entered.is_set()
+    for _ in range(3):  # traced, then its third call queues the blocks and the compile
+        torch.testing.assert_close(jitted(later, k), solve_step(later, k), atol=1e-6, rtol=1e-5)
+    assert jitted.num_traces == 2 and "runs eagerly" not in jitted.explain()
+    assert gate.entered.wait(60)
+    want = solve_step(later, k)
+    counter.forward = 0
+    for _ in range(2):  # served by its captured program while the compile runs
+        torch.testing.assert_close(jitted(later, k), want, atol=1e-6, rtol=1e-5)
+    assert counter.forward == 0
+    gate.opened.set()
+    assert jitted.wait_compiled(60)
+
+
 def test_a_new_signature_while_a_compile_traces_runs_eagerly_without_waiting() -> None:
     gate = _Gate()
     jitted = ptj.jit(lambda x: x * 3, engine="auto", backend=gate)

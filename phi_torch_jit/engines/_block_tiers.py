@@ -6,9 +6,10 @@ caller's thread (inductor: 1-3 s per block, most of a first call of a CG step). 
 with ``compile_on="background"`` instead serves the block's captured graph straight-line (the
 ops called one after another, eager speed, one host check per block) and leaves the backend's
 compile pending. Pending compiles are queued on the compile thread (:mod:`._background`) by
-the next call that finds a program on its fast tier, at the latest at the function's second
-call, together with the wrapper's compile: never while the first call still traces (the
-compile holds the tracing lock, and a first call finding it taken would run eagerly). When it
+a call that queues its program's compile (a signature's third call), or by a later call of a
+program whose compile is queued, together with the wrapper's compile: never while a
+signature may still be met only twice (the compile holds the tracing lock, and a call of a
+new signature finding it taken runs eagerly). When it
 is ready, one assignment switches the block to it. Values are the same graph's on both tiers
 (to float rounding).
 """

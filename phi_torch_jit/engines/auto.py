@@ -198,13 +198,16 @@ class TieredProgram:
         as PhiML's Python CG for the 40 s of its compile); and a signature seen twice may not
         come again (a simulation's first state, built otherwise than the states its step
         returns: the compile of its program kept the next signature from being traced, and
-        the demo's steps ran eagerly for the 20 s of that compile). A compile on the caller's
-        thread is done in the call."""
+        the demo's steps ran eagerly for the 20 s of that compile). The blocks of its captured
+        loops wait for the same call: their compile holds the lock too (queued at the second
+        call, a cold inductor's block compile kept the demo's next signature eager for 30 s,
+        whenever the compile thread took the lock before that signature's first call). A
+        compile on the caller's thread is done in the call."""
         if self._unsubmitted and (self.calls or self.on_caller):
             self._submit()
             if self.tier != self.fast_tier:  # compiled in this call (compile_on="caller")
                 return self.serve(*inputs)
-        else:  # blocks of loops captured since (a custom backward's, at its first backward)
+        elif not self._unsubmitted:  # loops captured since (a custom backward's first backward)
             submit_pending()
         self.calls += 1
         return self._fast(*inputs)
