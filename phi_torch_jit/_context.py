@@ -130,6 +130,7 @@ class UnguardableNotes(Protocol):
     its lists of places are also filled by name)."""
 
     per_call_functions: list[str]
+    imports: dict[str, str]
 
 
 class Recorder(Protocol):

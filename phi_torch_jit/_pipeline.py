@@ -93,7 +93,8 @@ def specialize(
     check_modules(recording, target.owner)
     changed = before.changes() if target.options.side_effects == "eager" else []
     callables = callables_in(key[0])
-    reads = collect_reads(target.fn, list(recording.modules.values()), callables)
+    imported = recording.unguardable.imports
+    reads = collect_reads(target.fn, list(recording.modules.values()), callables, imported)
     target.report.unguarded(reads)
     guard = PythonGuard(reads) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
@@ -119,7 +120,9 @@ def specialize(
             eager_reason = _cannot_trace(target, f"engine {target.options.engine.name!r} could not "
                                          f"trace it: {describe_error(error)}")  # fmt: skip
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
-        guard = PythonGuard(collect_reads(target.fn, list(recording.modules.values()), callables))
+        guard = PythonGuard(
+            collect_reads(target.fn, list(recording.modules.values()), callables, imported)
+        )
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:

@@ -63,6 +63,9 @@ class Unguardable:
     per_call_functions: list[str] = field(default_factory=list)
     """``autograd.Function`` classes defined during the call whose code closes over
     tensors or objects holding them (a new class, and new values, on every call)."""
+    imports: dict[str, str] = field(default_factory=dict)
+    """The user's modules imported while the pass ran -> the line that imported them
+    (:mod:`._imports_seen`): not a reason to run eagerly; their data is guarded (``_reads``)."""
     loops: list[str] = field(default_factory=list)
     """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
     iteration count; a trace would repeat a fixed one)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import importlib
 import threading
 import warnings
 
@@ -31,16 +32,21 @@ def _active() -> dict[str, bool]:
         "conversions": "__bool__" in torch.Tensor.__dict__,
         "notices": any(f[1] is not None and f[1].pattern == TORCHSCRIPT_NOTICE
                        for f in warnings.filters),
+        "imports": builtins.__import__ is not _ORIGINAL_IMPORT
+                   or importlib.import_module is not _ORIGINAL_IMPORT_MODULE,
     }  # fmt: skip
 
 
 _ORIGINAL_PRINT = builtins.print
-_NONE = dict.fromkeys(("module hook", "print", "Function.apply", "conversions", "notices"), False)
+_ORIGINAL_IMPORT, _ORIGINAL_IMPORT_MODULE = builtins.__import__, importlib.import_module
+_NONE = dict.fromkeys(
+    ("module hook", "print", "Function.apply", "conversions", "notices", "imports"), False
+)
 
 
 def test_the_table_names_each_patch_once_with_its_phases() -> None:
     names = [p.name for p in PATCHES]
-    assert len(set(names)) == len(names) == 8
+    assert len(set(names)) == len(names) == 9
     assert all(p.phases and p.phases <= set(Phase) for p in PATCHES)
 
 
@@ -49,7 +55,7 @@ def test_record_phase_installs_its_patches_and_removes_them() -> None:
     with recording("f", Recording()) as frame:
         assert current_frame() is frame and frame.phase is Phase.RECORD
         assert _active() == {**_NONE, "module hook": True, "print": True,
-                             "Function.apply": True, "notices": True}  # fmt: skip
+                             "Function.apply": True, "notices": True, "imports": True}  # fmt: skip
     assert _active() == _NONE and current_frame() is None
 
 
@@ -115,3 +121,20 @@ def test_module_hook_records_modules_only_in_record_frames() -> None:
         done.start()
         done.join()  # another thread's module call is not ours
     assert list(rec.modules.values()) == [net]
+
+
+def test_imports_note_the_users_modules_only_in_record_frames() -> None:
+    """``_imports_seen``: a user's module imported in the record pass, by ``import`` or by
+    ``importlib``, is noted with the line that imported it; a library's module is not, nor
+    an import of another thread or outside the pass."""
+    rec = Recording()
+    with recording("f", rec):
+        importlib.import_module("read_settings")
+        import json  # a standard library module  # noqa: F401
+
+        other = threading.Thread(target=lambda: importlib.import_module("helpers"))
+        other.start()
+        other.join()
+    importlib.import_module("test_phases")
+    assert list(rec.unguardable.imports) == ["read_settings"]
+    assert rec.unguardable.imports["read_settings"].startswith(__file__)

@@ -410,13 +410,38 @@ def _imports_by_name(x: torch.Tensor) -> torch.Tensor:
     return x * settings.GRAVITY
 
 
+_SETTINGS = "read"
+
+
+def _imports_by_a_computed_name(x: torch.Tensor) -> torch.Tensor:
+    import importlib
+
+    settings = importlib.import_module(_SETTINGS + "_settings")  # no constant names it
+    return x * settings.GRAVITY
+
+
+def _imports_by_dunder_import(x: torch.Tensor) -> torch.Tensor:
+    name = "_".join((_SETTINGS, "settings"))
+    return x * __import__(name).GRAVITY
+
+
+def _looks_it_up_in_sys_modules(x: torch.Tensor) -> torch.Tensor:
+    import sys
+
+    return x * sys.modules["read_settings"].GRAVITY
+
+
 @pytest.mark.parametrize(
-    "step", [_imports_its_settings, _imports_by_name], ids=["import", "importlib"]
-)
+    "step",
+    [_imports_its_settings, _imports_by_name, _imports_by_a_computed_name,
+     _imports_by_dunder_import, _looks_it_up_in_sys_modules],
+    ids=["import", "importlib", "computed name", "__import__", "sys.modules"],
+)  # fmt: skip
 def test_a_users_module_imported_inside_the_step_is_guarded(step: Callable[..., Any]) -> None:
     """``import read_settings`` in the step, or ``importlib.import_module("read_settings")``
     (no import statement, no global names it): the module reaches a local, and its data kept
-    the first value."""
+    the first value. A name computed at run time is seen by the record pass
+    (``_imports_seen``); ``sys.modules["read_settings"]`` by its constant."""
     import read_settings
 
     jitted = ptj.jit(step)
@@ -709,3 +734,31 @@ def test_a_callable_object_jitted_itself_has_its_attributes_guarded() -> None:
         lambda: setattr(tempered, "shift", 1.0),
     ])  # fmt: skip
     assert jitted.num_traces == 3
+
+
+SCALE = 2.0
+
+
+def _evaluates(x: torch.Tensor) -> torch.Tensor:
+    return x * eval("SCALE * 1.5")
+
+
+def _executes(x: torch.Tensor) -> torch.Tensor:
+    found: dict[str, Any] = {}
+    exec("k = SCALE + 1", globals(), found)
+    return x * found["k"]
+
+
+@pytest.mark.parametrize("step", [_evaluates, _executes], ids=["eval", "exec"])
+def test_a_global_read_by_source_text_the_step_evaluates_is_guarded(
+    step: Callable[..., Any],
+) -> None:
+    """``eval("SCALE * 1.5")``: no instruction of the step loads ``SCALE``; the names of the
+    source text it evaluates (a constant string) are read like its own."""
+    global SCALE
+    jitted = ptj.jit(step)
+    try:
+        _like_eager(jitted, step, (torch.ones(2),), [lambda: globals().update(SCALE=5.0)])
+    finally:
+        SCALE = 2.0
+    assert jitted.num_traces == 2

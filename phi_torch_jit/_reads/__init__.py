@@ -33,6 +33,8 @@ a tensor read as a Python value in traced    a per-call value guard, or a      `
 code (``float(t)``, ``t.item()``, ``if t``)  program input                     (trace phase)
 module state (training flags, hooks,         ``ModuleGuard``, checked per      ``_guards``
 parameter identity)                          call                              (stage 5)
+a user module imported by a computed name    its public data, as a global's    ``_imports_seen``
+(``import_module(PREFIX + "cfg")``)           (noted in the record pass)        (record phase)
 random draws, clocks, grad-mode changes,     noted in the record pass: eager   ``_unguardable``
 ``backward()``, tensor hooks                 with one warning, or guarded      (record phase)
 ==========================================  ================================  =================

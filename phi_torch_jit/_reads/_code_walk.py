@@ -49,9 +49,9 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
         cells_read: dict[str, int] = {}
         for inner in _codes(code):
             instructions = list(dis.get_instructions(inner))
-            by_name = any(  # globals()["G"]: each string constant may name a global
-                i.opname in _LOADS_GLOBAL and i.argval == "globals" for i in instructions
-            )
+            called = {i.argval for i in instructions if i.opname in _LOADS_GLOBAL}
+            by_name = "globals" in called  # globals()["G"]: each string constant may name one
+            evaluates = not called.isdisjoint(("eval", "exec"))  # eval("ALPHA * 2"): its names
             for instruction in instructions:
                 line = instruction.positions.lineno if instruction.positions else None
                 name = instruction.argval
@@ -59,6 +59,9 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
                     by_name and instruction.opname == "LOAD_CONST" and isinstance(name, str)
                 ):
                     globals_read.setdefault(name, line or inner.co_firstlineno)
+                if evaluates and instruction.opname == "LOAD_CONST" and isinstance(name, str):
+                    for evaluated in _names_in_source(name):
+                        globals_read.setdefault(evaluated, line or inner.co_firstlineno)
                 elif instruction.opname in _LOADS_CELL and name in inner.co_freevars:
                     if name in code.co_freevars:
                         cells_read.setdefault(name, line or inner.co_firstlineno)
@@ -66,8 +69,24 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
     return found
 
 
-_IMPORTERS = frozenset(("import_module", "__import__"))
-"""Functions that import a module named by a string (``importlib.import_module("settings")``)."""
+def _names_in_source(text: str) -> tuple[str, ...]:
+    """The names Python source that ``eval``/``exec`` may run loads (globals among them),
+    or none if it is not source."""
+    try:
+        code = compile(text, "<eval>", "eval")
+    except SyntaxError:
+        try:
+            code = compile(text, "<exec>", "exec")
+        except (SyntaxError, ValueError):
+            return ()
+    except ValueError:  # a NUL byte
+        return ()
+    return tuple(name for inner in _codes(code) for name in inner.co_names)
+
+
+_IMPORTERS = frozenset(("import_module", "__import__", "modules"))
+"""Functions that import a module named by a string (``importlib.import_module("settings")``),
+and ``sys.modules`` (``sys.modules["settings"]``)."""
 
 
 def modules_imported(code: types.CodeType) -> dict[str, int]:

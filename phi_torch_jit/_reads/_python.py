@@ -27,7 +27,7 @@ import os
 import sys
 import types
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -61,17 +61,8 @@ from ._records import (
     tensor_meta,
 )
 
-__all__ = [
-    "Read",
-    "Kind",
-    "Source",
-    "PythonGuard",
-    "collect_reads",
-    "same_value",
-    "immutable",
-    "user_module",
-    "describe_callable",
-]
+__all__ = ["Read", "Kind", "Source", "PythonGuard", "collect_reads", "same_value", "immutable",
+           "user_module", "describe_callable"]  # fmt: skip
 
 _MAX_CONTENT = 4096
 """Containers of immutable values up to this many items (recursively, keys counted) are
@@ -182,12 +173,14 @@ def _add_chains(
 
 
 def collect_reads(
-    fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = ()
-) -> list[Read]:
+    fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
+    imported: Mapping[str, str] | None = None,
+) -> list[Read]:  # fmt: skip
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring). ``arguments``: callable
     objects, bound methods and partials passed to this call (keyed by identity, so the
-    specialization holds them): their state is walked like the jitted callable's."""
+    specialization holds them): their state is walked like the jitted callable's.
+    ``imported``: the user's modules the record pass saw imported -> where (by any name)."""
     reads: dict[Any, Read] = {}
     for module in modules:
         _add_attributes(reads, module)
@@ -210,7 +203,8 @@ def collect_reads(
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", namespace, name)
                 _add(reads, (id(namespace), name), source)
                 _add_chains(reads, (id(namespace), name), source, chains.get((False, name), set()))
-        _add_imported(reads, code)
+        found = modules_imported(code).items()
+        _add_imported(reads, {name: f"{code.co_filename}:{line}" for name, line in found})
         _add_environment(reads, code)
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             if name in cells_read:
@@ -218,17 +212,18 @@ def collect_reads(
                 source = Source(f"closure {name}", location, cell=cell)
                 _add(reads, id(cell), source)
                 _add_chains(reads, id(cell), source, chains.get((True, name), set()))
+    _add_imported(reads, imported or {})
     return list(reads.values())
 
 
-def _add_imported(reads: dict[Any, Read], code: types.CodeType) -> None:
+def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
     """The user's modules a function imports while it runs (``import settings as s``, read
-    through a local): which module the name is (``sys.modules``) and its public data."""
-    for name, line in modules_imported(code).items():
+    through a local; or by a name computed at run time, seen by the record pass) -> where:
+    which module the name is (``sys.modules``) and its public data."""
+    for name, where in imported.items():
         module = sys.modules.get(name)
         if module is None or not user_module(module):
             continue
-        where = f"{code.co_filename}:{line}"
         _add(reads, ("module", name), Source(f"module {name}", where, sys.modules, name))
         namespace = vars(module)
         for attribute, value in list(namespace.items()):
