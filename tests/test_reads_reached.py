@@ -762,3 +762,28 @@ def test_a_global_read_by_source_text_the_step_evaluates_is_guarded(
     finally:
         SCALE = 2.0
     assert jitted.num_traces == 2
+
+
+def _with_settings(x: torch.Tensor, settings: Any) -> torch.Tensor:
+    return x * settings.GRAVITY + settings.TABLE["drag"][1]
+
+
+def test_a_configuration_module_passed_as_an_argument_is_guarded() -> None:
+    """``step(x, settings)``: a module is an argument keyed by identity (it was refused as
+    an object without a value hash); a module of yours has its data guarded like a global's,
+    a library's (``math``) is taken as it is."""
+    import math
+
+    import read_settings
+
+    jitted = ptj.jit(_with_settings)
+    gravity, drag = read_settings.GRAVITY, list(read_settings.TABLE["drag"])
+    try:
+        changes = [lambda: setattr(read_settings, "GRAVITY", gravity * 2),
+                   lambda: read_settings.TABLE["drag"].__setitem__(1, 5.0)]  # fmt: skip
+        _like_eager(jitted, _with_settings, (torch.ones(2), read_settings), changes)
+    finally:
+        read_settings.GRAVITY, read_settings.TABLE["drag"] = gravity, drag
+    assert jitted.num_traces == 3
+    on_math = ptj.jit(lambda x, m: x * m.pi)
+    torch.testing.assert_close(on_math(torch.ones(2), math), torch.ones(2) * math.pi)

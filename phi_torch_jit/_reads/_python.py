@@ -185,7 +185,9 @@ def collect_reads(
     for module in modules:
         _add_attributes(reads, module)
     for argument in arguments:
-        if not isinstance(argument, (functools.partial, types.MethodType, types.FunctionType)):
+        if isinstance(argument, types.ModuleType):  # your configuration module, passed in
+            _add_imported(reads, {argument.__name__: "a module (an argument)"})
+        elif not isinstance(argument, (functools.partial, types.MethodType, types.FunctionType)):
             label = f"{type(argument).__name__} object (an argument)"
             _add(reads, (id(argument), "argument"), Source(label, describe_callable(argument),
                                                           holder=argument))  # fmt: skip
