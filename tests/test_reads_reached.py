@@ -787,3 +787,110 @@ def test_a_configuration_module_passed_as_an_argument_is_guarded() -> None:
     assert jitted.num_traces == 3
     on_math = ptj.jit(lambda x, m: x * m.pi)
     torch.testing.assert_close(on_math(torch.ones(2), math), torch.ones(2) * math.pi)
+
+
+class Node:
+    def __init__(self, w: float, nxt: Node | None = None, children: list[Node] | None = None):
+        self.w, self.next, self.children = w, nxt, children or []
+
+
+CHAIN = Node(1.0)
+for _ in range(11):
+    CHAIN = Node(1.0, CHAIN)
+TREE = Node(1.0)
+for _ in range(8):
+    TREE = Node(1.0, children=[Node(0.5), TREE])
+
+
+def _follows_links(x: torch.Tensor) -> torch.Tensor:
+    node: Node | None = CHAIN
+    while node is not None:  # the loop variable walks twelve objects down
+        x = x * node.w
+        node = node.next
+    stack = [TREE]
+    while stack:
+        node = stack.pop()
+        x = x + node.w
+        stack += node.children
+    return x
+
+
+def _deepest(root: Node, attribute: str) -> Node:
+    while getattr(root, attribute):
+        root = getattr(root, attribute) if attribute == "next" else root.children[-1]
+    return root
+
+
+def test_a_loop_following_links_of_one_class_reads_every_node() -> None:
+    """``node = node.next`` in a loop: a linked list of twelve nodes, a tree nine levels deep.
+    The walk over objects goes five levels of data deep; links between objects of one class
+    cost no level (up to 32), so a change at the far end retraces."""
+    jitted = ptj.jit(_follows_links)
+    last, leaf = _deepest(CHAIN, "next"), _deepest(TREE, "children")
+    try:
+        changes = [lambda: setattr(last, "w", 3.0), lambda: setattr(leaf, "w", -4.0)]
+        _like_eager(jitted, _follows_links, (torch.ones(2),), changes)
+    finally:
+        last.w = leaf.w = 1.0
+    assert jitted.num_traces == 3
+
+
+class Level:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+
+class Leaf:
+    def __init__(self) -> None:
+        self.value = 1.0
+
+
+_LEVELS = [type(f"Level{i}", (Level,), {}) for i in range(6)]  # six classes, not one
+DEEP: Any = Leaf()
+for _level in _LEVELS:
+    DEEP = _level(DEEP)
+
+
+def _reads_deep(x: torch.Tensor) -> torch.Tensor:
+    level = DEEP
+    while isinstance(level, Level):
+        level = level.inner
+    return x * level.value
+
+
+def test_an_object_below_the_walks_depth_is_named_as_not_guarded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Objects of different classes six levels down: beyond the walk's depth, and said so
+    (the log at the trace, explain()), never assumed constant silently."""
+    jitted = ptj.jit(_reads_deep)
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        jitted(torch.ones(2))
+    assert "5 levels down, the walk's depth" in jitted.explain()
+    assert any("levels down" in r.getMessage() for r in caplog.records)
+
+
+class _Solver:
+    def __init__(self) -> None:
+        self.tol = 1.0
+
+
+SOLVER = _Solver()
+SOLVER_REF = weakref.ref(SOLVER)
+
+
+def _through_a_weak_reference(x: torch.Tensor) -> torch.Tensor:
+    solver = SOLVER_REF()
+    return x * (solver.tol if solver is not None else 0.0)
+
+
+def test_an_object_held_by_a_weak_reference_is_guarded() -> None:
+    """``ref()`` in the step: the object the reference holds is walked like one read
+    directly (``weakref.ref``'s referent, as a ``ContextVar``'s value)."""
+    jitted = ptj.jit(_through_a_weak_reference)
+    try:
+        _like_eager(jitted, _through_a_weak_reference, (torch.ones(2),),
+                    [lambda: setattr(SOLVER, "tol", 0.25)])  # fmt: skip
+    finally:
+        SOLVER.tol = 1.0
+    assert jitted.num_traces == 2

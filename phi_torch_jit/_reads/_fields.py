@@ -68,6 +68,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "value")]  # are compared by value)
     if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context
         return [Step(True, "get", call=True)]
+    if isinstance(value, weakref.ref):  # the object it refers to (None once that is gone)
+        return [Step(True, "__call__", call=True)]
     if isinstance(value, type):  # its data, then its methods (replaced on the class)
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]
         return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value)]

@@ -1,0 +1,94 @@
+"""Stage 5's check of the Python reads (:class:`PythonGuard`): before each compiled call, the
+values a trace baked are fetched by one generated function and compared in three slices."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._records import GONE, Kind, Read, Source, same_array, tensor_meta
+
+__all__ = ["PythonGuard"]
+
+
+def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
+    """A function returning the current values of ``sources`` as one list display: the
+    namespaces and cells are its default arguments (fast locals), the names literals."""
+    params, items = [], []
+    for i, source in enumerate(sources):
+        if source.cell is not None:
+            params.append(f"c{i}=__sources[{i}].cell")
+            items.append(source.expression(f"c{i}.cell_contents"))
+        elif source.namespace is None:
+            params.append(f"h{i}=__sources[{i}].holder")
+            items.append(source.expression(f"h{i}"))
+        else:
+            params.append(f"n{i}=__sources[{i}].namespace")
+            items.append(source.expression(f"n{i}[{source.name!r}]"))
+    text = f"def fetch({', '.join(params)}):\n    return [{', '.join(items)}]\n"
+    scope: dict[str, Any] = {"__sources": sources}
+    exec(compile(text, "<phi_torch_jit guard>", "exec"), scope)
+    return scope["fetch"]  # type: ignore[no-any-return]
+
+
+class PythonGuard:
+    """Checks before each compiled call that the Python values a trace baked are unchanged.
+
+    Built for speed (read before every call): the current values are fetched by one list
+    comprehension over (namespace, name) and cell pairs, then compared in three slices --
+    values and contents with ``==`` (and their types), objects by ``id`` (the expected objects
+    are held, so their ids cannot be reused), tensors by metadata.
+    """
+
+    def __init__(self, reads: list[Read]) -> None:
+        order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ITERATOR: 1,
+                 Kind.ARRAY: 2, Kind.TENSOR: 3}  # fmt: skip
+        self.reads = tuple(sorted(reads, key=lambda r: order[r.kind]))
+        """Every guarded read: values and contents, then identities, then tensors."""
+        self.tensors = tuple(r for r in self.reads if r.kind is Kind.TENSOR)
+        """Tensors read from globals and closures: inputs of the compiled program."""
+        counts = [sum(order[r.kind] == k for r in self.reads) for k in (0, 1, 2)]
+        self._n_values, self._n_ids, self._n_arrays = counts
+        start = self._n_values + self._n_ids
+        self._arrays = [r.expected for r in self.reads[start : start + self._n_arrays]]
+        values = self.reads[: self._n_values]
+        self._values = [r.expected for r in values]
+        self._types = [type(r.expected) for r in values]
+        self._ids = [
+            id(r.expected) for r in self.reads[self._n_values : self._n_values + self._n_ids]
+        ]
+        self._metas = [r.expected for r in self.tensors]
+        self._current = _fetcher([r.source for r in self.reads])
+
+    def holds(self) -> bool:
+        """Whether every read value is still what the trace saw."""
+        try:
+            now = self._current()
+        except GONE:  # a global deleted, a cell emptied, an attribute or entry removed
+            return False
+        n, m = self._n_values, self._n_values + self._n_ids
+        values = now[:n]
+        if values != self._values or list(map(type, values)) != self._types:
+            return False
+        if list(map(id, now[n:m])) != self._ids:
+            return False
+        k = m + self._n_arrays
+        if not all(map(same_array, now[m:k], self._arrays)):
+            return False
+        return list(map(tensor_meta, now[k:])) == self._metas
+
+    def captured(self) -> list[torch.Tensor]:
+        """The current values of the captured tensors, in input order."""
+        return [r.source.get() for r in self.tensors]
+
+    def describe_change(self) -> str:
+        """The first read that changed, e.g. ``closure dt (read at f.py:3): 0.1 -> 0.2``."""
+        for read in self.reads:
+            if not read.holds():
+                return read.describe()
+        return "nothing"
+
+    def __len__(self) -> int:
+        return len(self.reads)
