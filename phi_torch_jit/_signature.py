@@ -89,8 +89,8 @@ def _static_leaf(obj: Any) -> Spec:
     cls = type(obj)
     if cls in PRIMITIVES or isinstance(obj, enum.Enum):
         return ("S", cls, obj)
-    if isinstance(obj, types.ModuleType):  # a configuration module: its data is guarded
-        return ("S", cls, obj)
+    if isinstance(obj, (types.ModuleType, Iterator)):  # a configuration module: its data is
+        return ("S", cls, obj)  # guarded; an iterator: the call runs eagerly (warned)
     if cls.__hash__ is None:
         raise _Unsupported(obj, f"unhashable static value of type {cls.__qualname__}")
     hash_impl: object = cls.__hash__
@@ -319,12 +319,13 @@ def modules_in(spec: Spec) -> list[nn.Module]:
 
 def callables_in(spec: Spec) -> list[Any]:
     """The callable static arguments keyed by identity (functions, callable objects, bound
-    methods, partials; not builtins or classes), and modules, in argument order: the Python
-    guards walk the code they run and the state they hold (a module's data)."""
+    methods, partials; not builtins or classes), modules and iterators, in argument order:
+    the Python guards walk the code they run and the state they hold (a module's data; an
+    iterator makes the call run eagerly)."""
     return [
         value for value in _nodes(spec, "S", at=2)
         if (callable(value) and not isinstance(value, _BY_CODE)
-            and type(value) not in PRIMITIVES) or isinstance(value, types.ModuleType)
+            and type(value) not in PRIMITIVES) or isinstance(value, (types.ModuleType, Iterator))
     ]  # fmt: skip
 
 

@@ -894,3 +894,25 @@ def test_an_object_held_by_a_weak_reference_is_guarded() -> None:
     finally:
         SOLVER.tol = 1.0
     assert jitted.num_traces == 2
+
+
+def _forced(x: torch.Tensor, forcing: Iterator[float]) -> torch.Tensor:
+    return x + next(forcing)
+
+
+def test_an_iterator_passed_as_an_argument_runs_the_step_eagerly_warned_once() -> None:
+    """``step(x, forcing)`` with a generator: it was refused (no value hash); the step runs
+    eagerly, with one JitWarning, each call taking one item as eager code does."""
+
+    def forcing() -> Iterator[float]:
+        yield from (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+
+    jitted = ptj.jit(_forced)
+    mine, theirs = forcing(), forcing()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ptj.JitWarning)
+        for _ in range(5):
+            torch.testing.assert_close(jitted(torch.ones(2), mine), _forced(torch.ones(2), theirs))
+    warned = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(warned) == 1 and "iterator" in warned[0], warned
+    assert next(mine) == next(theirs) == 6.0
