@@ -870,18 +870,13 @@ def test_an_object_below_the_walks_depth_is_named_as_not_guarded(
     assert any("levels down" in r.getMessage() for r in caplog.records)
 
 
-class _Solver:
-    def __init__(self) -> None:
-        self.tol = 1.0
-
-
-SOLVER = _Solver()
+SOLVER = Physics()  # another object than the proxy's above
 SOLVER_REF = weakref.ref(SOLVER)
 
 
 def _through_a_weak_reference(x: torch.Tensor) -> torch.Tensor:
     solver = SOLVER_REF()
-    return x * (solver.tol if solver is not None else 0.0)
+    return x * (solver.k if solver is not None else 0.0)
 
 
 def test_an_object_held_by_a_weak_reference_is_guarded() -> None:
@@ -890,9 +885,9 @@ def test_an_object_held_by_a_weak_reference_is_guarded() -> None:
     jitted = ptj.jit(_through_a_weak_reference)
     try:
         _like_eager(jitted, _through_a_weak_reference, (torch.ones(2),),
-                    [lambda: setattr(SOLVER, "tol", 0.25)])  # fmt: skip
+                    [lambda: setattr(SOLVER, "k", 0.25)])  # fmt: skip
     finally:
-        SOLVER.tol = 1.0
+        SOLVER.k = 2.0
     assert jitted.num_traces == 2
 
 
