@@ -13,6 +13,7 @@ import contextvars
 import dataclasses
 import enum
 import functools
+import sys
 import threading
 import warnings
 import weakref
@@ -911,3 +912,56 @@ def test_an_iterator_passed_as_an_argument_runs_the_step_eagerly_warned_once() -
     warned = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
     assert len(warned) == 1 and "iterator" in warned[0], warned
     assert next(mine) == next(theirs) == 6.0
+
+
+_LIBRARY = '''
+class Integrator:
+    """A library's object holding the user's right-hand side (as ODE solvers and schedulers
+    hold callbacks)."""
+
+    def __init__(self, rhs):
+        self.rhs = rhs
+        self.steps = 0
+
+    def step(self, x, dt):
+        return x + dt * self.rhs(x)
+'''
+
+DECAY = 1.0
+
+
+def _decay(x: torch.Tensor) -> torch.Tensor:
+    return -DECAY * x
+
+
+def _grow(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x
+
+
+def test_code_of_yours_held_by_a_librarys_object_is_walked(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``integrator = lib.Integrator(my_rhs)``: the library's object is guarded by identity,
+    its internals not walked; the code of yours it holds is: the globals ``my_rhs`` reads,
+    and which function the attribute holds (``integrator.rhs = other``) retrace."""
+    import importlib
+
+    folder = tmp_path / "site-packages"  # a library, wherever it lies (_sources)
+    folder.mkdir()
+    (folder / "ptj_fake_integrators.py").write_text(_LIBRARY)
+    monkeypatch.syspath_prepend(str(folder))
+    library = importlib.import_module("ptj_fake_integrators")
+    monkeypatch.delitem(sys.modules, "ptj_fake_integrators")
+    integrator = library.Integrator(_decay)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return integrator.step(x, 0.1)  # type: ignore[no-any-return]
+
+    global DECAY
+    jitted = ptj.jit(step)
+    try:
+        changes = [lambda: globals().update(DECAY=4.0), lambda: setattr(integrator, "rhs", _grow)]
+        _like_eager(jitted, step, (torch.ones(2),), changes)
+    finally:
+        DECAY = 1.0
+    assert jitted.num_traces == 3

@@ -24,7 +24,7 @@ from .._sources import is_user_file
 from ._records import PRIMITIVES, Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
-           "user_module", "user_class", "modules_imported", "names_in_user_code",
+           "user_module", "user_class", "modules_imported", "names_in_user_code", "callbacks_held",
            "MAX_DEPTH"]  # fmt: skip
 
 MAX_FUNCTIONS = 400
@@ -290,7 +290,32 @@ def _parts(obj: Any) -> list[Any]:
                 member = member.fget
             if isinstance(member, types.FunctionType):
                 parts.append(member)
+    if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
+        parts += callbacks_held(obj).values()  # yours it holds (an integrator's ``rhs``)
     return parts
+
+
+def callbacks_held(obj: Any) -> dict[str, Any]:
+    """The attributes of a library's object that hold code of the user's: functions, bound
+    methods and partials of them, instances of user classes (an integrator's right-hand side,
+    a scheduler's ``lr_lambda``), by name; the first 64 attributes are looked at."""
+    try:
+        namespace = vars(obj)
+    except TypeError:  # no __dict__ (slots, builtins)
+        return {}
+    found = {}
+    for name, value in list(namespace.items())[:64]:
+        if isinstance(value, functools.partial):
+            code = value.func
+        elif isinstance(value, types.MethodType):
+            code = value.__func__
+        else:
+            code = value
+        if isinstance(code, types.FunctionType) and is_user_file(code.__code__.co_filename):
+            found[name] = value
+        elif not isinstance(value, type) and user_class(type(value)):
+            found[name] = value
+    return found
 
 
 def user_class(klass: type) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from .._signature import NAMESPACES
-from ._code_walk import user_class
+from ._code_walk import callbacks_held, user_class
 from ._records import Step
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT"]
@@ -74,9 +74,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]
         return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value)]
     klass = _class_of(value)
-    plain = _bag(klass) or user_class(klass)  # a library's objects: by identity
-    if not plain:
-        return []
+    plain = _bag(klass) or user_class(klass)  # a library's objects: by identity, and the
+    if not plain:  # code of yours they hold (``integrator.rhs = my_rhs``)
+        return [Step(True, n) for n in callbacks_held(value)]
     if has_attribute(value, "__dict__"):
         names = [n for n in vars(value) if n.isidentifier() and not _dunder(n)]
     else:  # a class with __slots__ (a dataclass with slots=True): its set slots
