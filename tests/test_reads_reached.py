@@ -965,3 +965,24 @@ def test_code_of_yours_held_by_a_librarys_object_is_walked(
     finally:
         DECAY = 1.0
     assert jitted.num_traces == 3
+
+
+WARMUP = 0.5
+
+
+def test_a_schedulers_lambdas_held_in_a_list_are_walked() -> None:
+    """torch's ``LambdaLR`` keeps the user's ``lr_lambda`` in a list attribute: the global it
+    reads is guarded."""
+    global WARMUP
+    optimizer = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda e: WARMUP**e)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * schedule.lr_lambdas[0](2)
+
+    jitted = ptj.jit(step)
+    try:
+        _like_eager(jitted, step, (torch.ones(2),), [lambda: globals().update(WARMUP=0.25)])
+    finally:
+        WARMUP = 0.5
+    assert jitted.num_traces == 2

@@ -291,31 +291,36 @@ def _parts(obj: Any) -> list[Any]:
             if isinstance(member, types.FunctionType):
                 parts.append(member)
     if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
-        parts += callbacks_held(obj).values()  # yours it holds (an integrator's ``rhs``)
+        for held in callbacks_held(obj).values():  # yours it holds (an integrator's ``rhs``)
+            parts += list(held) if type(held) in (list, tuple) else [held]
     return parts
 
 
 def callbacks_held(obj: Any) -> dict[str, Any]:
     """The attributes of a library's object that hold code of the user's: functions, bound
-    methods and partials of them, instances of user classes (an integrator's right-hand side,
-    a scheduler's ``lr_lambda``), by name; the first 64 attributes are looked at."""
+    methods and partials of them, instances of user classes, or a list or tuple with one
+    (an integrator's right-hand side, a scheduler's ``lr_lambdas``), by name; the first 64
+    attributes (and 32 items) are looked at."""
     try:
         namespace = vars(obj)
     except TypeError:  # no __dict__ (slots, builtins)
         return {}
     found = {}
     for name, value in list(namespace.items())[:64]:
-        if isinstance(value, functools.partial):
-            code = value.func
-        elif isinstance(value, types.MethodType):
-            code = value.__func__
-        else:
-            code = value
-        if isinstance(code, types.FunctionType) and is_user_file(code.__code__.co_filename):
-            found[name] = value
-        elif not isinstance(value, type) and user_class(type(value)):
+        items = value[:32] if type(value) in (list, tuple) else (value,)  # LambdaLR's list
+        if any(_users_code(item) for item in items):
             found[name] = value
     return found
+
+
+def _users_code(value: Any) -> bool:
+    """Whether ``value`` is a function of the user's, a bound method or partial of one, or an
+    instance of a user class."""
+    code = value.func if isinstance(value, functools.partial) else value
+    code = code.__func__ if isinstance(code, types.MethodType) else code
+    if isinstance(code, types.FunctionType):
+        return is_user_file(code.__code__.co_filename)
+    return not isinstance(value, type) and user_class(type(value))
 
 
 def user_class(klass: type) -> bool:
