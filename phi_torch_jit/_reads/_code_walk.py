@@ -77,9 +77,9 @@ def _names_in_source(text: str) -> tuple[str, ...]:
     except SyntaxError:
         try:
             code = compile(text, "<exec>", "exec")
-        except (SyntaxError, ValueError):
+        except Exception:  # prose, a NUL byte, nesting too deep: no names
             return ()
-    except ValueError:  # a NUL byte
+    except Exception:
         return ()
     return tuple(name for inner in _codes(code) for name in inner.co_names)
 
