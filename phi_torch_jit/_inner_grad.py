@@ -43,7 +43,7 @@ from ._patches import RefCounted
 from ._rnn_layers import RNN_OPS, rnn_dropout
 from .errors import RunEagerly
 
-__all__ = ["functional_autograd"]
+__all__ = ["functional_autograd", "GradientsCaptured"]
 
 
 class _State(threading.local):
@@ -53,6 +53,8 @@ class _State(threading.local):
     """A gradient graph is being built (torch.func.vjp runs the engine itself)."""
     grad_mode = True
     """The grad mode the capture started in (before any ``_set_grad_enabled`` node)."""
+    captured: GradientsCaptured | None = None
+    """Counts the autograd runs captured in the active block."""
 
 
 _STATE = _State()
@@ -81,16 +83,25 @@ _PATCH = RefCounted(_install, _remove)
 
 
 @contextmanager
-def functional_autograd() -> Iterator[None]:
+def functional_autograd() -> Iterator[GradientsCaptured]:
     """Capture autograd runs of this thread as ops of the graph make_fx is tracing (see the
-    module); other threads' autograd runs as before."""
+    module); other threads' autograd runs as before. Yields how many were captured."""
+    captured = GradientsCaptured()
     with _PATCH.active():
-        previous = _STATE.active, _STATE.grad_mode
+        previous = _STATE.active, _STATE.grad_mode, _STATE.captured
         _STATE.active, _STATE.grad_mode = True, torch.is_grad_enabled()
+        _STATE.captured = captured
         try:
-            yield
+            yield captured
         finally:
-            _STATE.active, _STATE.grad_mode = previous
+            _STATE.active, _STATE.grad_mode, _STATE.captured = previous
+
+
+class GradientsCaptured:
+    """How many autograd runs a :func:`functional_autograd` block captured."""
+
+    def __init__(self) -> None:
+        self.count = 0
 
 
 def _dispatch(outputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -100,6 +111,8 @@ def _dispatch(outputs: Any, *args: Any, **kwargs: Any) -> Any:
     mode = PROXY_TENSOR.find().get_proxy_mode()
     if mode is None:
         return original(outputs, *args, **kwargs)
+    if _STATE.captured is not None:
+        _STATE.captured.count += 1
     return _captured_gradient(mode.tracer, outputs, *args, **kwargs)
 
 

@@ -293,7 +293,7 @@ SHAPE_ENV = _api(
 OP_OVERLOAD = _api(
     "torch._ops.OpOverload",
     "the ops of a captured graph; their ._op is the C handle, ._schema names the op",
-    "engines._light",
+    "engines._light, engines._merge_repeated",
 )
 EAGER_FUNCTIONS = _api(
     "torch._C._VariableFunctions",

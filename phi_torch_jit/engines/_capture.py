@@ -27,6 +27,7 @@ from .._inner_grad import functional_autograd
 from .._rnn_layers import split_rnn_dropout
 from ..errors import RunEagerly, TraceError, ValueNotCaptured
 from ._graph_bodies import data_dependent_shape
+from ._merge_repeated import merge_repeated_ops
 from .base import RANDOM_OPS, captured_tensor_message
 
 __all__ = ["CAPTURE_LOCK", "WITHOUT_GRAD", "capture", "uses_rng"]
@@ -60,7 +61,7 @@ def capture(
         return outputs
 
     try:
-        with fast_metadata(), functional_autograd():
+        with fast_metadata(), functional_autograd() as gradients:
             graph = make_fx(flat, tracing_mode="real", pre_dispatch=True)(*example_inputs, *state)
     except RuntimeError as error:
         if VALUE_OUT_OF_GRAPH not in str(error):
@@ -70,6 +71,8 @@ def capture(
             "'auto') cannot hold (a tensor used as a size, e.g. torch.ones(n) or "
             "x.repeat(n)); pass it as an int, or use engine 'torchscript'"
         ) from None
+    if gradients.count and merge_repeated_ops(graph.graph):  # before AOTAutograd sees it
+        graph.recompile()
     graph.meta[WITHOUT_GRAD] = tuple(without_grad)
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
