@@ -756,12 +756,17 @@ def test_a_global_read_by_source_text_the_step_evaluates_is_guarded(
 ) -> None:
     """``eval("SCALE * 1.5")``: no instruction of the step loads ``SCALE``; the names of the
     source text it evaluates (a constant string) are read like its own."""
-    global SCALE
-    jitted = ptj.jit(step)
+    _retraces_when_a_global_changes(step, "SCALE", 5.0)
+
+
+def _retraces_when_a_global_changes(step: Callable[..., Any], name: str, value: Any) -> None:
+    """Like eager before and after this module's global ``name`` becomes ``value``: one
+    retrace."""
+    jitted, before = ptj.jit(step), globals()[name]
     try:
-        _like_eager(jitted, step, (torch.ones(2),), [lambda: globals().update(SCALE=5.0)])
+        _like_eager(jitted, step, (torch.ones(2),), [lambda: globals().update({name: value})])
     finally:
-        SCALE = 2.0
+        globals()[name] = before
     assert jitted.num_traces == 2
 
 
@@ -973,16 +978,10 @@ WARMUP = 0.5
 def test_a_schedulers_lambdas_held_in_a_list_are_walked() -> None:
     """torch's ``LambdaLR`` keeps the user's ``lr_lambda`` in a list attribute: the global it
     reads is guarded."""
-    global WARMUP
     optimizer = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda e: WARMUP**e)
 
     def step(x: torch.Tensor) -> torch.Tensor:
         return x * schedule.lr_lambdas[0](2)
 
-    jitted = ptj.jit(step)
-    try:
-        _like_eager(jitted, step, (torch.ones(2),), [lambda: globals().update(WARMUP=0.25)])
-    finally:
-        WARMUP = 0.5
-    assert jitted.num_traces == 2
+    _retraces_when_a_global_changes(step, "WARMUP", 0.25)
