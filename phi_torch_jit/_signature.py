@@ -89,12 +89,12 @@ def _static_leaf(obj: Any) -> Spec:
     cls = type(obj)
     if cls in PRIMITIVES or isinstance(obj, enum.Enum):
         return ("S", cls, obj)
-    if isinstance(obj, (types.ModuleType, Iterator)):  # a configuration module: its data is
-        return ("S", cls, obj)  # guarded; an iterator: the call runs eagerly (warned)
     if cls.__hash__ is None:
         raise _Unsupported(obj, f"unhashable static value of type {cls.__qualname__}")
     hash_impl: object = cls.__hash__
     if hash_impl is object.__hash__ and not callable(obj):
+        if isinstance(obj, (types.ModuleType, Iterator)):  # a configuration module: its data
+            return ("S", cls, obj)  # is guarded; an iterator: the call runs eagerly (warned)
         raise _Unsupported(
             obj,
             f"object of type {cls.__qualname__} has no value-based hash, so a change to it "

@@ -55,13 +55,14 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
             for instruction in instructions:
                 line = instruction.positions.lineno if instruction.positions else None
                 name = instruction.argval
-                if instruction.opname in _LOADS_GLOBAL or (
-                    by_name and instruction.opname == "LOAD_CONST" and isinstance(name, str)
-                ):
+                if instruction.opname in _LOADS_GLOBAL:
                     globals_read.setdefault(name, line or inner.co_firstlineno)
-                if evaluates and instruction.opname == "LOAD_CONST" and isinstance(name, str):
-                    for evaluated in _names_in_source(name):
-                        globals_read.setdefault(evaluated, line or inner.co_firstlineno)
+                elif instruction.opname == "LOAD_CONST" and isinstance(name, str):
+                    named = ((name,) if by_name else ()) + (
+                        _names_in_source(name) if evaluates else ()
+                    )
+                    for each in named:
+                        globals_read.setdefault(each, line or inner.co_firstlineno)
                 elif instruction.opname in _LOADS_CELL and name in inner.co_freevars:
                     if name in code.co_freevars:
                         cells_read.setdefault(name, line or inner.co_firstlineno)
@@ -72,16 +73,13 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
 def _names_in_source(text: str) -> tuple[str, ...]:
     """The names Python source that ``eval``/``exec`` may run loads (globals among them),
     or none if it is not source."""
-    try:
-        code = compile(text, "<eval>", "eval")
-    except SyntaxError:
+    for mode in ("eval", "exec"):
         try:
-            code = compile(text, "<exec>", "exec")
+            code = compile(text, f"<{mode}>", mode)
         except Exception:  # prose, a NUL byte, nesting too deep: no names
-            return ()
-    except Exception:
-        return ()
-    return tuple(name for inner in _codes(code) for name in inner.co_names)
+            continue
+        return tuple(name for inner in _codes(code) for name in inner.co_names)
+    return ()
 
 
 _IMPORTERS = frozenset(("import_module", "__import__", "modules"))

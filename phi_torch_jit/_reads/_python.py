@@ -345,21 +345,24 @@ def _add(
     if kind is Kind.IDENTITY and isinstance(value, nn.Module):  # called or a container only
         for module in value.modules():
             _add_attributes(reads, module)
+    if kind is not Kind.IDENTITY:
+        return
     level = depth(source.path)
     first = next((d for t, d in lineage if t is type(value)), None)
     if first is not None and level < _LINKED_DEPTH:
         slack = max(slack, level - first)
-    if kind is Kind.IDENTITY and level - slack >= TREE_DEPTH:
-        under = _count_fields(value)
-        if under:  # say so (explain): never assumed constant silently
-            where = f"{under} fields ({TREE_DEPTH} levels down, the walk's depth)"
+    try:
+        steps_under = fields(value)
+    except Exception:  # an object's own __getattr__/__len__ rules: not walked
+        steps_under = []
+    if level - slack >= TREE_DEPTH:
+        # say so (explain): never assumed constant silently (a class's or a module's data is
+        # walked where it is reached as such)
+        if steps_under and not isinstance(value, (type, types.ModuleType)):
+            where = f"{len(steps_under)} fields ({TREE_DEPTH} levels down, the walk's depth)"
             reads[key] = replace(reads[key], unguarded=where)
-    elif kind is Kind.IDENTITY:
+    else:
         budget = [_MAX_FIELDS] if budget is None else budget
-        try:
-            steps_under = fields(value)
-        except Exception:  # an object's own __getattr__/__len__ rules: not walked
-            steps_under = []
         if has_attributes(value):  # an attribute added later (shadowing a method, or read
             names = source.child(INSTANCE_DICT).child(LENGTH)  # with a getattr default)
             budget[0] -= 1 if budget[0] > 0 else 0
@@ -384,14 +387,3 @@ def _add(
 _LINKED_DEPTH = 32
 """How deep links between objects of one type are followed (each read's path is fetched from
 its root on every call: 512 reads of 32 steps cost about 0.5 ms)."""
-
-
-def _count_fields(value: Any) -> int:
-    """How many fields the walk would read under ``value`` (0 for a class or a module, whose
-    data is walked where they are reached as such)."""
-    if isinstance(value, (type, types.ModuleType)):
-        return 0
-    try:
-        return len(fields(value))
-    except Exception:  # an object's own __getattr__/__len__ rules
-        return 0
