@@ -31,7 +31,7 @@ from ._context import (
     note_module_call,
 )
 from ._function import function_capture
-from ._imports_seen import IMPORTS_SEEN
+from ._modules_seen import MODULES_SEEN
 from ._patches import RefCounted
 from ._side_effects import print_capture
 from ._unguardable import UNGUARDABLE, GeneratorDraws
@@ -110,8 +110,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch("random, clocks, torch RNG state, grad mode, autograd, tensor hooks: calls "
           "that no compiled program repeats are noted", _RECORD,
           lambda f: UNGUARDABLE.active()),
-    Patch("imports: the user's modules the step imports (by any name) join its reads", _RECORD,
-          lambda f: IMPORTS_SEEN.active()),
+    Patch("modules: the user's modules the step imports, and what it reads of them, join "
+          "its reads", _RECORD, lambda f: MODULES_SEEN.active()),
     Patch("torch calls given a generator= object are noted (this thread's mode stack)", _RECORD,
           lambda f: GeneratorDraws()),
 )  # fmt: skip

@@ -93,8 +93,8 @@ def specialize(
     check_modules(recording, target.owner)
     changed = before.changes() if target.options.side_effects == "eager" else []
     callables = callables_in(key[0])
-    imported = recording.unguardable.imports
-    reads = collect_reads(target.fn, list(recording.modules.values()), callables, imported)
+    imported = recording.unguardable.imports, recording.unguardable.module_reads
+    reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported)
     target.report.unguarded(reads)
     guard = PythonGuard(reads) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
@@ -121,7 +121,7 @@ def specialize(
                                          f"trace it: {describe_error(error)}")  # fmt: skip
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
         guard = PythonGuard(
-            collect_reads(target.fn, list(recording.modules.values()), callables, imported)
+            collect_reads(target.fn, list(recording.modules.values()), callables, *imported)
         )
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()

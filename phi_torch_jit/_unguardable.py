@@ -65,7 +65,11 @@ class Unguardable:
     tensors or objects holding them (a new class, and new values, on every call)."""
     imports: dict[str, str] = field(default_factory=dict)
     """The user's modules imported while the pass ran -> the line that imported them
-    (:mod:`._imports_seen`): not a reason to run eagerly; their data is guarded (``_reads``)."""
+    (:mod:`._modules_seen`): not a reason to run eagerly; their data is guarded (``_reads``)."""
+    module_reads: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(user module, attribute) -> the line that read it, as the pass ran (a module reached by
+    a computed name, ``sys.modules[__name__].SCALE``, ``eval`` of built source;
+    :mod:`._modules_seen`): guarded like a global (``_reads``)."""
     loops: list[str] = field(default_factory=list)
     """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
     iteration count; a trace would repeat a fixed one)."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import sys
 import threading
+import types
 import warnings
 
 import pytest
@@ -33,12 +35,15 @@ def _active() -> dict[str, bool]:
         "notices": any(f[1] is not None and f[1].pattern == TORCHSCRIPT_NOTICE
                        for f in warnings.filters),
         "imports": builtins.__import__ is not _ORIGINAL_IMPORT
-                   or importlib.import_module is not _ORIGINAL_IMPORT_MODULE,
+                   or importlib.import_module is not _ORIGINAL_IMPORT_MODULE
+                   or builtins.eval is not _ORIGINAL_EVAL
+                   or type(sys.modules[__name__]) is not types.ModuleType,
     }  # fmt: skip
 
 
 _ORIGINAL_PRINT = builtins.print
 _ORIGINAL_IMPORT, _ORIGINAL_IMPORT_MODULE = builtins.__import__, importlib.import_module
+_ORIGINAL_EVAL = builtins.eval
 _NONE = dict.fromkeys(
     ("module hook", "print", "Function.apply", "conversions", "notices", "imports"), False
 )
@@ -124,7 +129,7 @@ def test_module_hook_records_modules_only_in_record_frames() -> None:
 
 
 def test_imports_note_the_users_modules_only_in_record_frames() -> None:
-    """``_imports_seen``: a user's module imported in the record pass, by ``import`` or by
+    """``_modules_seen``: a user's module imported in the record pass, by ``import`` or by
     ``importlib``, is noted with the line that imported it; a library's module is not, nor
     an import of another thread or outside the pass."""
     rec = Recording()
@@ -138,3 +143,42 @@ def test_imports_note_the_users_modules_only_in_record_frames() -> None:
     importlib.import_module("test_phases")
     assert list(rec.unguardable.imports) == ["read_settings"]
     assert rec.unguardable.imports["read_settings"].startswith(__file__)
+
+
+SCALE, OFFSET, UNREAD = 2.0, 1.0, 3.0
+
+
+def _reads_by_computed_names() -> tuple[float, str, float, float]:
+    own = sys.modules[__name__]
+    name = "OFF" + "SET"
+    return own.SCALE, own.__name__, vars(own)["SCALE"], eval(name + " * 2")
+
+
+def test_reads_of_a_users_module_are_noted_by_name_only_in_record_frames() -> None:
+    """``_modules_seen``: while the record pass runs, attribute reads of a user module
+    (``sys.modules[__name__].SCALE``), the constants a ``vars(module)[...]`` names and the
+    globals that source evaluated at run time loads are noted with their lines; dunders,
+    another thread's reads and reads outside the pass are not. The module's class and
+    ``eval`` are put back after."""
+    rec = Recording()
+    with recording("f", rec):
+        assert _reads_by_computed_names() == (2.0, __name__, 2.0, 2.0)
+        other = threading.Thread(target=lambda: sys.modules[__name__].UNREAD)
+        other.start()
+        other.join()
+    assert sys.modules[__name__].UNREAD == 3.0
+    assert sorted(rec.unguardable.module_reads) == [(__name__, "OFFSET"), (__name__, "SCALE")]
+    assert all(w.startswith(__file__) for w in rec.unguardable.module_reads.values())
+    assert type(sys.modules[__name__]) is types.ModuleType and builtins.eval is _ORIGINAL_EVAL
+
+
+def test_eval_and_exec_in_the_record_pass_run_in_their_callers_namespaces() -> None:
+    """The watching ``eval``/``exec`` stand in for the builtins: without globals they see the
+    caller's globals and locals, as the builtins do."""
+    local = 5.0  # noqa: F841 (read by the evaluated source)
+    found: dict[str, float] = {}
+    with recording("f", Recording()):
+        assert eval("local + SCALE") == 7.0
+        exec("found['k'] = local * OFFSET")
+        assert eval("x + 1", {"x": 1}) == 2
+    assert found == {"k": 5.0}

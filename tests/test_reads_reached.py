@@ -442,7 +442,7 @@ def test_a_users_module_imported_inside_the_step_is_guarded(step: Callable[..., 
     """``import read_settings`` in the step, or ``importlib.import_module("read_settings")``
     (no import statement, no global names it): the module reaches a local, and its data kept
     the first value. A name computed at run time is seen by the record pass
-    (``_imports_seen``); ``sys.modules["read_settings"]`` by its constant."""
+    (``_modules_seen``); ``sys.modules["read_settings"]`` by its constant."""
     import read_settings
 
     jitted = ptj.jit(step)
@@ -985,3 +985,69 @@ def test_a_schedulers_lambdas_held_in_a_list_are_walked() -> None:
         return x * schedule.lr_lambdas[0](2)
 
     _retraces_when_a_global_changes(step, "WARMUP", 0.25)
+
+
+_NAME = "SCA"
+
+
+def _own_module_attribute(x: torch.Tensor) -> torch.Tensor:
+    return x * sys.modules[__name__].SCALE
+
+
+def _own_module_getattr(x: torch.Tensor) -> torch.Tensor:
+    return x * getattr(sys.modules[__name__], _NAME + "LE")
+
+
+def _own_module_vars(x: torch.Tensor) -> torch.Tensor:
+    return x * vars(sys.modules[__name__])["SCALE"]
+
+
+def _evaluates_built_source(x: torch.Tensor) -> torch.Tensor:
+    return x * eval(_NAME + "LE * 1.5")
+
+
+def _executes_built_source(x: torch.Tensor) -> torch.Tensor:
+    found: dict[str, Any] = {}
+    exec(f"k = {_NAME}LE + 1", globals(), found)
+    return x * found["k"]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [_own_module_attribute, _own_module_getattr, _own_module_vars, _evaluates_built_source,
+     _executes_built_source],
+    ids=["sys.modules[__name__]", "getattr of a built name", "vars", "eval", "exec"],
+)  # fmt: skip
+def test_a_global_read_by_a_name_built_at_run_time_is_guarded(step: Callable[..., Any]) -> None:
+    """The step's own module reached through ``sys.modules[__name__]``, an attribute name
+    or source text built at run time: no instruction or constant names ``SCALE``. The record
+    pass sees the read (``_modules_seen``)."""
+    _retraces_when_a_global_changes(step, "SCALE", 5.0)
+
+
+_PREFIX = "read"
+
+
+def _module_by_a_computed_key(x: torch.Tensor) -> torch.Tensor:
+    settings = sys.modules[_PREFIX + "_settings"]  # no import, no constant names it
+    return settings.scaled(x) + settings.TABLE["drag"][1]
+
+
+def test_a_users_module_looked_up_by_a_computed_key_and_the_code_it_runs_are_guarded() -> None:
+    """``sys.modules[PREFIX + "_settings"]``: the attributes read are guarded, and a
+    function of the module called there is walked like one a global names (its global
+    ``GRAVITY``); the function replaced retraces too."""
+    import read_settings
+
+    gravity, scaled = read_settings.GRAVITY, read_settings.scaled
+    jitted = ptj.jit(_module_by_a_computed_key)
+    try:
+        _like_eager(jitted, _module_by_a_computed_key, (torch.ones(2),), [
+            lambda: setattr(read_settings, "GRAVITY", gravity * 2),
+            lambda: read_settings.TABLE["drag"].__setitem__(1, 5.0),
+            lambda: setattr(read_settings, "scaled", lambda x: x - 1),
+        ])  # fmt: skip
+    finally:
+        read_settings.GRAVITY, read_settings.scaled = gravity, scaled
+        read_settings.TABLE["drag"][1] = 0.2
+    assert jitted.num_traces == 4

@@ -33,8 +33,11 @@ a tensor read as a Python value in traced    a per-call value guard, or a      `
 code (``float(t)``, ``t.item()``, ``if t``)  program input                     (trace phase)
 module state (training flags, hooks,         ``ModuleGuard``, checked per      ``_guards``
 parameter identity)                          call                              (stage 5)
-a user module imported by a computed name    its public data, as a global's    ``_imports_seen``
+a user module imported by a computed name    its public data, as a global's    ``_modules_seen``
 (``import_module(PREFIX + "cfg")``)           (noted in the record pass)        (record phase)
+an attribute of a user module read by a       as a global (noted in the record  ``_modules_seen``
+name built at run time (``sys.modules[        pass); functions read there are   (record phase)
+__name__].X``, ``eval`` of built source)      walked
 random draws, clocks, grad-mode changes,     noted in the record pass: eager   ``_unguardable``
 ``backward()``, tensor hooks                 with one warning, or guarded      (record phase)
 ==========================================  ================================  =================

@@ -175,12 +175,14 @@ def _add_chains(
 def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
+    module_reads: Mapping[tuple[str, str], str] | None = None,
 ) -> list[Read]:  # fmt: skip
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring). ``arguments``: callable
     objects, bound methods and partials passed to this call (keyed by identity, so the
     specialization holds them): their state is walked like the jitted callable's.
-    ``imported``: the user's modules the record pass saw imported -> where (by any name)."""
+    ``imported``: the user's modules the record pass saw imported -> where (by any name);
+    ``module_reads``: (module, attribute) the record pass saw read -> where."""
     reads: dict[Any, Read] = {}
     for module in modules:
         _add_attributes(reads, module)
@@ -193,7 +195,8 @@ def collect_reads(
                                                           holder=argument))  # fmt: skip
     for key, source in [h for root in (fn, *arguments) for h in held_objects(root)]:
         _add(reads, key, source)
-    for function in user_functions([fn, *arguments, *modules]):
+    reached = _add_module_reads(reads, module_reads or {})
+    for function in user_functions([fn, *arguments, *modules, *reached]):
         code = function.__code__
         _add_defaults(reads, function)
         _add_code(reads, function)
@@ -235,6 +238,25 @@ def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
                 continue  # functions: code (their globals are walked where they are called)
             source = Source(f"{name}.{attribute}", where, namespace, attribute)
             _add(reads, (id(namespace), attribute), source)
+
+
+def _add_module_reads(
+    reads: dict[Any, Read], module_reads: Mapping[tuple[str, str], str]
+) -> list[Any]:
+    """The attributes of the user's modules the record pass saw read (reached by a computed
+    name, ``sys.modules[__name__].SCALE``), each guarded like a global; returns the code among
+    them (functions, classes), for the walk."""
+    reached = []
+    for (name, attribute), where in module_reads.items():
+        module = sys.modules.get(name)
+        if module is None or not user_module(module) or attribute not in vars(module):
+            continue
+        namespace = vars(module)
+        _add(reads, (id(namespace), attribute), Source(f"{name}.{attribute}", where, namespace,
+                                                       attribute))  # fmt: skip
+        if callable(namespace[attribute]):
+            reached.append(namespace[attribute])
+    return reached
 
 
 _ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb"))
