@@ -18,7 +18,9 @@ objects and need no retrace. See NOTE [module guards] in docs/design.md.
 
 from __future__ import annotations
 
+import functools
 import operator
+import types
 from collections.abc import Iterable
 from itertools import chain
 from typing import Any
@@ -45,6 +47,10 @@ def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
         return True
     return any(m._backward_hooks or m._backward_pre_hooks for m in modules)
 
+
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
+"""Code held as a module's attribute (``self.act = torch.tanh``, ``net.forward = f``): which
+one, by identity."""
 
 _TORCH_SLOTS = frozenset(vars(nn.Module())) | {"training"}
 """What ``nn.Module.__init__`` puts in every module's ``__dict__`` (hooks, parameters...):
@@ -125,7 +131,8 @@ class ModuleGuard:
         attributes: list[tuple[Any, str, str]] = [
             (m.__dict__, name, owner) for owner, m in zip(self.names, self.modules)
             for name, value in m.__dict__.items()
-            if name not in _TORCH_SLOTS and not name.startswith("__") and immutable(value)
+            if name not in _TORCH_SLOTS and not name.startswith("__")
+            and (immutable(value) or isinstance(value, _CODE))
         ]  # fmt: skip
         for klass in dict.fromkeys(type(m) for m in self.modules):
             view = _ClassView(klass)
@@ -145,6 +152,13 @@ class ModuleGuard:
         ]  # one C call per module
         self._attribute_values = self._attribute_snapshot()
         self._initial = {(id(d), name): d[name] for d, name, _ in self._attributes}
+        self._instance_dicts = tuple(m.__dict__ for m in self.modules)
+        self._instance_sizes = self._sizes_of_instance_dicts()
+
+    def _sizes_of_instance_dicts(self) -> tuple[int, ...]:
+        """How many attributes each module holds: one added later (``net.forward = other``,
+        shadowing a method of the class) retraces."""
+        return tuple(map(len, self._instance_dicts))
 
     def _training_flags(self) -> tuple[bool, ...]:
         return tuple(map(_training, self.modules))
@@ -195,6 +209,8 @@ class ModuleGuard:
             return False
         if self._attribute_snapshot() != self._attribute_values:
             return False
+        if self._sizes_of_instance_dicts() != self._instance_sizes:
+            return False
         if self._child_dicts and self._child_identities() != self._children:
             return False
         if not self.hooks:
@@ -221,6 +237,10 @@ class ModuleGuard:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
             if value != old or type(value) is not type(old):
                 return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
+        sizes = zip(self.names, self._instance_sizes, self._sizes_of_instance_dicts())
+        for module_name, traced, now in sizes:
+            if traced != now:
+                return f"module {module_name} holds {now} attributes, {traced} when traced"
         for owner, name, old_type, ident in self._child_names:
             module = next(m for n, m in zip(self.names, self.modules) if n == owner)
             child = module._modules.get(name)

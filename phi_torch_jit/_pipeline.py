@@ -46,7 +46,7 @@ from ._signature import (
 )
 from ._specialization import Key, Specialization, Timings
 from ._state import rng_restored
-from ._trace import Traced, trace
+from ._trace import Traced, trace, trace_input
 from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
@@ -241,10 +241,7 @@ def _as_called(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     written). Traced on the written values, a branch on them took the record pass's path
     after the write, and the first program failed its value guard on the next call (NOTE
     [arguments written in place])."""
-    return [
-        t if t.requires_grad and t.is_leaf else t.detach().clone().requires_grad_(t.requires_grad)
-        for t in tensors
-    ]
+    return [t if t.requires_grad and t.is_leaf else trace_input(t) for t in tensors]
 
 
 def _compile(

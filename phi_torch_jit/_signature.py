@@ -14,7 +14,8 @@ compare, which matters because every jitted call builds one):
 =====  ===================================================  ==================
 tag    node                                                 meaning
 =====  ===================================================  ==================
-``T``  ``("T", shape, dtype, device, requires_grad)``       tensor leaf
+``T``  ``("T", shape, dtype, device, requires_grad,        tensor leaf
+       strides, type)``
 ``S``  ``("S", type, value[, attributes])``                 static leaf (a callable object:
                                                               with its plain attributes)
 ``M``  ``("M", module)``                                    nn.Module (identity)
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import math
 import types
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -107,16 +109,23 @@ def _static_leaf(obj: Any) -> Spec:
     return ("S", cls, obj)
 
 
+_NEGATIVE_ZERO = (("sign", -1.0),)
+"""The key of ``-0.0`` differs from ``0.0``'s (they compare equal and hash alike)."""
+
+
 def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        if meta:
-            return ("T", tuple(obj.shape), obj.dtype, obj.device, obj.requires_grad)
+        if meta:  # strides: traced Python may read them (stride(), is_contiguous())
+            return ("T", tuple(obj.shape), obj.dtype, obj.device, obj.requires_grad,
+                    obj.stride(), type(obj))  # fmt: skip
         return ("T",)
     cls = type(obj)
     if cls is tuple or cls is list:
         return ("Q", cls, _flatten_items(obj, tensors, meta, None))
     if cls in PRIMITIVES:
+        if cls is float and obj == 0.0 and math.copysign(1.0, obj) < 0:
+            return ("S", cls, obj, _NEGATIVE_ZERO)  # -0.0 == 0.0, but 1 / -0.0 is -inf
         return ("S", cls, obj)
     value_type = value_type_of(obj)
     if value_type is not None:
@@ -393,7 +402,7 @@ def _difference(a: Spec, b: Spec, path: str) -> str | None:
         return None
     if a[0] != b[0] or a[0] in ("T", "S", "M", "X") or a[:-1] != b[:-1]:
         if a[0] == b[0] == "T":
-            fields = ("shape", "dtype", "device", "requires_grad")
+            fields = ("shape", "dtype", "device", "requires_grad", "strides", "type")
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
             return f"{path}: " + ", ".join(changes)
         if a[0] == b[0] == "S" and len(a) == len(b) == 4 and a[2] is b[2]:

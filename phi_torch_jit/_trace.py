@@ -38,7 +38,7 @@ from ._wrapper import WrapperModule
 from .engines import CompiledModule, Engine
 from .errors import TraceError, ValueNotCaptured
 
-__all__ = ["Traced", "trace"]
+__all__ = ["Traced", "trace", "trace_input"]
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,20 @@ class Traced:
     """PhiML ``when_available`` callbacks, called with their tensors after each call."""
 
 
-def _trace_input(t: torch.Tensor) -> torch.Tensor:
-    """A copy of an input for the trace pass, so in-place edits do not reach the caller's tensor."""
-    return t.detach().clone().requires_grad_(t.requires_grad)
+def trace_input(t: torch.Tensor) -> torch.Tensor:
+    """A copy of an input for the trace pass, so in-place edits do not reach the caller's
+    tensor, with the input's strides (``clone`` makes a view with gaps, ``x[:, 0]``,
+    contiguous: Python reading ``stride()`` or ``is_contiguous()`` would see another layout
+    than the signature's)."""
+    detached = t.detach()
+    if type(detached) is not torch.Tensor:  # a subclass: its own rules (isinstance reads)
+        return detached.clone().requires_grad_(t.requires_grad)
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    try:
+        copy.copy_(detached)
+    except RuntimeError:  # overlapping strides (an expanded tensor): a dense copy
+        copy = detached.clone()
+    return copy.requires_grad_(t.requires_grad)
 
 
 @contextmanager
@@ -102,7 +113,7 @@ def trace(
     """
     start = time.perf_counter()
     cursor = ReplayCursor(steps, wrapper.owner)
-    example = tuple(_trace_input(t) for t in tensors)
+    example = tuple(trace_input(t) for t in tensors)
     conversions: list[Converted] | None = [] if guarding else None
     with recording.state.rewound(), _fresh_autocast_cache():
         with tracing(wrapper.owner, cursor, conversions, recording.libraries) as frame:

@@ -52,7 +52,7 @@ def test_clear_caches_frees_compiled_programs() -> None:
 def test_recorded_tensors_are_released_after_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     refs: list[weakref.ref[torch.Tensor]] = []
     original_of = _record.RecordedCall.of.__func__  # type: ignore[attr-defined]
-    original_input = _trace._trace_input
+    original_input = _trace.trace_input
 
     def spy_of(cls: Any, function: Any, args: Any, outputs: Any, context: Any = None) -> Any:
         recorded = original_of(cls, function, args, outputs, context)
@@ -67,7 +67,7 @@ def test_recorded_tensors_are_released_after_compiling(monkeypatch: pytest.Monke
         return copy
 
     monkeypatch.setattr(_record.RecordedCall, "of", classmethod(spy_of))
-    monkeypatch.setattr(_trace, "_trace_input", spy_input)
+    monkeypatch.setattr(_trace, "trace_input", spy_input)
     solve = make_solve()
     step = ptj.jit(lambda b, k: solve(b, k) * 2)
     b = torch.randn(64, requires_grad=True)

@@ -13,6 +13,7 @@ import contextvars
 import dataclasses
 import enum
 import functools
+import math
 import sys
 import threading
 import warnings
@@ -1051,3 +1052,93 @@ def test_a_users_module_looked_up_by_a_computed_key_and_the_code_it_runs_are_gua
         read_settings.GRAVITY, read_settings.scaled = gravity, scaled
         read_settings.TABLE["drag"][1] = 0.2
     assert jitted.num_traces == 4
+
+
+class _Scaled(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x) * 2
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def test_a_modules_methods_replaced_on_its_class_or_shadowed_on_it_retrace() -> None:
+    """``Net.forward = other`` or ``Net.act = other`` on the module's class, and
+    ``net.forward = f`` set on the module itself: the module guard knew parameters, hooks and
+    flags, not which code the module runs (a plain class's methods were guarded already)."""
+    net = _Scaled()
+    jitted = ptj.jit(lambda x: net(x))
+    forward, act = _Scaled.forward, _Scaled.act
+    try:
+        _like_eager(jitted, lambda x: net(x), (torch.ones(3),), [
+            lambda: setattr(_Scaled, "act", lambda self, x: x - 1),
+            lambda: setattr(_Scaled, "forward", lambda self, x: self.act(x) * 5),
+            lambda: setattr(net, "forward", lambda x: x * 7),
+        ])  # fmt: skip
+    finally:
+        _Scaled.forward, _Scaled.act = forward, act  # type: ignore[method-assign]
+    assert jitted.num_traces == 4
+
+
+def _strided(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    scale = float(y.stride()[0]) if y.is_contiguous() else 10.0 * y.stride()[0]
+    return x * scale + y
+
+
+def test_the_layout_of_an_argument_is_part_of_the_key() -> None:
+    """Python that reads an argument's strides (``stride()``, ``is_contiguous()``) saw the first
+    call's layout: a view with gaps (``m[:, 0]``) was served the contiguous tensor's program,
+    and its trace ran on a contiguous copy."""
+    jitted = ptj.jit(_strided)
+    x, dense, gappy = torch.ones(3), torch.ones(3), torch.ones(3, 2)[:, 0]
+    for y in (dense, gappy, dense):
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x, y), _strided(x, y))
+            jitted.wait_compiled()
+    assert jitted.num_traces == 2
+
+
+def test_negative_zero_as_an_argument_is_not_served_zeros_program() -> None:
+    def signed(x: torch.Tensor, f: float) -> torch.Tensor:
+        return x * math.copysign(1.0, f)
+
+    jitted = ptj.jit(signed)
+    for f in (0.0, -0.0, 0.0):
+        for _ in range(2):
+            torch.testing.assert_close(jitted(torch.ones(2), f), signed(torch.ones(2), f))
+    assert jitted.num_traces == 2
+
+
+class _Table(dict):  # type: ignore[type-arg]
+    """A dict subclass of the user's: ``get``, ``in`` and ``values`` read it, no subscript."""
+
+
+class _Tags(set):  # type: ignore[type-arg]
+    pass
+
+
+TABLE_OF_YOURS = _Table(k=2.0)
+TAGS = _Tags({"damped"})
+PLAIN = {"a": 1.0, "b": 2.0}
+PLAIN_VALUES = PLAIN.values()
+WRAPPED = collections.UserDict(k=3.0)
+
+
+def _reads_containers_through_methods(x: torch.Tensor) -> torch.Tensor:
+    damping = 0.5 if "damped" in TAGS else 1.0
+    return x * TABLE_OF_YOURS.get("k") * damping + sum(PLAIN_VALUES) + WRAPPED.get("k")
+
+
+def test_containers_read_through_methods_and_views_are_guarded() -> None:
+    """A dict, list or set subclass of yours, a ``UserDict`` and a dict's view held in a global
+    (``v = d.values()``): read by ``get``, ``in`` or ``sum`` (no subscript the code spells),
+    their contents were guarded by identity only."""
+    changes = [lambda: TABLE_OF_YOURS.update(k=5.0), lambda: TAGS.discard("damped"),
+               lambda: PLAIN.update(b=7.0), lambda: WRAPPED.update(k=9.0)]  # fmt: skip
+    jitted = ptj.jit(_reads_containers_through_methods)
+    try:
+        _like_eager(jitted, _reads_containers_through_methods, (torch.ones(2),), changes)
+    finally:
+        TABLE_OF_YOURS["k"], PLAIN["b"], WRAPPED["k"] = 2.0, 2.0, 3.0
+        TAGS.add("damped")
+    assert jitted.num_traces == 5

@@ -71,6 +71,27 @@ def test_tensor_metadata_is_keyed() -> None:
     assert key(torch.zeros(2, 3, requires_grad=True)) != base
 
 
+def test_tensor_layout_and_class_are_keyed() -> None:
+    """Strides (a view with gaps, a transpose) and the tensor's class: traced Python may read
+    ``stride()``, ``is_contiguous()`` or ``isinstance`` (a trace baked the first layout)."""
+
+    class Tagged(torch.Tensor):
+        pass
+
+    base = torch.ones(3, 2)
+    assert key(base[:, 0]) != key(torch.ones(3)) and key(base.t()) != key(torch.ones(2, 3))
+    assert key(torch.ones(3).as_subclass(Tagged)) != key(torch.ones(3))
+    change = first_difference(key(torch.ones(3)), key(base[:, 0]), ["y"])
+    assert change == "y: strides (1,) -> (2,)"
+
+
+def test_negative_zero_is_keyed_apart_from_zero() -> None:
+    """``-0.0 == 0.0`` and both hash alike, but ``1 / x`` and ``copysign`` tell them apart."""
+    assert key(-0.0) != key(0.0) and key(0.0) == key(0.0) and key(-0.0) == key(-0.0)
+    args, _ = unflatten_arguments(key(-0.0), [])
+    assert str(args[0]) == "-0.0"
+
+
 def test_static_values_keyed_by_type_and_value() -> None:
     assert key(1) != key(1.0) != key(True)
     assert key(0.1) == key(0.1) and key(0.1) != key(0.2)

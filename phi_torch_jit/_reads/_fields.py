@@ -56,6 +56,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(False, k) for k in value if type(k) in (str, int)]
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
+    if isinstance(value, (collections.UserDict, collections.UserList)):
+        return [Step(True, "data")]  # the dict or list it wraps
     if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
         return [Step(True, "__self__")]
     if isinstance(value, functools.partial):  # the arguments it binds, what it calls
@@ -84,6 +86,10 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     names += [n for n in _class_data([k for k in klass.__mro__ if user_class(k)])
               if n not in names]  # fmt: skip
     steps: list[Step | tuple[Step, ...]] = [Step(True, n) for n in names]
+    if isinstance(value, dict):  # a dict or list subclass of yours: its entries too
+        steps += [Step(False, k) for k in value if type(k) in (str, int)]
+    elif isinstance(value, list):
+        steps += [Step(False, i) for i in range(len(value))]
     return [*steps, Step(True, "__class__")] if user_class(klass) else steps
 
 

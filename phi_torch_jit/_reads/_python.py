@@ -186,6 +186,9 @@ def collect_reads(
     reads: dict[Any, Read] = {}
     for module in modules:
         _add_attributes(reads, module)
+    for klass in {id(type(m)): type(m) for m in modules if user_class(type(m))}.values():
+        label = f"class {klass.__qualname__}"  # its methods (Net.forward = other) and data
+        _add(reads, ("class", id(klass)), Source(label, klass.__module__, holder=klass))
     for argument in arguments:
         if isinstance(argument, types.ModuleType):  # your configuration module, passed in
             _add_imported(reads, {argument.__name__: "a module (an argument)"})
@@ -364,6 +367,11 @@ def _add(
     reads[key] = Read(source, kind, expected)
     if kind is Kind.IDENTITY and isinstance(value, (list, dict)):  # an append changes it
         _add(reads, (key, LENGTH), source.child(LENGTH), budget)
+    if kind is Kind.IDENTITY and _shows_content(value):  # d.values() held, class T(dict)
+        copied = source.child(Step(True, "mapping")) if isinstance(value, _VIEWS) else source
+        copied = copied.child(Step(True, "copy", call=True))  # a plain dict, list or set
+        if _plain_container(copied.get()):  # compared whole; else entries (fields), by identity
+            _add(reads, (key, "content"), copied, budget)
     if kind is Kind.IDENTITY and isinstance(value, nn.Module):  # called or a container only
         for module in value.modules():
             _add_attributes(reads, module)
@@ -404,6 +412,19 @@ def _add(
             place = ("class", id(type(value))) if steps[0].key == "__class__" else (key, step)
             below = (*lineage, (type(value), level))
             _add(reads, place, child, budget, below, slack)  # a class: once for all its objects
+
+
+_VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
+
+
+def _shows_content(value: Any) -> bool:
+    """A dict's view held apart from it, or an instance of a container subclass of yours
+    (``class Table(dict)``): what it holds is read through methods (``get``, ``in``, ``sum``)
+    that no attribute path spells."""
+    if isinstance(value, _VIEWS):
+        return True
+    containers = (dict, list, set, frozenset, collections.deque)
+    return isinstance(value, containers) and user_class(type(value))
 
 
 _LINKED_DEPTH = 32
