@@ -134,6 +134,14 @@ class ModuleGuard:
             if name not in _TORCH_SLOTS and not name.startswith("__")
             and (immutable(value) or isinstance(value, _CODE))
         ]  # fmt: skip
+        attributes += [  # Python attributes set on a parameter or buffer: m.weight.scale
+            (t.__dict__, name, f"{owner}.{slot}")
+            for owner, m in zip(self.names, self.modules)
+            for slot, t in [*m._parameters.items(), *m._buffers.items()]
+            if t is not None and t.__dict__
+            for name, value in t.__dict__.items()
+            if not name.startswith("__") and immutable(value)
+        ]  # fmt: skip
         for klass in dict.fromkeys(type(m) for m in self.modules):
             view = _ClassView(klass)
             names = dict.fromkeys(

@@ -29,6 +29,7 @@ from ._guards import ModuleGuard, has_backward_hooks
 from ._meter import Meter
 from ._options import Options
 from ._reads import PythonGuard, collect_reads
+from ._reads._hooks import held_by_hooks, hook_reads
 from ._reads._mutations import modules_known_before, snapshot
 from ._reads._records import Kind, Read
 from ._reads._written_inputs import WrittenInputs, versions, written_inputs
@@ -95,6 +96,8 @@ def specialize(
     callables = callables_in(key[0])
     imported = recording.unguardable.imports, recording.unguardable.module_reads
     reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported)
+    hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
+    reads += hooks_read
     target.report.unguarded(reads)
     guard = PythonGuard(reads) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
@@ -120,9 +123,10 @@ def specialize(
             eager_reason = _cannot_trace(target, f"engine {target.options.engine.name!r} could not "
                                          f"trace it: {describe_error(error)}")  # fmt: skip
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
-        guard = PythonGuard(
-            collect_reads(target.fn, list(recording.modules.values()), callables, *imported)
-        )
+        reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported)
+        guard = PythonGuard([*reads, *hooks_read])
+    if guard is not None and hooks_read:  # what a hook changed in the trace pass is its own
+        guard = PythonGuard(held_by_hooks(guard.reads, hooks_read))
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:

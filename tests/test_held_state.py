@@ -6,6 +6,8 @@ or runs eagerly with one JitWarning; never a stale value. Every engine (shared s
 
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
 import functools
 import importlib
@@ -778,3 +780,50 @@ def test_a_per_call_class_made_inside_a_compiled_forward_is_never_stale() -> Non
         a, b = torch.eye(4) * k, torch.ones(4)
         torch.testing.assert_close(jitted(a, b), step(a, b))
     assert jitted.num_traces == 1
+
+
+FORCING_QUEUE: collections.deque[float] = collections.deque()
+SAMPLES = array.array("d")
+HISTORY: tuple[list[float], ...] = ([],)
+
+
+def _pops_forcing(x: torch.Tensor) -> torch.Tensor:
+    return x * FORCING_QUEUE.popleft()
+
+
+def _appends_a_sample(x: torch.Tensor) -> torch.Tensor:
+    SAMPLES.append(float(len(SAMPLES)))
+    return x * sum(SAMPLES)
+
+
+def _appends_to_a_tuples_list(x: torch.Tensor) -> torch.Tensor:
+    HISTORY[0].append(1.0)
+    return x * len(HISTORY[0])
+
+
+@pytest.mark.parametrize(
+    "step", [_pops_forcing, _appends_a_sample, _appends_to_a_tuples_list],
+    ids=["deque.popleft", "array.append", "a tuple's list"],
+)  # fmt: skip
+def test_a_step_changing_a_deque_array_or_a_tuples_list_it_reads_runs_eagerly_once_per_call(
+    step: Any,
+) -> None:
+    """Containers guarded by content but changed in place by the step: their snapshot before
+    the record pass was the container itself (a deque, an array, a tuple's lists), so no change
+    was seen; the step retraced on every call, and each trace pass popped or appended once
+    more (two items per call)."""
+    FORCING_QUEUE.clear()
+    FORCING_QUEUE.extend(float(i) for i in range(1, 20))
+    del SAMPLES[:]
+    HISTORY[0].clear()
+    twin_queue, twin_samples, twin_history = collections.deque(FORCING_QUEUE), array.array("d"), []
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="changes Python state it reads"):
+        for call in range(4):
+            got = jitted(torch.ones(2))
+            twin_samples.append(float(call))
+            twin_history.append(1.0)
+            wanted = {"_pops_forcing": twin_queue.popleft(), "_appends_a_sample": sum(twin_samples),
+                      "_appends_to_a_tuples_list": float(len(twin_history))}  # fmt: skip
+            want = wanted[step.__name__]
+            torch.testing.assert_close(got, torch.ones(2) * want)

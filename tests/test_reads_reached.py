@@ -1142,3 +1142,66 @@ def test_containers_read_through_methods_and_views_are_guarded() -> None:
         TABLE_OF_YOURS["k"], PLAIN["b"], WRAPPED["k"] = 2.0, 2.0, 3.0
         TAGS.add("damped")
     assert jitted.num_traces == 5
+
+
+class _Gain:
+    def __init__(self) -> None:
+        self.factor = 2.0
+
+    def apply(self, module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        return out * self.factor
+
+
+HOOK_SHIFT = 0.5
+
+
+def test_what_a_modules_hooks_read_is_guarded_and_what_they_change_is_theirs() -> None:
+    """A forward hook that is a bound method (``gain.factor``), a pre-hook partial with a
+    keyword dict, a hook closing over a config dict and a global hook reading a global: their
+    state was never guarded (hooks by identity only). A hook's own counter and the list it
+    appends to change on every pass: they are not guarded, and the step stays compiled."""
+    net = nn.Linear(3, 3)
+    gain, config, seen = _Gain(), {"k": 1.0}, []
+
+    def pre(module: nn.Module, args: Any, scale: float) -> Any:
+        return (args[0] * scale,)
+
+    def post(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        seen.append(out.shape)  # the hook's own state
+        return out + config["k"]
+
+    def shifted(module: nn.Module, args: Any, out: Any) -> Any:
+        return out + HOOK_SHIFT if module is net else None
+
+    net.register_forward_hook(gain.apply)
+    scaled = functools.partial(pre, scale=1.0)
+    net.register_forward_pre_hook(scaled)
+    net.register_forward_hook(post)
+    handle = nn.modules.module.register_module_forward_hook(shifted)
+    jitted = ptj.jit(lambda x: net(x))
+    try:
+        with torch.no_grad():
+            _like_eager(jitted, lambda x: net(x), (torch.ones(2, 3),), [
+                lambda: setattr(gain, "factor", 3.0),
+                lambda: scaled.keywords.update(scale=2.0),
+                lambda: config.update(k=4.0),
+                lambda: globals().update(HOOK_SHIFT=2.0),
+            ])  # fmt: skip
+    finally:
+        handle.remove()
+        globals()["HOOK_SHIFT"] = 0.5
+    assert jitted.num_traces == 5
+
+
+def test_a_python_attribute_set_on_a_parameter_is_guarded() -> None:
+    """``net.weight.scale = 2.0`` (a tag a library or the user puts on a parameter): the
+    module guard compared parameters by identity and metadata, not their Python attributes."""
+    net = nn.Linear(3, 3)
+    net.weight.scale = 2.0  # type: ignore[attr-defined]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return net(x) * net.weight.scale  # type: ignore[no-any-return]
+
+    jitted = ptj.jit(step)
+    _like_eager(jitted, step, (torch.ones(3),), [lambda: setattr(net.weight, "scale", 5.0)])
+    assert jitted.num_traces == 2

@@ -31,6 +31,8 @@ arguments written in place, and how the      version counters and storage      `
 arguments share memory                       aliasing, part of the key
 a tensor read as a Python value in traced    a per-call value guard, or a      ``_value_guards``
 code (``float(t)``, ``t.item()``, ``if t``)  program input                     (trace phase)
+what the modules' hooks read (their          as a callable argument's; what    ``_hooks``
+closures, ``self``, globals)                 a hook changes is its own
 module state (training flags, hooks,         ``ModuleGuard``, checked per      ``_guards``
 parameter identity)                          call                              (stage 5)
 a user module imported by a computed name    its public data, as a global's    ``_modules_seen``
@@ -46,6 +48,7 @@ Modules: ``_records`` the records (``Source``, ``Step``, ``Kind``, ``Read``: whe
 lives and how it is guarded; plain data, a leaf); ``_code_walk`` the static walk over user code
 (names and attribute chains each code object reads, the functions a call can reach);
 ``_python`` turns those reads into ``Read`` records and checks them (``PythonGuard``);
+``_hooks`` what the modules' hooks read;
 ``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.
 docs/guarded.md is the user's version of this table (NOTE [Python reads], NOTE [attribute
 paths] in docs/design.md).

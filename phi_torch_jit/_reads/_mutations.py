@@ -16,6 +16,9 @@ Only user state counts: libraries' own caches (torch, PhiML, PhiFlow) are not wa
 
 from __future__ import annotations
 
+import array
+import collections
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +62,10 @@ def _copy(value: Any) -> Any:
         return {k: _copy(v) for k, v in value.items()}
     if isinstance(value, set):
         return set(value)
+    if type(value) is tuple:  # immutable, its lists are not
+        return tuple(_copy(v) for v in value)
+    if isinstance(value, (collections.deque, array.array)):  # popleft(), append(): in place
+        return copy.copy(value)  # (of immutable items: content reads hold no others)
     return value
 
 

@@ -175,14 +175,15 @@ def _add_chains(
 def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
-    module_reads: Mapping[tuple[str, str], str] | None = None,
+    module_reads: Mapping[tuple[str, str], str] | None = None, role: str = "an argument",
 ) -> list[Read]:  # fmt: skip
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring). ``arguments``: callable
     objects, bound methods and partials passed to this call (keyed by identity, so the
     specialization holds them): their state is walked like the jitted callable's.
     ``imported``: the user's modules the record pass saw imported -> where (by any name);
-    ``module_reads``: (module, attribute) the record pass saw read -> where."""
+    ``module_reads``: (module, attribute) the record pass saw read -> where. ``fn`` None:
+    only ``arguments`` are walked, named ``role`` (the hooks of :mod:`._hooks`)."""
     reads: dict[Any, Read] = {}
     for module in modules:
         _add_attributes(reads, module)
@@ -193,13 +194,14 @@ def collect_reads(
         if isinstance(argument, types.ModuleType):  # your configuration module, passed in
             _add_imported(reads, {argument.__name__: "a module (an argument)"})
         elif not isinstance(argument, (functools.partial, types.MethodType, types.FunctionType)):
-            label = f"{type(argument).__name__} object (an argument)"
+            label = f"{type(argument).__name__} object ({role})"
             _add(reads, (id(argument), "argument"), Source(label, describe_callable(argument),
                                                           holder=argument))  # fmt: skip
-    for key, source in [h for root in (fn, *arguments) for h in held_objects(root)]:
+    roots = [fn, *arguments] if fn is not None else list(arguments)
+    for key, source in [h for root in roots for h in held_objects(root)]:
         _add(reads, key, source)
     reached = _add_module_reads(reads, module_reads or {})
-    for function in user_functions([fn, *arguments, *modules, *reached]):
+    for function in user_functions([*roots, *modules, *reached]):
         code = function.__code__
         _add_defaults(reads, function)
         _add_code(reads, function)
