@@ -11,7 +11,8 @@ Workloads (float32, CPU unless ``--device``), each a whole training iteration (t
 
 Peers: eager; ours with the default engine, with engines "compile" and "torchscript"; raw
 ``torch.compile`` (which raises on double backward: its cell says so). For each: the first
-call (the whole iteration), the median iteration time of the interleaved runs and its ratio to
+call (the whole iteration), the median iteration time of the interleaved runs (their order rotates
+each repetition) and its ratio to
 eager, and the largest difference of the loss from eager's after the same iterations. Not a
 test: ``python benchmarks/bench_inner_grad.py [--reps 30]``; ``make bench-inner-grad``.
 """
@@ -156,8 +157,10 @@ def run(name: str, reps: int) -> list[str]:
             cells[peer] = f"fails: {type(error).__name__}: {message}"
             torch._dynamo.reset()
     times: dict[str, list[float]] = {peer: [] for peer in running}
-    for _ in range(reps):
-        for peer, (loss, optimizer, _) in running.items():
+    order = list(running.items())
+    for rep in range(reps):  # the order rotates: a peer run right after eager code measured
+        turn = rep % len(order)  # about 5% slower (caches), whichever it was
+        for peer, (loss, optimizer, _) in order[turn:] + order[:turn]:
             start = time.perf_counter()
             _iteration(loss, optimizer, args)
             times[peer].append(time.perf_counter() - start)
