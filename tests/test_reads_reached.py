@@ -1205,3 +1205,34 @@ def test_a_python_attribute_set_on_a_parameter_is_guarded() -> None:
     jitted = ptj.jit(step)
     _like_eager(jitted, step, (torch.ones(3),), [lambda: setattr(net.weight, "scale", 5.0)])
     assert jitted.num_traces == 2
+
+
+DECORATED_GAIN = 2.0
+
+
+@torch.compiler.disable
+def _with_grad(x: torch.Tensor) -> torch.Tensor:
+    return x * DECORATED_GAIN
+
+
+def test_functions_of_yours_under_a_librarys_decorator_are_walked() -> None:
+    """``@torch.compiler.disable`` or ``@functools.singledispatch`` on a helper: the name holds
+    the library's wrapper (its code is torch's or functools'), so the walk stopped there and
+    the helper's globals were never guarded. A registration added later retraces too."""
+
+    @functools.singledispatch
+    def gain_for(value: object) -> float:
+        return DECORATED_GAIN
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return _with_grad(x) + x * gain_for(1.0)
+
+    jitted = ptj.jit(step)
+    try:
+        _like_eager(jitted, step, (torch.ones(2),), [
+            lambda: globals().update(DECORATED_GAIN=5.0),
+            lambda: gain_for.register(float, lambda value: 3.0),
+        ])  # fmt: skip
+    finally:
+        globals()["DECORATED_GAIN"] = 2.0
+    assert jitted.num_traces == 3

@@ -15,7 +15,7 @@ import dis
 import functools
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import nn
@@ -232,6 +232,7 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
                 pass
             continue
         if not is_user_file(obj.__code__.co_filename):
+            pending.extend(_wrapped_by(obj))  # @torch.no_grad() on a function of yours
             continue
         found += 1
         yield obj
@@ -243,6 +244,18 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
         globals_read, _ = names_read(obj.__code__)
         pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
         pending.extend(_through_modules(obj))
+
+
+def _wrapped_by(function: types.FunctionType) -> list[Any]:
+    """What a library's wrapper runs of the user's (a decorator made with ``functools.wraps``:
+    ``@torch.no_grad()``, ``@functools.singledispatch``): the function it wraps and, for a
+    single-dispatch function, the implementations registered on it."""
+    wrapped = function.__dict__.get("__wrapped__")
+    if wrapped is None:
+        return []
+    registry = function.__dict__.get("registry")
+    registered = list(registry.values()) if isinstance(registry, Mapping) else []
+    return [wrapped, *registered]
 
 
 def _through_modules(function: types.FunctionType) -> list[Any]:

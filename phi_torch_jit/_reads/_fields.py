@@ -17,13 +17,14 @@ import functools
 import threading
 import types
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
 from .._signature import NAMESPACES
 from ._code_walk import callbacks_held, user_class
-from ._records import Step
+from ._records import LENGTH, Step
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT"]
 
@@ -64,8 +65,11 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]
     if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read)
         return [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
-    if isinstance(value, (nn.Module, types.FunctionType)):
-        return []  # modules: the module guard; functions: code, walked by user_functions
+    if isinstance(value, types.FunctionType):  # code, walked by user_functions; a single-
+        registry = value.__dict__.get("registry")  # dispatch function: what is registered
+        return [(Step(True, "registry"), LENGTH)] if isinstance(registry, Mapping) else []
+    if isinstance(value, nn.Module):
+        return []  # the module guard
     if isinstance(value, enum.Enum):  # a member whose value holds a list (immutable ones
         return [Step(True, "value")]  # are compared by value)
     if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context
