@@ -104,6 +104,9 @@ def specialize(
     modules = recording.root_modules(modules_known_before(target.fn, guard.reads if guard else ()))
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
     eager_reason = _eager_reason(target, recording, changed, written, reads)
+    overriding = _overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
+    if overriding and not eager_reason:  # NOTE [eager, never a crash]
+        eager_reason = _cannot_trace(target, overriding)
     traced: Traced | None = None
     calls: tuple[CompiledCall, ...] = ()
     compile_s = 0.0
@@ -237,6 +240,27 @@ class _EagerCall:
     def __call__(self, tensors: list[torch.Tensor]) -> Any:
         args, kwargs = unflatten_arguments(self.arg_spec, tensors)
         return self.fn(*args, **kwargs)
+
+
+def _overrides_torch_function(tensors: Sequence[torch.Tensor]) -> str:
+    """Why a tensor subclass among the inputs makes the call run eagerly: its own
+    ``__torch_function__`` is Python that runs around every op on it (a capture would keep
+    the ops and lose what it adds); empty if none does (``nn.Parameter`` has none)."""
+    for tensor in tensors:
+        klass = type(tensor)
+        if klass is torch.Tensor:
+            continue
+        function = getattr(klass.__torch_function__, "__func__", klass.__torch_function__)
+        if function not in _PLAIN_TORCH_FUNCTIONS:
+            return (f"a tensor of class {klass.__qualname__} has a __torch_function__ of its own, "
+                    "which a captured program would not run")  # fmt: skip
+    return ""
+
+
+_PLAIN_TORCH_FUNCTIONS = tuple(
+    getattr(klass.__torch_function__, "__func__", klass.__torch_function__)
+    for klass in (torch.Tensor, nn.Parameter)  # a parameter's: disabled
+)
 
 
 def _as_called(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1236,3 +1236,137 @@ def test_functions_of_yours_under_a_librarys_decorator_are_walked() -> None:
     finally:
         globals()["DECORATED_GAIN"] = 2.0
     assert jitted.num_traces == 3
+
+
+class _Tuning:
+    pass
+
+
+class _Tuned(_Tuning):
+    pass
+
+
+TUNED = _Tuned()
+
+
+def _tuned(x: torch.Tensor) -> torch.Tensor:
+    return x * getattr(TUNED, "boost", 1.0) + (1.0 if hasattr(type(TUNED), "shift") else 0.0)
+
+
+def test_an_attribute_added_later_to_a_class_or_its_base_retraces() -> None:
+    """``getattr(obj, "boost", 1.0)`` and ``hasattr(type(obj), "shift")``, then ``Base.boost =
+    5.0`` set on the class or a base: the instance's attributes were counted, its classes'
+    were not."""
+    jitted = ptj.jit(_tuned)
+    try:
+        _like_eager(jitted, _tuned, (torch.ones(2),), [
+            lambda: setattr(_Tuning, "boost", 5.0),
+            lambda: setattr(_Tuned, "shift", True),
+        ])  # fmt: skip
+    finally:
+        for klass, name in ((_Tuning, "boost"), (_Tuned, "shift")):
+            if name in vars(klass):
+                delattr(klass, name)
+    assert jitted.num_traces == 3
+
+
+ORDER_SIGN = 1.0
+
+
+class _Ranked:
+    def __init__(self, v: float) -> None:
+        self.v = v
+
+    def __lt__(self, other: _Ranked) -> bool:
+        return self.v * ORDER_SIGN < other.v * ORDER_SIGN
+
+
+RANKED = [_Ranked(1.0), _Ranked(2.0)]
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    low, high = sorted(RANKED)
+    return x * low.v + 10 * high.v
+
+
+def test_methods_python_calls_on_objects_in_a_list_are_walked() -> None:
+    """``sorted(ITEMS)`` runs ``Item.__lt__``, which reads a global: objects in a list were
+    walked for their data, not for their class's code."""
+    _retraces_when_a_global_changes(_ranks, "ORDER_SIGN", -1.0)
+
+
+def _reads_a_builtin_setting(x: torch.Tensor) -> torch.Tensor:
+    return x * PTJ_TEST_SETTING  # type: ignore[name-defined]  # noqa: F821 (set on builtins)
+
+
+def test_a_name_set_on_builtins_and_read_as_a_global_is_guarded() -> None:
+    """``builtins.SETTING = 2.0`` makes a setting visible to every module; the step reads it
+    as a global that its module does not hold, so no guard was made."""
+    import builtins
+
+    builtins.PTJ_TEST_SETTING = 2.0  # type: ignore[attr-defined]
+    jitted = ptj.jit(_reads_a_builtin_setting)
+    try:
+        _like_eager(jitted, _reads_a_builtin_setting, (torch.ones(2),),
+                    [lambda: setattr(builtins, "PTJ_TEST_SETTING", 5.0)])  # fmt: skip
+    finally:
+        del builtins.PTJ_TEST_SETTING  # type: ignore[attr-defined]
+    assert jitted.num_traces == 2
+
+
+HELD_GAIN = 2.0
+
+
+def _held_gain(x: torch.Tensor) -> torch.Tensor:
+    return x * HELD_GAIN
+
+
+@dataclasses.dataclass
+class _Ops:
+    rhs: Callable[[torch.Tensor], torch.Tensor]
+
+
+OPS = _Ops(_held_gain)
+NESTED_REGISTRY = {"diffusion": {"rhs": _held_gain}}
+
+
+class _Plain:
+    pass
+
+
+PLAIN_HOLDER = _Plain()
+PLAIN_HOLDER.fn = _held_gain  # type: ignore[attr-defined]
+
+
+def _calls_held_functions(x: torch.Tensor) -> torch.Tensor:
+    return OPS.rhs(x) + NESTED_REGISTRY["diffusion"]["rhs"](x) + PLAIN_HOLDER.fn(x)  # type: ignore[attr-defined]
+
+
+def test_functions_of_yours_held_two_levels_down_are_walked() -> None:
+    """A function held by an object's attribute set after construction, a dataclass field or
+    a registry of registries: the data walk guarded which function it is, but the code walk
+    never read its globals."""
+    _retraces_when_a_global_changes(_calls_held_functions, "HELD_GAIN", 5.0)
+
+
+class _Doubling(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.Tensor.add else out
+
+
+def test_a_tensor_subclass_with_its_own_torch_function_runs_eagerly_warned() -> None:
+    """Its ``__torch_function__`` is Python around every op; the captured program kept the
+    ops and lost the doubling on every compiled call (no state changed at all)."""
+    doubled = torch.ones(3).as_subclass(_Doubling)
+
+    def step(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return (x + s).as_subclass(torch.Tensor)
+
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="_Doubling has a __torch_function__ of its own"):
+        for _ in range(4):
+            torch.testing.assert_close(jitted(torch.ones(3), doubled), torch.full((3,), 4.0))
+            jitted.wait_compiled()

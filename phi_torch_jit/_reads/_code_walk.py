@@ -11,6 +11,7 @@ NOTE [Python reads] and NOTE [attribute paths] in docs/design.md.
 
 from __future__ import annotations
 
+import builtins
 import dis
 import functools
 import sys
@@ -25,7 +26,7 @@ from ._records import PRIMITIVES, Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
            "user_module", "user_class", "modules_imported", "names_in_user_code", "callbacks_held",
-           "MAX_DEPTH"]  # fmt: skip
+           "MAX_DEPTH", "added_builtins"]  # fmt: skip
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -105,6 +106,16 @@ def modules_imported(code: types.CodeType) -> dict[str, int]:
                 if isinstance(name, str) and all(p.isidentifier() for p in name.split(".")):
                     found.setdefault(name, line or inner.co_firstlineno)
     return found
+
+
+_PYTHONS_BUILTINS = frozenset(vars(builtins))
+
+
+def added_builtins(name: str) -> dict[str, Any] | None:
+    """``builtins``' namespace if ``name`` was set there after Python started (a setting made
+    visible to every module); None for Python's own builtins (never rebound) and unknowns."""
+    space = vars(builtins)
+    return space if name in space and name not in _PYTHONS_BUILTINS else None
 
 
 _NAMED_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"))
@@ -220,7 +231,7 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
     pending = list(roots)
     seen: set[int] = set()
     found = 0
-    while pending and found < MAX_FUNCTIONS:
+    while pending and found < MAX_FUNCTIONS and len(seen) < _MAX_VISITS:
         obj = pending.pop()
         if id(obj) in seen:
             continue
@@ -285,9 +296,10 @@ def _parts(obj: Any) -> list[Any]:
         return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
         return []
-    if type(obj) in (list, tuple, dict):  # functions kept in a registry: TERMS = [term]
-        items = obj.values() if type(obj) is dict else obj
-        return [item for item in list(items)[:32] if callable(item)]
+    if type(obj) in (list, tuple, dict):  # functions kept in a registry: TERMS = [term], and
+        items = obj.values() if type(obj) is dict else obj  # objects whose methods Python
+        return [item for item in list(items)[:32] if _may_hold_code(item)]
+        # calls for the step (sorted(ITEMS) runs Item.__lt__), nested registries
     wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
     cls = obj if isinstance(obj, type) else type(obj)
     parts: list[Any] = [wrapped] if wrapped is not None else []
@@ -304,7 +316,20 @@ def _parts(obj: Any) -> list[Any]:
     if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
         for held in callbacks_held(obj).values():  # yours it holds (an integrator's ``rhs``)
             parts += list(held) if type(held) in (list, tuple) else [held]
+    elif not isinstance(obj, type) and isinstance(getattr(obj, "__dict__", None), dict):
+        held = list(vars(obj).values())[:64]  # an object of yours: functions it holds
+        parts += [value for value in held if _may_hold_code(value)]  # (H.fn = helper)
     return parts
+
+
+def _may_hold_code(value: Any) -> bool:
+    """Whether the walk looks into ``value`` for code: a callable, an object of a user class,
+    a list, tuple or dict (a registry of registries)."""
+    return callable(value) or type(value) in (list, tuple, dict) or _users_code(value)
+
+
+_MAX_VISITS = 4000
+"""Objects the walk for code looks at, at most (nested registries are walked too)."""
 
 
 def callbacks_held(obj: Any) -> dict[str, Any]:

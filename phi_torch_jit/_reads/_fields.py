@@ -26,7 +26,8 @@ from .._signature import NAMESPACES
 from ._code_walk import callbacks_held, user_class
 from ._records import LENGTH, Step
 
-__all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT"]
+__all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
+           "VIEWS", "shows_content"]  # fmt: skip
 
 
 def _class_of(value: Any) -> type:
@@ -95,6 +96,19 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     elif isinstance(value, list):
         steps += [Step(False, i) for i in range(len(value))]
     return [*steps, Step(True, "__class__")] if user_class(klass) else steps
+
+
+VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
+
+
+def shows_content(value: Any) -> bool:
+    """A dict's view held apart from it, or an instance of a container subclass of yours
+    (``class Table(dict)``): what it holds is read through methods (``get``, ``in``, ``sum``)
+    that no attribute path spells."""
+    if isinstance(value, VIEWS):
+        return True
+    containers = (dict, list, set, frozenset, collections.deque)
+    return isinstance(value, containers) and user_class(type(value))
 
 
 _STRUCTURE = frozenset(("__self__", "func", "args", "keywords", "__class__", "__mro__",

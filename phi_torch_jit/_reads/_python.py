@@ -36,6 +36,7 @@ from torch import nn
 
 from ._code_walk import (
     MAX_DEPTH,
+    added_builtins,
     attribute_chains,
     describe_callable,
     held_objects,
@@ -46,7 +47,16 @@ from ._code_walk import (
     user_functions,
     user_module,
 )
-from ._fields import INSTANCE_DICT, TREE_DEPTH, depth, fields, has_attribute, has_attributes
+from ._fields import (
+    INSTANCE_DICT,
+    TREE_DEPTH,
+    VIEWS,
+    depth,
+    fields,
+    has_attribute,
+    has_attributes,
+    shows_content,
+)
 from ._guard import PythonGuard
 from ._records import (
     GONE,
@@ -209,10 +219,11 @@ def collect_reads(
         namespace = function.__globals__
         chains = attribute_chains(code)
         for name, line in globals_read.items():
-            if name in namespace:
-                source = Source(f"global {name}", f"{code.co_filename}:{line}", namespace, name)
-                _add(reads, (id(namespace), name), source)
-                _add_chains(reads, (id(namespace), name), source, chains.get((False, name), set()))
+            space = namespace if name in namespace else added_builtins(name)
+            if space is not None:  # a global, or a name set on builtins (builtins.SETTING)
+                source = Source(f"global {name}", f"{code.co_filename}:{line}", space, name)
+                _add(reads, (id(space), name), source)
+                _add_chains(reads, (id(space), name), source, chains.get((False, name), set()))
         found = modules_imported(code).items()
         _add_imported(reads, {name: f"{code.co_filename}:{line}" for name, line in found})
         _add_environment(reads, code)
@@ -369,8 +380,8 @@ def _add(
     reads[key] = Read(source, kind, expected)
     if kind is Kind.IDENTITY and isinstance(value, (list, dict)):  # an append changes it
         _add(reads, (key, LENGTH), source.child(LENGTH), budget)
-    if kind is Kind.IDENTITY and _shows_content(value):  # d.values() held, class T(dict)
-        copied = source.child(Step(True, "mapping")) if isinstance(value, _VIEWS) else source
+    if kind is Kind.IDENTITY and shows_content(value):  # d.values() held, class T(dict)
+        copied = source.child(Step(True, "mapping")) if isinstance(value, VIEWS) else source
         copied = copied.child(Step(True, "copy", call=True))  # a plain dict, list or set
         if _plain_container(copied.get()):  # compared whole; else entries (fields), by identity
             _add(reads, (key, "content"), copied, budget)
@@ -399,6 +410,11 @@ def _add(
             names = source.child(INSTANCE_DICT).child(LENGTH)  # with a getattr default)
             budget[0] -= 1 if budget[0] > 0 else 0
             _add(reads, (key, "attributes"), names, budget)
+        if isinstance(value, type):  # likewise on a class of yours or its bases (Base.k = 5.0
+            for i, base in enumerate(value.__mro__):  # read as getattr(obj, "k", 2.0))
+                if user_class(base):
+                    names = source.child(_MRO).child(Step(False, i)).child(INSTANCE_DICT)
+                    _add(reads, (key, "class attributes", i), names.child(LENGTH), budget)
         for n, step in enumerate(steps_under):
             if budget[0] < 0:  # a chain's step: the root's own walk covers what is under it
                 break
@@ -416,18 +432,7 @@ def _add(
             _add(reads, place, child, budget, below, slack)  # a class: once for all its objects
 
 
-_VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
-
-
-def _shows_content(value: Any) -> bool:
-    """A dict's view held apart from it, or an instance of a container subclass of yours
-    (``class Table(dict)``): what it holds is read through methods (``get``, ``in``, ``sum``)
-    that no attribute path spells."""
-    if isinstance(value, _VIEWS):
-        return True
-    containers = (dict, list, set, frozenset, collections.deque)
-    return isinstance(value, containers) and user_class(type(value))
-
+_MRO = Step(True, "__mro__")
 
 _LINKED_DEPTH = 32
 """How deep links between objects of one type are followed (each read's path is fetched from
