@@ -28,14 +28,13 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ._compat import global_module_hooks
+from ._compat import MODULE_HOOK_DICTS, global_module_hooks
 from ._phases import MODULE_HOOK
 from ._reads._code_walk import user_class
 from ._reads._records import immutable
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _GLOBAL_HOOK_DICTS = global_module_hooks()  # forward pre, forward, backward pre, backward
 _training = operator.attrgetter("training")
 _TENSOR_META = operator.attrgetter("dtype", "device", "shape", "requires_grad")
@@ -96,7 +95,7 @@ class ModuleGuard:
         self.hooks = hooks
         """Whether hooks, parameters and buffers are checked (else training flags only)."""
         self._hook_dicts = (
-            *(m.__dict__[name] for m in self.modules for name in _HOOK_DICTS),
+            *(m.__dict__[name] for m in self.modules for name in MODULE_HOOK_DICTS),
             *_GLOBAL_HOOK_DICTS,
         )
         self._tensor_dicts = tuple(
@@ -260,7 +259,7 @@ class ModuleGuard:
             for i, (old_keys, new_keys) in enumerate(zip(self._hook_ids, keys)):
                 if old_keys != new_keys:
                     owner = "global" if i >= 4 * len(self.modules) else self.names[i // 4]
-                    return f"{_HOOK_DICTS[i % 4][1:]} of module {owner} changed"
+                    return f"{MODULE_HOOK_DICTS[i % 4][1:]} of module {owner} changed"
         if self.hooks and self._tensor_identities() != self._tensor_ids:
             return (
                 "parameters or buffers were replaced by new tensors (load_state_dict(assign=True)?)"

@@ -33,6 +33,7 @@ import torch
 
 # Besides __all__, ``name as name`` re-exports what other modules, tests and docs use.
 from ._calls import (
+    MODULE_HOOK_DICTS,
     TracerWarning,
     any_autocast,
     backward_hook_function,
@@ -135,6 +136,7 @@ __all__ = [
     "disable_dispatch_modes",
     "backward_hook_function",
     "global_module_hooks",
+    "MODULE_HOOK_DICTS",
     "tensor_conversion",
     "is_view",
     "version",

@@ -98,6 +98,12 @@ def backward_hook_function() -> type:
     return BACKWARD_HOOK_FUNCTION.find()  # type: ignore[no-any-return]
 
 
+MODULE_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
+                     "_backward_hooks")  # fmt: skip
+"""The attributes of an ``nn.Module`` holding its hooks, in the order of
+:func:`global_module_hooks`."""
+
+
 def global_module_hooks() -> tuple[dict[Any, Any], ...]:
     """torch's global module hook dicts: forward pre, forward, backward pre, backward."""
     module = importlib.import_module("torch.nn.modules.module")

@@ -155,7 +155,6 @@ def _methods(klass: type) -> list[tuple[Step, ...]]:
 
 
 INSTANCE_DICT = Step(True, "__dict__")
-_MRO = Step(True, "__mro__")
 _CLASS_MACHINERY = frozenset(("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__",
                               "__annotations__", "__slots__", "__init_subclass__"))  # fmt: skip
 

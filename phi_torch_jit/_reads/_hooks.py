@@ -16,14 +16,12 @@ from typing import Any
 
 from torch import nn
 
-from .._compat import global_module_hooks
+from .._compat import MODULE_HOOK_DICTS, global_module_hooks
 from .._sources import OWN_DIR
 from ._python import collect_reads
 from ._records import Kind, Read
 
 __all__ = ["hook_reads", "held_by_hooks"]
-
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
 def hook_reads(modules: Sequence[nn.Module]) -> list[Read]:
@@ -31,7 +29,7 @@ def hook_reads(modules: Sequence[nn.Module]) -> list[Read]:
     record pass's module hook)."""
     hooks: list[Any] = []
     for module in modules:
-        for name in _HOOK_DICTS:
+        for name in MODULE_HOOK_DICTS:
             hooks += list(getattr(module, name, {}).values())
     for table in global_module_hooks():
         hooks += list(table.values())
