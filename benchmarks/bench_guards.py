@@ -133,7 +133,13 @@ def bench_python_reads(reps: int, inner: int) -> dict[str, float]:
     reading = ptj.jit(namespace["make"](*range(6)))
     baked = ptj.jit(namespace["make_baked"]())
     x = torch.randn(16)
-    reading(x), baked(x)
+    for jitted in (reading, baked):  # a compile still running (the module guards' functions)
+        for _ in range(200):  # blocks their traces: their calls run eagerly until it is done
+            jitted(x)
+            jitted.wait_compiled()
+            if jitted.specializations:
+                break
+            time.sleep(0.05)
     guard = reading.specializations[0].python_guard
     assert guard is not None
     variants: dict[str, tuple[Callable[[], Any], int]] = {

@@ -30,9 +30,9 @@ where they are called: the Python guards)."""
 
 def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
     """(name, key) of the state a callable object holds: numbers, strings, enums and tuples of
-    them by value, lists of those by content, tensors by identity (a rebound ``self.w``);
-    its ``__slots__`` too, and the class attributes it reads through ``self`` (the user's
-    classes: not a library's; their names looked up once per class)."""
+    them by value (their ``repr()``), lists of those by content, tensors by identity (a
+    rebound ``self.w``); its ``__slots__`` too, and the class attributes it reads through
+    ``self`` (the user's classes: not a library's; their names looked up once per class)."""
     found = {name: getattr(obj, name) for name in _class_names(type(obj)) if hasattr(obj, name)}
     found.update(getattr(obj, "__dict__", {}))
     keyed: list[tuple[str, Any]] = []
@@ -40,9 +40,9 @@ def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
         if isinstance(value, torch.Tensor):
             keyed.append((name, ("tensor", id(value))))
         elif type(value) is list and len(value) <= 64 and all(_plain(v) for v in value):
-            keyed.append((name, ("list", tuple(value))))
-        elif _plain(value):
-            keyed.append((name, value))
+            keyed.append((name, ("list", repr(value))))
+        elif _plain(value):  # by repr(): 2 and 2.0, -0.0 and 0.0, 1 and True are == alike
+            keyed.append((name, repr(value)))
     return tuple(keyed)
 
 

@@ -44,6 +44,14 @@ def explain(
     return "\n".join(lines)
 
 
+def _grads_read(spec: Specialization) -> list[str]:
+    """The line saying that the module guard checks ``requires_grad`` (:mod:`._unguardable`)."""
+    if spec.guard is None or not spec.guard.grads_read:
+        return []
+    places = ", ".join(spec.guard.grads_read[:3])
+    return [f"    parameters' requires_grad checked on every call: Python reads it at {places}"]
+
+
 def explain_specialization(index: int, spec: Specialization) -> list[str]:
     """The ``explain()`` lines of one specialization."""
     grad = "grad enabled" if spec.key[1] else "grad disabled"
@@ -54,6 +62,7 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
         f"[{index}] {describe_spec(spec.key[0])}, {grad}",
         f"    modules: {', '.join(spec.modules) or 'none'}"
         + (f" ({len(spec.guard.modules)} guarded)" if spec.guard else ""),
+        *_grads_read(spec),
         f"    times: record {t.record * 1e3:.1f} ms, compile custom functions "
         f"{t.compile_custom * 1e3:.1f} ms, trace {t.trace * 1e3:.1f} ms",
     ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -83,7 +83,9 @@ class ModuleGuard:
     advances it; only then are the hook ids themselves compared).
     """
 
-    def __init__(self, roots: Iterable[nn.Module], hooks: bool = True) -> None:
+    def __init__(
+        self, roots: Iterable[nn.Module], hooks: bool = True, grads_read: Sequence[str] = ()
+    ) -> None:
         named: dict[int, tuple[str, nn.Module]] = {}
         for root in roots:
             for name, module in root.named_modules(prefix=type(root).__name__):
@@ -105,6 +107,11 @@ class ModuleGuard:
             if d  # a tensor added to an empty dict later is not used by the traced program
         )
         self._tensor_metas = self._tensor_meta()
+        self.grads_read = tuple(grads_read)
+        """Where the traced Python read a tensor's ``requires_grad``: the path it took may
+        depend on the parameters' (``if net.weight.requires_grad:``), so these are checked on
+        every call (else only after a program fails, :meth:`moved`)."""
+        self._grads = self._requires_grads() if self.grads_read else ()
         self._snapshot_children()
         self._snapshot_attributes()
         self._trainings = self._training_flags()
@@ -210,9 +217,18 @@ class ModuleGuard:
         ours = MODULE_HOOK.handle_id
         return tuple(tuple(k for k in d if k != ours) for d in self._hook_dicts)
 
+    def _requires_grads(self) -> tuple[bool, ...]:
+        return tuple(
+            t.requires_grad
+            for t in chain.from_iterable(map(dict.values, self._tensor_dicts))
+            if t is not None
+        )
+
     def holds(self) -> bool:
         """Whether the modules are still as they were traced."""
         if self._training_flags() != self._trainings:
+            return False
+        if self.grads_read and self._requires_grads() != self._grads:
             return False
         if self._attribute_snapshot() != self._attribute_values:
             return False
@@ -235,6 +251,11 @@ class ModuleGuard:
         for name, was, now_training in zip(self.names, self._trainings, self._training_flags()):
             if was != now_training:
                 return f"module {name} training {was} -> {now_training}"
+        if self.grads_read and self._requires_grads() != self._grads:
+            return (
+                "a parameter's requires_grad changed, and the function's Python reads "
+                f"requires_grad (at {self.grads_read[0]})"
+            )
         if self._tensor_meta() != self._tensor_metas:
             return (
                 "parameters or buffers changed dtype, device, shape or requires_grad "

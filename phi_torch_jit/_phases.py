@@ -34,7 +34,7 @@ from ._function import function_capture
 from ._modules_seen import MODULES_SEEN
 from ._patches import RefCounted
 from ._side_effects import print_capture
-from ._unguardable import UNGUARDABLE, GeneratorDraws
+from ._unguardable import UNGUARDABLE, RecordMode
 from ._value_guards import conversion_capture
 from ._warnings import torchscript_notices_hidden
 
@@ -112,8 +112,9 @@ PATCHES: tuple[Patch, ...] = (
           lambda f: UNGUARDABLE.active()),
     Patch("modules: the user's modules the step imports, and what it reads of them, join "
           "its reads", _RECORD, lambda f: MODULES_SEEN.active()),
-    Patch("torch calls given a generator= object are noted (this thread's mode stack)", _RECORD,
-          lambda f: GeneratorDraws()),
+    Patch("torch calls given a generator= object and Python reads of requires_grad are noted "
+          "(this thread's mode stack)", _RECORD,
+          lambda f: RecordMode()),
 )  # fmt: skip
 """Every process-wide patch, in the order a phase enters them (and leaves them reversed)."""
 

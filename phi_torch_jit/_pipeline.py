@@ -142,7 +142,9 @@ def specialize(
         program_spec = output_spec
     timings = Timings(record_s, compile_s, traced.seconds)
     n_outputs = count_program_outputs(program_spec)
-    parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard, written)
+    grads_read = tuple(recording.unguardable.grad_reads)
+    parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard, written,
+                   grads_read)  # fmt: skip
     return result, _assemble(target, program_spec, parts)
 
 
@@ -159,6 +161,8 @@ class _Parts:
     eager_reason: str
     python_guard: PythonGuard | None
     written: WrittenInputs | None
+    grads_read: tuple[str, ...]
+    """Where Python read a tensor's ``requires_grad`` in the record pass (module guard)."""
 
 
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
@@ -176,7 +180,11 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         calls=parts.calls,
         timings=parts.timings,
         tracer_warnings=target.report.tracer_warnings(traced.module),
-        guard=ModuleGuard(modules, target.options.guard_hooks) if modules and live else None,
+        guard=(
+            ModuleGuard(modules, target.options.guard_hooks, parts.grads_read)
+            if modules and live
+            else None
+        ),
         eager_reason=parts.eager_reason,
         value_guards=traced.value_guards,
         n_outputs=parts.n_outputs,

@@ -102,9 +102,13 @@ def _static_leaf(obj: Any) -> Spec:
             f"object of type {cls.__qualname__} has no value-based hash, so a change to it "
             "could not be noticed",
         )
-    if hash_impl is object.__hash__ and not isinstance(obj, NOT_STATEFUL):
+    if cls is frozenset:  # equal sets may iterate in other orders (a loop over the keys)
+        return ("S", cls, obj, tuple(map(repr, obj)) if len(obj) <= 256 else ())
+    if not isinstance(obj, NOT_STATEFUL):
         # a callable object (``forcing(x)`` with ``forcing.amp``): identity and its plain
-        # attributes, so that ``forcing.amp = 5.0`` retraces
+        # attributes, so that ``forcing.amp = 5.0`` retraces; an object of yours with an
+        # ``__eq__`` of its own: equal, and its attributes too (its ``__eq__`` may compare
+        # fewer than the step reads)
         return ("S", cls, obj, plain_attributes(obj))
     return ("S", cls, obj)
 
@@ -397,6 +401,14 @@ def first_difference(old: Spec, new: Spec, arg_names: Sequence[str] = ()) -> str
     return "nothing (same signature)"
 
 
+def _shown(key: Any) -> str:
+    """An attribute's key in :func:`plain_attributes` as the value it stands for (a number
+    keyed by its ``repr()``, a list as ``("list", repr)``)."""
+    if isinstance(key, str):
+        return key
+    return key[1] if isinstance(key, tuple) and key[:1] == ("list",) else repr(key)
+
+
 def _difference(a: Spec, b: Spec, path: str) -> str | None:
     if a == b:
         return None
@@ -406,8 +418,9 @@ def _difference(a: Spec, b: Spec, path: str) -> str | None:
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
             return f"{path}: " + ", ".join(changes)
         if a[0] == b[0] == "S" and len(a) == len(b) == 4 and a[2] is b[2]:
-            changed = [f"{n} {v!r} -> {dict(b[3]).get(n, '<deleted>')!r}"
-                       for n, v in a[3] if dict(b[3]).get(n, object()) != v]  # fmt: skip
+            now = dict(b[3])
+            changed = [f"{n} {_shown(v)} -> {_shown(now.get(n, '<deleted>'))}"
+                       for n, v in a[3] if now.get(n, object()) != v]  # fmt: skip
             return f"{path}: attribute " + ", ".join(changed or ["added"])
         if a[0] == b[0] == "X" and a[1] == b[1] and hasattr(a[2], "difference"):
             return f"{path}: {a[2].difference(b[2])}"

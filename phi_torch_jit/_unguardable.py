@@ -37,7 +37,7 @@ from ._context import Phase, current_frame
 from ._patches import RefCounted
 from ._sources import OWN_DIR, TORCH_DIR, is_user_file
 
-__all__ = ["Unguardable", "UNGUARDABLE", "GeneratorDraws", "note_unguardable"]
+__all__ = ["Unguardable", "UNGUARDABLE", "RecordMode", "note_unguardable"]
 
 
 @dataclass
@@ -70,6 +70,9 @@ class Unguardable:
     """(user module, attribute) -> the line that read it, as the pass ran (a module reached by
     a computed name, ``sys.modules[__name__].SCALE``, ``eval`` of built source;
     :mod:`._modules_seen`): guarded like a global (``_reads``)."""
+    grad_reads: list[str] = field(default_factory=list)
+    """Places where Python read a tensor's ``requires_grad`` (:class:`RecordMode`): not a
+    reason to run eagerly; the module guard checks the parameters' ``requires_grad``."""
     loops: list[str] = field(default_factory=list)
     """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
     iteration count; a trace would repeat a fixed one)."""
@@ -136,6 +139,8 @@ def _targets() -> list[tuple[Any, str, str, str]]:
     targets: list[tuple[Any, str, str, str]] = []
     names = [n for n in random.__all__ if callable(getattr(random, n, None))]
     targets += [(random, n, "random", f"random.{n}") for n in names if n[0].islower()]
+    methods = [n for n in dir(random.Random) if n[0].islower() and n not in ("getstate",)]
+    targets += [(random.Random, n, "random", f"random.Random.{n}") for n in methods]
     clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
     targets += [(time, n, "random", f"time.{n}") for n in clocks]
     numpy = sys.modules.get("numpy")
@@ -161,11 +166,21 @@ _TORCH_RNG = ("manual_seed", "seed", "set_rng_state")
 _TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")
 
 
-class GeneratorDraws(TorchFunctionMode):
-    """The record phase's torch-function mode: a torch call given a ``generator=`` object
-    (``torch.randn(shape, generator=g)``, ``x.normal_(generator=g)``, by any code) is noted as
-    a random draw. A compiled program cannot hold the generator: it would draw from the
-    global RNG. Entered per record frame (a mode is per thread)."""
+_REQUIRES_GRAD = torch.Tensor.requires_grad
+"""The ``requires_grad`` attribute's descriptor: a read reaches a torch-function mode as a call
+of its ``__get__``."""
+
+
+class RecordMode(TorchFunctionMode):
+    """The record phase's torch-function mode. Entered per record frame (a mode is per thread).
+
+    * A torch call given a ``generator=`` object (``torch.randn(shape, generator=g)``,
+      ``x.normal_(generator=g)``, by any code) is noted as a random draw: a compiled program
+      cannot hold the generator, it would draw from the global RNG.
+    * Python reading a tensor's ``requires_grad`` (``if net.weight.requires_grad:``), by any
+      code but torch's, is noted: the path it takes depends on the parameters'
+      ``requires_grad``, which the module guard then checks on every call (a change retraces,
+      on every engine)."""
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -173,7 +188,20 @@ class GeneratorDraws(TorchFunctionMode):
         if kwargs and kwargs.get("generator") is not None:
             name = getattr(func, "__name__", "a torch function")
             _note("random", f"a torch.Generator draw ({name}) at {_where(sys._getframe(1))}")
+        elif getattr(func, "__self__", None) is _REQUIRES_GRAD:
+            caller = sys._getframe(1)
+            if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
+                _note("grad_reads", _where(caller) if _from_user(caller) else _at(caller))
         return func(*args, **(kwargs or {}))
+
+
+def _at(frame: types.FrameType) -> str:
+    """``file:line`` of ``frame`` itself (a library's code)."""
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+_INHERITED = object()
+"""Saved for a method a class inherits (``random.Random.random``, from ``_random.Random``)."""
 
 
 class _Watch:
@@ -185,7 +213,10 @@ class _Watch:
 
     def install(self) -> None:
         for owner, name, kind, label in _targets():
-            original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            if isinstance(owner, type):  # a method inherited from a base: deleted after
+                original = owner.__dict__.get(name, _INHERITED)
+            else:
+                original = getattr(owner, name)
             self._saved.append((owner, name, original))
             setattr(owner, name, _noted(kind, label, getattr(owner, name)))
 
@@ -198,7 +229,10 @@ class _Watch:
             del torch.Tensor.data  # back to TensorBase's descriptor
         while self._saved:
             owner, name, original = self._saved.pop()
-            setattr(owner, name, original)
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 def _note_data(tensor: torch.Tensor) -> None:

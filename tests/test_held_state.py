@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import read_settings
 import torch
@@ -140,8 +141,12 @@ def test_library_modules_are_not_guarded() -> None:
 
     step = lambda x: torch.sin(x) * functools.reduce(max, [1, 2])  # noqa: E731
     reads = collect_reads(step, [])
-    # the lambda's own code only: nothing of torch or functools
-    assert [r.source.label for r in reads] == [f"{step.__qualname__}.__code__"]
+    # the lambda's own code, and its module not shadowing the builtin max: nothing of torch
+    # or functools
+    assert [r.source.label for r in reads] == [
+        f"{step.__qualname__}.__code__",
+        "globals shadowing builtins (max...)",
+    ]
 
 
 def test_a_jitted_module_that_counts_its_calls_runs_eagerly_like_eager() -> None:
@@ -827,3 +832,32 @@ def test_a_step_changing_a_deque_array_or_a_tuples_list_it_reads_runs_eagerly_on
                       "_appends_to_a_tuples_list": float(len(twin_history))}  # fmt: skip
             want = wanted[step.__name__]
             torch.testing.assert_close(got, torch.ones(2) * want)
+
+
+TALLY = np.zeros(1)
+BIG_TALLY = np.zeros(5000)  # past the content guard's 4096 elements: guarded by identity
+
+
+def _tally(x: torch.Tensor) -> torch.Tensor:
+    TALLY[0] += 1
+    return x * TALLY[0]
+
+
+def _big_tally(x: torch.Tensor) -> torch.Tensor:
+    np.add(BIG_TALLY, 1.0, out=BIG_TALLY)
+    return x * float(BIG_TALLY.sum()) / 5000
+
+
+@pytest.mark.parametrize("step", [_tally, _big_tally])
+def test_a_step_writing_a_numpy_array_it_reads_runs_eagerly_once_per_call(step: Any) -> None:
+    """``T[0] += 1`` and ``np.add(A, 1, out=A)`` on NumPy arrays the step reads: the snapshot
+    before the record pass held the array itself, so no change was seen; every call
+    retraced, and each trace pass wrote once more (1, 3, 5 where eager gives 1, 2, 3)."""
+    TALLY[:] = 0.0
+    BIG_TALLY[:] = 0.0
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="changes Python state it reads") as caught:
+        got = [jitted(torch.ones(2))[0].item() for _ in range(3)]
+    assert got == [1.0, 2.0, 3.0]
+    assert TALLY[0] + BIG_TALLY[0] == 3.0
+    assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1

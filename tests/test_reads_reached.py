@@ -14,6 +14,8 @@ import dataclasses
 import enum
 import functools
 import math
+import random
+import struct
 import sys
 import threading
 import warnings
@@ -1299,6 +1301,22 @@ def _reads_a_builtin_setting(x: torch.Tensor) -> torch.Tensor:
     return x * PTJ_TEST_SETTING  # type: ignore[name-defined]  # noqa: F821 (set on builtins)
 
 
+def _rounds(x: torch.Tensor) -> torch.Tensor:
+    return x * round(2.4)
+
+
+def test_a_builtin_shadowed_later_by_a_global_retraces() -> None:
+    """``round = my_round`` set in the module after the trace: the step's ``round`` is now
+    the global, but the program had baked in the builtin's 2."""
+    jitted = ptj.jit(_rounds)
+    try:
+        _like_eager(jitted, _rounds, (torch.ones(2),),
+                    [lambda: globals().__setitem__("round", lambda v: 10)])  # fmt: skip
+    finally:
+        globals().pop("round", None)
+    assert jitted.num_traces == 2
+
+
 def test_a_name_set_on_builtins_and_read_as_a_global_is_guarded() -> None:
     """``builtins.SETTING = 2.0`` makes a setting visible to every module; the step reads it
     as a global that its module does not hold, so no guard was made."""
@@ -1370,3 +1388,209 @@ def test_a_tensor_subclass_with_its_own_torch_function_runs_eagerly_warned() -> 
         for _ in range(4):
             torch.testing.assert_close(jitted(torch.ones(3), doubled), torch.full((3,), 4.0))
             jitted.wait_compiled()
+
+
+def test_python_reading_requires_grad_retraces_when_a_parameter_is_frozen() -> None:
+    """``if net.weight.requires_grad:`` (a frozen layer takes another path) and a branch on an
+    intermediate's ``requires_grad`` (which follows the parameters'): the traced branch was
+    kept after ``requires_grad_(False)`` on engine auto, whose compiled tier runs autograd as
+    eager does without a retrace. Python's reads of ``requires_grad`` are noted in the record
+    pass, and the module guard then checks the parameters' on every call."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 1))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        scale = 2.0 if net[0].weight.requires_grad else 0.5
+        y = net(x) * scale
+        return y * 3 if y.requires_grad else y  # every parameter frozen: no graph
+
+    def freeze(parameters: list[nn.Parameter], on: bool) -> Callable[[], None]:
+        return lambda: [p.requires_grad_(on) for p in parameters] and None
+
+    jitted, x = ptj.jit(step), torch.randn(4, 3)
+    every = list(net.parameters())
+    states = [lambda: None, freeze([net[0].weight], False), freeze(every, False),
+              freeze(every, True)]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for change in states:
+            change()
+            for _ in range(4):  # engine auto's compiled tier serves the later calls
+                torch.testing.assert_close(jitted(x), step(x))
+                jitted.wait_compiled()
+    assert jitted.num_traces == 3  # the first state's program serves the last one
+    assert "requires_grad checked on every call: Python reads it at" in jitted.explain()
+
+
+STAGE_WEIGHTS = {"a": 1.0, "b": 2.0}
+KEY_SET = {1, 9}
+SCALING = {"scale": 2, "coefficients": [1, 2]}
+SIGNS = [0.0, 1]
+OFFSET = 0.0
+
+
+def _over_stages(x: torch.Tensor) -> torch.Tensor:
+    for w in STAGE_WEIGHTS.values():  # the order counts
+        x = x * 0.5 + w
+    for k in KEY_SET:
+        x = x * 0.5 + k
+    return x
+
+
+def _typed_scaling(x: torch.Tensor) -> torch.Tensor:
+    if isinstance(SCALING["scale"], int):  # an int keeps an integer tensor integer
+        return x * SCALING["scale"] + SCALING["coefficients"][0]
+    return x * SCALING["scale"] + 100.0
+
+
+def _signed(x: torch.Tensor) -> torch.Tensor:
+    a, b = SIGNS
+    return x * math.copysign(1.0, a) * (2.0 if b is True else 1.0) + math.copysign(1.0, OFFSET)
+
+
+def _rebuilt_set() -> set[int]:
+    keys: set[int] = set()
+    for k in (9, 1, 17):  # 9 and 17 collide: the set iterates 9, 1 (built 1, 9: 1, 9)
+        keys.add(k)
+    keys.discard(17)
+    return keys
+
+
+@pytest.mark.parametrize(
+    ("step", "x", "changes"),
+    [
+        (_over_stages, torch.ones(2), [
+            lambda: STAGE_WEIGHTS.__setitem__("a", STAGE_WEIGHTS.pop("a")),  # b, a
+            lambda: (KEY_SET.clear(), KEY_SET.update(_rebuilt_set()))]),
+        (_typed_scaling, torch.arange(3), [
+            lambda: SCALING.__setitem__("scale", 2.0),
+            lambda: SCALING["coefficients"].__setitem__(0, 1.0)]),
+        (_signed, torch.ones(2), [
+            lambda: SIGNS.__setitem__(0, -0.0),
+            lambda: SIGNS.__setitem__(1, True),
+            lambda: globals().__setitem__("OFFSET", -0.0)]),
+    ],
+    ids=["a dict's and a set's order", "2 -> 2.0 in a dict and a list", "-0.0, 1 -> True"],
+)  # fmt: skip
+def test_contents_equal_by_eq_but_read_otherwise_retrace(
+    step: Callable[..., Any], x: torch.Tensor, changes: list[Callable[[], None]]
+) -> None:
+    """``==`` calls ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` equal, and ``[2]`` and
+    ``[2.0]``, ``0.0`` and ``-0.0``, ``1`` and ``True``; a step looping over the values, or
+    multiplying an integer tensor, does not. Contents (and floats) are compared as their
+    ``repr()``."""
+    saved = (dict(STAGE_WEIGHTS), set(KEY_SET), {**SCALING, "coefficients": [1, 2]},
+             list(SIGNS), OFFSET)  # fmt: skip
+    assert list(_rebuilt_set()) != list(KEY_SET)  # the premise: equal sets, another order
+    jitted = ptj.jit(step)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ptj.JitWarning)
+            for change in [lambda: None, *changes]:
+                change()
+                for _ in range(3):
+                    got, want = jitted(x), step(x)
+                    assert got.dtype == want.dtype
+                    torch.testing.assert_close(got, want)
+                    jitted.wait_compiled()
+    finally:
+        STAGE_WEIGHTS.clear(), STAGE_WEIGHTS.update(saved[0])
+        KEY_SET.clear(), KEY_SET.update(saved[1])
+        SCALING.clear(), SCALING.update(saved[2])
+        SIGNS[:] = saved[3]
+        globals()["OFFSET"] = saved[4]
+    assert jitted.num_traces == 1 + len(changes)
+
+
+NEXT_DT = iter([0.1, 0.2, 0.3, 0.4]).__next__
+RANDOM = random.Random(0)
+
+
+def _bound_next(x: torch.Tensor) -> torch.Tensor:
+    return x * NEXT_DT()
+
+
+def _own_generator(x: torch.Tensor) -> torch.Tensor:
+    return x * RANDOM.uniform(0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("step", "match"),
+    [(_bound_next, "reads an iterator"), (_own_generator, "random.Random.uniform")],
+    ids=["an iterator's __next__ held", "a random.Random object of yours"],
+)
+def test_an_iterators_next_or_a_random_object_held_runs_eagerly_warned(
+    step: Callable[..., Any], match: str
+) -> None:
+    """``NEXT_DT = iter(...).__next__`` and ``RNG = random.Random(0)`` held as globals: the
+    first call's item or draw was baked in, with no warning (a bare iterator and Python's
+    module-level ``random`` were seen)."""
+    twin_next, twin_random = iter([0.1, 0.2, 0.3, 0.4]).__next__, random.Random(0)
+    globals()["RANDOM"] = random.Random(0)
+    globals()["NEXT_DT"] = iter([0.1, 0.2, 0.3, 0.4]).__next__
+    jitted, x = ptj.jit(step), torch.ones(2)
+    with pytest.warns(ptj.JitWarning, match=match) as caught:
+        got = [jitted(x)[0].item() for _ in range(4)]
+    twin = twin_next if step is _bound_next else lambda: twin_random.uniform(0.0, 1.0)
+    assert got == pytest.approx([twin() for _ in range(4)])
+    assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1
+
+
+PACKED = bytearray(struct.pack("<f", 2.0))
+PACKED_VIEW = memoryview(bytearray(b"\x02\x03"))
+
+
+def _unpacks(x: torch.Tensor) -> torch.Tensor:
+    return x * struct.unpack_from("<f", PACKED)[0] + len(PACKED) + sum(PACKED_VIEW)
+
+
+def test_a_bytearray_or_memoryview_read_whole_is_guarded_by_content() -> None:
+    """``struct.unpack_from(fmt, BUF)``, ``len(BUF)``, ``sum(memoryview)``: only indexed reads
+    (``BUF[0]``) were guarded; the buffer itself by identity."""
+    saved = bytes(PACKED), PACKED_VIEW.tobytes()
+
+    def repack() -> None:
+        PACKED[:] = struct.pack("<f", 5.0) + b"\x00"  # another value, one byte longer
+
+    try:
+        _like_eager(ptj.jit(_unpacks), _unpacks, (torch.ones(2),),
+                    [repack, lambda: PACKED_VIEW.__setitem__(1, 9)])  # fmt: skip
+    finally:
+        PACKED[:] = saved[0]
+        PACKED_VIEW[:] = saved[1]
+
+
+class _Coarse:
+    """Equal when ``a`` is: an ``__eq__`` comparing fewer fields than the step reads."""
+
+    def __init__(self, a: float, b: float) -> None:
+        self.a, self.b = a, b
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Coarse) and other.a == self.a
+
+    def __hash__(self) -> int:
+        return hash(self.a)
+
+
+def _keyed(x: torch.Tensor, key: _Coarse, keys: frozenset[int]) -> torch.Tensor:
+    for k in keys:  # the order counts
+        x = x * 0.5 + k
+    return x * key.a + key.b
+
+
+def test_arguments_equal_by_their_eq_but_read_otherwise_are_keyed_apart() -> None:
+    """A static argument of yours whose ``__eq__`` compares only some fields (``Key(1, 9)``
+    after ``Key(1, 2)``, or ``b`` changed in place), and equal frozensets iterating in another
+    order, were served the first call's program."""
+    jitted, x = ptj.jit(_keyed), torch.ones(2)
+    key, ordered = _Coarse(1.0, 2.0), frozenset([1, 9])
+    reordered = frozenset([9, 1])
+    assert ordered == reordered and list(ordered) != list(reordered)  # the premise
+    calls = [(key, ordered), (_Coarse(1.0, 9.0), ordered), (key, reordered)]
+    for args in [*calls, *calls]:
+        torch.testing.assert_close(jitted(x, *args), _keyed(x, *args))
+        jitted.wait_compiled()
+    key.b = 4.0  # in place
+    torch.testing.assert_close(jitted(x, key, ordered), _keyed(x, key, ordered))
+    assert jitted.num_traces == 4

@@ -26,7 +26,7 @@ from ._records import PRIMITIVES, Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
            "user_module", "user_class", "modules_imported", "names_in_user_code", "callbacks_held",
-           "MAX_DEPTH", "added_builtins"]  # fmt: skip
+           "MAX_DEPTH", "added_builtins", "Shadowing"]  # fmt: skip
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -116,6 +116,26 @@ def added_builtins(name: str) -> dict[str, Any] | None:
     visible to every module); None for Python's own builtins (never rebound) and unknowns."""
     space = vars(builtins)
     return space if name in space and name not in _PYTHONS_BUILTINS else None
+
+
+class Shadowing:
+    """Python's builtins that a module's code reads as globals (``round``, ``abs``): whether
+    the module defines any of them now. A global set after the trace (``round = my_round``)
+    shadows the builtin the program baked in; guarded with one C call per module."""
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.names: set[str] = set()
+
+    def defined(self) -> bool:
+        return not self.namespace.keys().isdisjoint(self.names)
+
+    def source(self) -> Source:
+        """Where the guard reads :meth:`defined` (False when traced)."""
+        label = f"globals shadowing builtins ({', '.join(sorted(self.names)[:3])}...)"
+        return Source(
+            label, "module globals", holder=self, path=(Step(True, "defined", call=True),)
+        )
 
 
 _NAMED_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"))

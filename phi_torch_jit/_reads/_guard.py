@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._records import GONE, Kind, Read, Source, same_array, tensor_meta
+from ._records import GONE, Kind, Read, Source, canonical, same_array, tensor_meta
 
 __all__ = ["PythonGuard"]
 
@@ -28,7 +28,7 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
             params.append(f"n{i}=__sources[{i}].namespace")
             items.append(source.expression(f"n{i}[{source.name!r}]"))
     text = f"def fetch({', '.join(params)}):\n    return [{', '.join(items)}]\n"
-    scope: dict[str, Any] = {"__sources": sources}
+    scope: dict[str, Any] = {"__sources": sources, "_canonical": canonical}
     exec(compile(text, "<phi_torch_jit guard>", "exec"), scope)
     return scope["fetch"]  # type: ignore[no-any-return]
 

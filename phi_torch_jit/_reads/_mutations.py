@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ._python import collect_reads
-from ._records import Kind, Read, immutable, same_value
+from ._records import Kind, Read, array_copy, immutable, same_value
 
 __all__ = ["Snapshot", "snapshot", "modules_known_before"]
 
@@ -36,11 +36,22 @@ def _fingerprint(read: Read) -> Any:
     """What a change of ``read`` shows in: its value, or for an object guarded by identity,
     the object and, for a container, its length (an append)."""
     value = read.source.get()
+    if read.kind in (Kind.ARRAY, Kind.IDENTITY) and _small_array(value):  # T[0] += 1: in place
+        return array_copy(value)
     if read.kind is Kind.IDENTITY:
         return (id(value), len(value) if isinstance(value, (list, dict, set)) else None)
     if read.kind is Kind.TENSOR:  # an input: in-place updates are seen; a rebind is not
         return _Identity(value)
     return read.current() if read.kind is not Kind.CONTENT else _copy(value)
+
+
+_MAX_COPIED = 1 << 20
+"""NumPy arrays up to this many elements are copied to see the function write them in place
+(before and after each record pass); larger ones are compared by identity only."""
+
+
+def _small_array(value: Any) -> bool:
+    return hasattr(type(value), "__array_interface__") and getattr(value, "size", 0) <= _MAX_COPIED
 
 
 class _Identity:
@@ -64,7 +75,7 @@ def _copy(value: Any) -> Any:
         return set(value)
     if type(value) is tuple:  # immutable, its lists are not
         return tuple(_copy(v) for v in value)
-    if isinstance(value, (collections.deque, array.array)):  # popleft(), append(): in place
+    if isinstance(value, (collections.deque, array.array, bytearray)):  # popleft(): in place
         return copy.copy(value)  # (of immutable items: content reads hold no others)
     return value
 

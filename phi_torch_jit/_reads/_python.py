@@ -17,11 +17,9 @@ What no compiled program can repeat is noted while the record pass runs by
 
 from __future__ import annotations
 
-import array
 import builtins
 import collections
 import collections.abc
-import copy
 import functools
 import os
 import sys
@@ -36,6 +34,7 @@ from torch import nn
 
 from ._code_walk import (
     MAX_DEPTH,
+    Shadowing,
     added_builtins,
     attribute_chains,
     describe_callable,
@@ -47,6 +46,7 @@ from ._code_walk import (
     user_functions,
     user_module,
 )
+from ._content import plain_container, snapshot, strict
 from ._fields import (
     INSTANCE_DICT,
     TREE_DEPTH,
@@ -59,6 +59,7 @@ from ._fields import (
 )
 from ._guard import PythonGuard
 from ._records import (
+    CANONICAL,
     GONE,
     LENGTH,
     Kind,
@@ -66,6 +67,7 @@ from ._records import (
     Source,
     Step,
     array_copy,
+    canonical,
     immutable,
     same_value,
     tensor_meta,
@@ -74,15 +76,18 @@ from ._records import (
 __all__ = ["Read", "Kind", "Source", "PythonGuard", "collect_reads", "same_value", "immutable",
            "user_module", "describe_callable"]  # fmt: skip
 
-_MAX_CONTENT = 4096
-"""Containers of immutable values up to this many items (recursively, keys counted) are
-guarded by content (one ``==`` in C: 5 us for 4096 floats here), larger ones by identity
-and their entries, up to ``_MAX_FIELDS``."""
 _MAX_ARRAY = 4096
 """NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
 _MAX_FIELDS = 512
 """Attribute-path reads under one global or closure object, its whole tree (a list of a
 hundred stage objects iterated by the step fits; a guard of 413 reads took 46 us here)."""
+
+
+_MAX_VIEW = 1 << 16
+"""A ``memoryview`` of up to this many bytes is guarded by what it shows (``tobytes()``)."""
+_TOBYTES = Step(True, "tobytes", call=True)
+
+_BOUND = (types.BuiltinMethodType, types.MethodWrapperType, types.MethodType)
 
 
 def _kind(value: Any) -> Kind | None:
@@ -92,6 +97,9 @@ def _kind(value: Any) -> Kind | None:
         return Kind.TENSOR
     if isinstance(value, types.ModuleType):
         return Kind.IDENTITY if user_module(value) else None
+    if isinstance(value, _BOUND) and value.__name__ in ("__next__", "send"):  # it.__next__
+        if isinstance(value.__self__, collections.abc.Iterator):
+            return Kind.ITERATOR
     if isinstance(value, types.BuiltinFunctionType):  # Python's own (len, min): never rebound
         return None if value.__self__ is builtins else Kind.IDENTITY  # torch.tanh in a dict
     if isinstance(value, weakref.ProxyTypes):  # forwards __next__ whatever its object is
@@ -100,7 +108,7 @@ def _kind(value: Any) -> Kind | None:
         return Kind.ITERATOR
     if immutable(value):
         return Kind.VALUE
-    if _plain_container(value):
+    if plain_container(value):
         return Kind.CONTENT
     if (
         has_attribute(value, "__array_interface__")
@@ -108,51 +116,6 @@ def _kind(value: Any) -> Kind | None:
     ):
         return Kind.ARRAY
     return Kind.IDENTITY
-
-
-_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
-_SEQUENCES = (list, set, tuple, collections.deque, array.array)
-
-
-def _plain_container(value: Any) -> bool:
-    try:
-        return _small_plain(value, _MAX_CONTENT) >= 0
-    except Exception:  # a container's own rules (a __len__ that raises)
-        return False
-
-
-def _small_plain(value: Any, budget: int) -> int:
-    """Budget left after walking a list/dict/set/deque/array of immutable values (also an
-    OrderedDict, a defaultdict, a Counter); -1 if it is not one."""
-    if immutable(value):
-        return budget - 1
-    if type(value) in _MAPPINGS:
-        items = [*value.keys(), *value.values()]
-    elif type(value) in _SEQUENCES:
-        if len(value) > budget:
-            return -1
-        items = list(value)
-    else:  # a library's subclass of tuple or dict (e3nn's Irreps): its own semantics
-        return -1
-    for item in items:
-        budget = _small_plain(item, budget)
-        if budget < 0:
-            return -1
-    return budget
-
-
-def _snapshot(value: Any) -> Any:
-    if type(value) not in (list, dict, set, tuple):  # an OrderedDict, a deque (its maxlen)
-        return copy.deepcopy(value)
-    if type(value) is list:
-        return [_snapshot(v) for v in value]
-    if type(value) is dict:
-        return {k: _snapshot(v) for k, v in value.items()}
-    if type(value) is set:
-        return set(value)
-    if type(value) is tuple:  # immutable, but its lists may not be (a partial's arguments)
-        return tuple(_snapshot(v) for v in value)
-    return value
 
 
 def _add_chains(
@@ -211,6 +174,7 @@ def collect_reads(
     for key, source in [h for root in roots for h in held_objects(root)]:
         _add(reads, key, source)
     reached = _add_module_reads(reads, module_reads or {})
+    shadowing: dict[int, Shadowing] = {}
     for function in user_functions([*roots, *modules, *reached]):
         code = function.__code__
         _add_defaults(reads, function)
@@ -220,6 +184,8 @@ def collect_reads(
         chains = attribute_chains(code)
         for name, line in globals_read.items():
             space = namespace if name in namespace else added_builtins(name)
+            if space is None and name in vars(builtins):  # Python's builtin, unless shadowed later
+                shadowing.setdefault(id(namespace), Shadowing(namespace)).names.add(name)
             if space is not None:  # a global, or a name set on builtins (builtins.SETTING)
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", space, name)
                 _add(reads, (id(space), name), source)
@@ -233,6 +199,8 @@ def collect_reads(
                 source = Source(f"closure {name}", location, cell=cell)
                 _add(reads, id(cell), source)
                 _add_chains(reads, id(cell), source, chains.get((True, name), set()))
+    for ident, holder in shadowing.items():
+        _add(reads, (ident, "shadowing"), holder.source())
     _add_imported(reads, imported or {})
     return list(reads.values())
 
@@ -374,16 +342,20 @@ def _add(
     kind = _kind(value)
     if kind is None:
         return
-    expected = {Kind.TENSOR: tensor_meta, Kind.CONTENT: _snapshot, Kind.ARRAY: array_copy}.get(
-        kind, lambda v: v
-    )(value)
+    if strict(kind, value):  # in canonical form: types, signs and order count
+        source, expected = source.child(CANONICAL), canonical(value)
+    else:
+        copies = {Kind.TENSOR: tensor_meta, Kind.CONTENT: snapshot, Kind.ARRAY: array_copy}
+        expected = copies.get(kind, lambda v: v)(value)
     reads[key] = Read(source, kind, expected)
+    if kind is Kind.IDENTITY and isinstance(value, memoryview) and value.nbytes <= _MAX_VIEW:
+        _add(reads, (key, "bytes"), source.child(_TOBYTES), budget)  # what it shows now
     if kind is Kind.IDENTITY and isinstance(value, (list, dict)):  # an append changes it
         _add(reads, (key, LENGTH), source.child(LENGTH), budget)
     if kind is Kind.IDENTITY and shows_content(value):  # d.values() held, class T(dict)
         copied = source.child(Step(True, "mapping")) if isinstance(value, VIEWS) else source
         copied = copied.child(Step(True, "copy", call=True))  # a plain dict, list or set
-        if _plain_container(copied.get()):  # compared whole; else entries (fields), by identity
+        if plain_container(copied.get()):  # compared whole; else entries (fields), by identity
             _add(reads, (key, "content"), copied, budget)
     if kind is Kind.IDENTITY and isinstance(value, nn.Module):  # called or a container only
         for module in value.modules():

@@ -1,0 +1,83 @@
+"""Stage 1 (reads): how a container of plain values that the function read is compared.
+
+A list, dict, set, tuple, deque or ``array`` of immutable values (numbers, strings, tuples of
+them), nested, is guarded by its content: a copy taken when traced (:func:`snapshot`). Up to
+:data:`MAX_STRICT` items it is compared in a canonical form (:func:`strict`), so that what
+``==`` calls equal but a program may not treat alike retraces: ``2`` and ``2.0`` (a dtype, an
+``isinstance`` branch), ``-0.0`` and ``0.0``, ``1`` and ``True``, a dict's or set's order (a
+loop over ``d.values()``). Larger contents are compared with ``==``, which is cheaper.
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import copy
+from typing import Any
+
+from ._records import Kind, immutable
+
+__all__ = ["MAX_CONTENT", "MAX_STRICT", "plain_container", "snapshot", "strict"]
+
+MAX_CONTENT = 4096
+"""Containers of immutable values up to this many items (recursively, keys counted) are
+guarded by content (one ``==`` in C: 5 us for 4096 floats here), larger ones by identity
+and their entries."""
+MAX_STRICT = 256
+"""Contents up to this many items are compared in canonical form (``marshal``)."""
+
+_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+_SEQUENCES = (list, set, tuple, collections.deque, array.array, bytearray)
+
+
+def plain_container(value: Any) -> bool:
+    try:
+        return _small_plain(value, MAX_CONTENT) >= 0
+    except Exception:  # a container's own rules (a __len__ that raises)
+        return False
+
+
+def _small_plain(value: Any, budget: int) -> int:
+    """Budget left after walking a list/dict/set/deque/array of immutable values (also an
+    OrderedDict, a defaultdict, a Counter); -1 if it is not one."""
+    if immutable(value):
+        return budget - 1
+    if type(value) in _MAPPINGS:
+        items = [*value.keys(), *value.values()]
+    elif type(value) in _SEQUENCES:
+        if len(value) > budget:
+            return -1
+        items = list(value)
+    else:  # a library's subclass of tuple or dict (e3nn's Irreps): its own semantics
+        return -1
+    for item in items:
+        budget = _small_plain(item, budget)
+        if budget < 0:
+            return -1
+    return budget
+
+
+def strict(kind: Kind, value: Any) -> bool:
+    """Whether ``value`` is compared in its canonical form (``_records.canonical``): a zero
+    float (``-0.0`` equals ``0.0``; other floats are equal only to themselves) and containers
+    of up to :data:`MAX_STRICT` plain values (``[2]`` vs ``[2.0]``, a dict's order); larger
+    contents by ``==``, which is cheaper."""
+    if kind is Kind.VALUE:
+        if type(value) is complex:
+            return value.real == 0 or value.imag == 0
+        return type(value) is float and value == 0
+    return kind is Kind.CONTENT and _small_plain(value, MAX_STRICT) >= 0
+
+
+def snapshot(value: Any) -> Any:
+    if type(value) not in (list, dict, set, tuple):  # an OrderedDict, a deque (its maxlen)
+        return copy.deepcopy(value)
+    if type(value) is list:
+        return [snapshot(v) for v in value]
+    if type(value) is dict:
+        return {k: snapshot(v) for k, v in value.items()}
+    if type(value) is set:
+        return set(value)
+    if type(value) is tuple:  # immutable, but its lists may not be (a partial's arguments)
+        return tuple(snapshot(v) for v in value)
+    return value
