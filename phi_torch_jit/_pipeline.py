@@ -48,7 +48,6 @@ from ._signature import (
 from ._specialization import Key, Specialization, Timings
 from ._state import rng_restored
 from ._trace import Traced, trace, trace_input
-from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
 from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
@@ -353,7 +352,10 @@ def _eager_reason(
     reasons = list(recording.eager_reasons)
     if has_backward_hooks(recording.modules.values()):
         reasons.append("a module it calls has backward hooks, which a compiled program cannot fire")
-    reasons += _unguardable(recording.unguardable, target.options.engine)
+    engine = target.options.engine
+    reasons += recording.unguardable.reasons(
+        engine.name, engine.keeps_grad_mode, engine.keeps_functorch, engine.captures_autograd
+    )
     if changed:
         reasons.append(
             f"it changes Python state it reads ({', '.join(changed[:3])}), which a compiled "
@@ -377,62 +379,6 @@ def _eager_reason(
         return ""
     target.report.cannot_compile(reasons)
     return target.report.runs_eagerly("; ".join(reasons))
-
-
-def _unguardable(seen: Unguardable, engine: Engine) -> list[str]:
-    reasons = []
-    if seen.random:
-        reasons.append(
-            f"it draws values a compiled program would repeat ({', '.join(seen.random[:3])}); "
-            "pass random values and times as tensor arguments, or draw from torch's global RNG "
-            "(torch.rand without generator=), which compiled programs draw from"
-        )
-    if seen.grad_mode and not engine.keeps_grad_mode:
-        reasons.append(
-            f"it changes the grad mode ({', '.join(seen.grad_mode[:3])}), which engine "
-            f"{engine.name!r} drops; use engine='compile', which keeps it"
-        )
-    if seen.functorch and not engine.keeps_functorch:
-        reasons.append(
-            f"it applies torch.func transforms ({', '.join(seen.functorch[:3])}), which engine "
-            f"{engine.name!r} does not capture"
-        )
-    if seen.data:
-        reasons.append(
-            f"it uses Tensor.data ({', '.join(seen.data[:3])}), which traces do not follow "
-            "(write `with torch.no_grad(): p.clamp_(...)` instead, compiled by engine 'compile')"
-        )
-    if seen.autograd:
-        reasons.append(
-            f"it runs autograd inside the function ({', '.join(seen.autograd[:3])}), which a "
-            "compiled program does not repeat faithfully; jit the forward or the loss and call "
-            "backward() and the optimizer outside it to have it compiled"
-        )
-    if seen.gradients and not engine.captures_autograd:
-        reasons.append(
-            f"it runs autograd inside the function ({', '.join(seen.gradients[:3])}), which "
-            f"engine {engine.name!r} does not capture; the default engine compiles "
-            "torch.autograd.grad inside the function"
-        )
-    if seen.tensor_hooks:
-        reasons.append(
-            f"it registers tensor hooks ({', '.join(seen.tensor_hooks[:3])}); register them "
-            "outside the jitted function"
-        )
-    if seen.per_call_functions:
-        reasons.append(
-            f"it defines autograd.Function classes during the call that close over per-call "
-            f"values ({', '.join(seen.per_call_functions[:3])}), which a compiled program would "
-            "keep from its first call; define the class once, outside the function, and pass "
-            "the values to apply() to have it compiled"
-        )
-    if seen.loops:
-        reasons.append(
-            f"it runs PhiML while_loops whose iteration count depends on values "
-            f"({', '.join(seen.loops[:3])}), which a trace would fix; put the loop in a "
-            "custom-gradient function (math.solve_linear does) to have it compiled"
-        )
-    return reasons
 
 
 def _program_spec(owner: str, traced: Spec, recorded: Spec) -> Spec:

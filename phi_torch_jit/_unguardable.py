@@ -3,10 +3,11 @@
 Noted while the record pass runs, by the patches of :data:`UNGUARDABLE` (an entry of the phase
 table, :mod:`._phases`; each wrapper checks that it runs in a record frame of its own thread):
 
-* Python's and NumPy's module-level random functions and the clocks of :mod:`time` (a new
-  value on every call), changes of torch's RNG state (``torch.manual_seed``...), and draws
-  from a ``torch.Generator`` object (``torch.randn(..., generator=g)``: a compiled program
-  would draw from the global RNG instead), by any code the function runs;
+* Python's and NumPy's module-level random functions, ``random.Random`` objects, the clocks of
+  :mod:`time` and files opened by user code (a new value on every call), changes of torch's
+  RNG state (``torch.manual_seed``...), and draws from a ``torch.Generator`` object
+  (``torch.randn(..., generator=g)``: a compiled program would draw from the global RNG
+  instead), by any code the function runs;
 * grad-mode changes (``torch.no_grad()`` blocks) -- TorchScript's tracer drops them;
 * autograd run inside the function by any code it runs: ``loss.backward()`` (an optimizer step
   after it), and ``torch.autograd.grad``, which engines that capture graphs compile
@@ -20,7 +21,10 @@ A specialization that did any of these runs eagerly, with one JitWarning naming 
 
 from __future__ import annotations
 
+import builtins
 import functools
+import io
+import pathlib
 import random
 import sys
 import time
@@ -73,9 +77,78 @@ class Unguardable:
     grad_reads: list[str] = field(default_factory=list)
     """Places where Python read a tensor's ``requires_grad`` (:class:`RecordMode`): not a
     reason to run eagerly; the module guard checks the parameters' ``requires_grad``."""
+    files: list[str] = field(default_factory=list)
+    """Places where user code opened a file (``open``, ``Path.read_text``...): its content
+    may change between calls."""
     loops: list[str] = field(default_factory=list)
     """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
     iteration count; a trace would repeat a fixed one)."""
+
+    def reasons(
+        self, engine: str, keeps_grad_mode: bool, keeps_functorch: bool, captures_autograd: bool
+    ) -> list[str]:
+        """Why a specialization that did these runs eagerly, one sentence each with its fix
+        (for the JitWarning), given what engine ``engine`` keeps."""
+        reasons = []
+        if self.files:
+            reasons.append(
+                f"it reads files ({', '.join(self.files[:3])}), whose content a compiled "
+                "program would keep from its first call; read them outside the jitted function "
+                "and pass the values as arguments"
+            )
+        if self.random:
+            reasons.append(
+                f"it draws values a compiled program would repeat ({', '.join(self.random[:3])}); "
+                "pass random values and times as tensor arguments, or draw from torch's global RNG "
+                "(torch.rand without generator=), which compiled programs draw from"
+            )
+        if self.grad_mode and not keeps_grad_mode:
+            reasons.append(
+                f"it changes the grad mode ({', '.join(self.grad_mode[:3])}), which engine "
+                f"{engine!r} drops; use engine='compile', which keeps it"
+            )
+        if self.functorch and not keeps_functorch:
+            reasons.append(
+                f"it applies torch.func transforms ({', '.join(self.functorch[:3])}), which engine "
+                f"{engine!r} does not capture"
+            )
+        if self.data:
+            reasons.append(
+                f"it uses Tensor.data ({', '.join(self.data[:3])}), which traces do not "
+                "follow (write `with torch.no_grad(): p.clamp_(...)` instead, compiled by "
+                "engine 'compile')"
+            )
+        if self.autograd:
+            reasons.append(
+                f"it runs autograd inside the function ({', '.join(self.autograd[:3])}), which a "
+                "compiled program does not repeat faithfully; jit the forward or the loss and call "
+                "backward() and the optimizer outside it to have it compiled"
+            )
+        if self.gradients and not captures_autograd:
+            reasons.append(
+                f"it runs autograd inside the function ({', '.join(self.gradients[:3])}), which "
+                f"engine {engine!r} does not capture; the default engine compiles "
+                "torch.autograd.grad inside the function"
+            )
+        if self.tensor_hooks:
+            reasons.append(
+                f"it registers tensor hooks ({', '.join(self.tensor_hooks[:3])}); register them "
+                "outside the jitted function"
+            )
+        if self.per_call_functions:
+            reasons.append(
+                "it defines autograd.Function classes during the call that close over "
+                f"per-call values ({', '.join(self.per_call_functions[:3])}), which a compiled "
+                "program would keep from its first call; define the class once, outside the "
+                "function, and pass the values to apply() to have it compiled"
+            )
+        if self.loops:
+            reasons.append(
+                f"it runs PhiML while_loops whose iteration count depends on values "
+                f"({', '.join(self.loops[:3])}), which a trace would fix; put the loop in a "
+                "custom-gradient function (math.solve_linear does) to have it compiled"
+            )
+        return reasons
 
 
 def _from_user(frame: types.FrameType | None) -> bool:
@@ -141,6 +214,10 @@ def _targets() -> list[tuple[Any, str, str, str]]:
     targets += [(random, n, "random", f"random.{n}") for n in names if n[0].islower()]
     methods = [n for n in dir(random.Random) if n[0].islower() and n not in ("getstate",)]
     targets += [(random.Random, n, "random", f"random.Random.{n}") for n in methods]
+    targets += [(builtins, "open", "files", "open"), (io, "open", "files", "io.open")]
+    targets += [
+        (pathlib.Path, n, "files", f"Path.{n}") for n in ("read_text", "read_bytes", "open")
+    ]
     clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
     targets += [(time, n, "random", f"time.{n}") for n in clocks]
     numpy = sys.modules.get("numpy")

@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import array
 import collections
+import configparser
 import contextvars
 import dataclasses
 import enum
 import functools
+import gc
+import json
 import math
+import os
 import random
 import struct
 import sys
+import tempfile
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -832,7 +839,7 @@ def _deepest(root: Node, attribute: str) -> Node:
 
 def test_a_loop_following_links_of_one_class_reads_every_node() -> None:
     """``node = node.next`` in a loop: a linked list of twelve nodes, a tree nine levels deep.
-    The walk over objects goes five levels of data deep; links between objects of one class
+    The walk over objects goes seven levels of data deep; links between objects of one class
     cost no level (up to 32), so a change at the far end retraces."""
     jitted = ptj.jit(_follows_links)
     last, leaf = _deepest(CHAIN, "next"), _deepest(TREE, "children")
@@ -854,7 +861,7 @@ class Leaf:
         self.value = 1.0
 
 
-_LEVELS = [type(f"Level{i}", (Level,), {}) for i in range(6)]  # six classes, not one
+_LEVELS = [type(f"Level{i}", (Level,), {}) for i in range(8)]  # eight classes, not one
 DEEP: Any = Leaf()
 for _level in _LEVELS:
     DEEP = _level(DEEP)
@@ -870,12 +877,12 @@ def _reads_deep(x: torch.Tensor) -> torch.Tensor:
 def test_an_object_below_the_walks_depth_is_named_as_not_guarded(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Objects of different classes six levels down: beyond the walk's depth, and said so
+    """Objects of different classes eight levels down: beyond the walk's depth, and said so
     (the log at the trace, explain()), never assumed constant silently."""
     jitted = ptj.jit(_reads_deep)
     with caplog.at_level("WARNING", logger="phi_torch_jit"):
         jitted(torch.ones(2))
-    assert "5 levels down, the walk's depth" in jitted.explain()
+    assert "7 levels down, the walk's depth" in jitted.explain()
     assert any("levels down" in r.getMessage() for r in caplog.records)
 
 
@@ -1427,6 +1434,7 @@ KEY_SET = {1, 9}
 SCALING = {"scale": 2, "coefficients": [1, 2]}
 SIGNS = [0.0, 1]
 OFFSET = 0.0
+SHIFTS = (1,)
 
 
 def _over_stages(x: torch.Tensor) -> torch.Tensor:
@@ -1439,7 +1447,7 @@ def _over_stages(x: torch.Tensor) -> torch.Tensor:
 
 def _typed_scaling(x: torch.Tensor) -> torch.Tensor:
     if isinstance(SCALING["scale"], int):  # an int keeps an integer tensor integer
-        return x * SCALING["scale"] + SCALING["coefficients"][0]
+        return x * SCALING["scale"] + SCALING["coefficients"][0] + SHIFTS[0]
     return x * SCALING["scale"] + 100.0
 
 
@@ -1463,6 +1471,7 @@ def _rebuilt_set() -> set[int]:
             lambda: STAGE_WEIGHTS.__setitem__("a", STAGE_WEIGHTS.pop("a")),  # b, a
             lambda: (KEY_SET.clear(), KEY_SET.update(_rebuilt_set()))]),
         (_typed_scaling, torch.arange(3), [
+            lambda: globals().__setitem__("SHIFTS", (1.0,)),
             lambda: SCALING.__setitem__("scale", 2.0),
             lambda: SCALING["coefficients"].__setitem__(0, 1.0)]),
         (_signed, torch.ones(2), [
@@ -1470,7 +1479,7 @@ def _rebuilt_set() -> set[int]:
             lambda: SIGNS.__setitem__(1, True),
             lambda: globals().__setitem__("OFFSET", -0.0)]),
     ],
-    ids=["a dict's and a set's order", "2 -> 2.0 in a dict and a list", "-0.0, 1 -> True"],
+    ids=["a dict's and a set's order", "2 -> 2.0 in a tuple, a dict, a list", "-0.0, 1 -> True"],
 )  # fmt: skip
 def test_contents_equal_by_eq_but_read_otherwise_retrace(
     step: Callable[..., Any], x: torch.Tensor, changes: list[Callable[[], None]]
@@ -1480,7 +1489,7 @@ def test_contents_equal_by_eq_but_read_otherwise_retrace(
     multiplying an integer tensor, does not. Contents (and floats) are compared as their
     ``repr()``."""
     saved = (dict(STAGE_WEIGHTS), set(KEY_SET), {**SCALING, "coefficients": [1, 2]},
-             list(SIGNS), OFFSET)  # fmt: skip
+             list(SIGNS), OFFSET, SHIFTS)  # fmt: skip
     assert list(_rebuilt_set()) != list(KEY_SET)  # the premise: equal sets, another order
     jitted = ptj.jit(step)
     try:
@@ -1499,6 +1508,7 @@ def test_contents_equal_by_eq_but_read_otherwise_retrace(
         SCALING.clear(), SCALING.update(saved[2])
         SIGNS[:] = saved[3]
         globals()["OFFSET"] = saved[4]
+        globals()["SHIFTS"] = saved[5]
     assert jitted.num_traces == 1 + len(changes)
 
 
@@ -1594,3 +1604,137 @@ def test_arguments_equal_by_their_eq_but_read_otherwise_are_keyed_apart() -> Non
     key.b = 4.0  # in place
     torch.testing.assert_close(jitted(x, key, ordered), _keyed(x, key, ordered))
     assert jitted.num_traces == 4
+
+
+class Source_:
+    def __init__(self, a: float) -> None:
+        self.a = a
+
+
+ACTIVE = {Source_(1.0)}
+STAGE_ARRAY = np.array([Source_(1.0), Source_(2.0)], dtype=object)
+PARSER = configparser.ConfigParser()
+PARSER.read_string("[solver]\nnu = 0.1\n")
+
+
+class Term:
+    WEIGHT = 0.5
+
+
+class Diffusion(Term):
+    pass
+
+
+def _registries(x: torch.Tensor) -> torch.Tensor:
+    for source in ACTIVE:
+        x = x + source.a
+    for stage in STAGE_ARRAY:
+        x = x * stage.a
+    x = x + sum(cls.WEIGHT for cls in Term.__subclasses__())
+    return x * PARSER["solver"].getfloat("nu")
+
+
+def test_objects_in_sets_object_arrays_subclass_registries_and_config_parsers_are_guarded() -> None:
+    """Members of a set (``for s in self.active``) and of a NumPy object array, the classes
+    ``Term.__subclasses__()`` lists (a plugin defined later), a ``ConfigParser``'s values
+    (``CP.set(...)``): each was kept from the first call."""
+    saved = PARSER.get("solver", "nu")
+    plugins: list[type] = []
+
+    def plugin() -> None:
+        plugins.append(type("Drag", (Term,), {"WEIGHT": 2.0}))
+
+    try:
+        _like_eager(ptj.jit(_registries), _registries, (torch.ones(2),), [
+            lambda: setattr(next(iter(ACTIVE)), "a", 3.0),
+            lambda: setattr(STAGE_ARRAY[1], "a", 5.0),
+            lambda: STAGE_ARRAY.__setitem__(0, Source_(4.0)),
+            plugin,
+            lambda: PARSER.set("solver", "nu", "0.3"),
+        ])  # fmt: skip
+    finally:
+        next(iter(ACTIVE)).a = 1.0
+        STAGE_ARRAY[:] = [Source_(1.0), Source_(2.0)]
+        PARSER.set("solver", "nu", saved)
+        plugins.clear()
+        gc.collect()  # Drag leaves Term.__subclasses__()
+
+
+class Component:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+
+def test_a_weak_registry_grown_after_the_trace_retraces() -> None:
+    """``WeakValueDictionary``/``WeakSet`` registries the step loops over: a component
+    registered later was not seen (its members are not held: only how many)."""
+    kept = [Component(1.0), Component(2.0)]
+    by_name: weakref.WeakValueDictionary[str, Component] = weakref.WeakValueDictionary()
+    members: weakref.WeakSet[Component] = weakref.WeakSet()
+    by_name["a"] = kept[0]
+    members.add(kept[0])
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * sum(c.k for c in by_name.values()) + sum(c.k for c in members)
+
+    _like_eager(ptj.jit(step), step, (torch.ones(2),), [
+        lambda: by_name.__setitem__("b", kept[1]), lambda: members.add(kept[1])])  # fmt: skip
+
+
+class DeepParams:
+    theta = 1.0
+
+
+class DeepLimiter:
+    def __init__(self) -> None:
+        self.params = DeepParams()
+
+
+class DeepStage:
+    def __init__(self) -> None:
+        self.limiter = DeepLimiter()
+
+
+class DeepSolver:
+    def __init__(self) -> None:
+        self.stages = [DeepStage()]
+
+
+class DeepSimulation:
+    def __init__(self) -> None:
+        self.solver = DeepSolver()
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        solver = self.solver  # through a local: not a spelled-out path
+        return x * solver.stages[0].limiter.params.theta
+
+
+def test_a_value_six_levels_under_self_is_guarded() -> None:
+    """``sim.solver.stages[0].limiter.params.theta``: six levels of data under ``self``, one
+    more than the walk went (it said so in a log line, but served the old value)."""
+    sim = DeepSimulation()
+    _like_eager(ptj.jit(sim.step), sim.step, (torch.ones(2),),
+                [lambda: setattr(sim.solver.stages[0].limiter.params, "theta", 2.0)])  # fmt: skip
+
+
+CONTROL_FILE = Path(tempfile.gettempdir()) / f"ptj_control_{os.getpid()}.json"
+
+
+def _reads_a_control_file(x: torch.Tensor) -> torch.Tensor:
+    with open(CONTROL_FILE) as handle:
+        return x * json.load(handle)["gain"]
+
+
+def test_a_file_read_in_the_step_runs_eagerly_warned() -> None:
+    """A live-tunable control file read inside the step: its first content was baked in."""
+    CONTROL_FILE.write_text('{"gain": 1.0}')
+    jitted = ptj.jit(_reads_a_control_file)
+    try:
+        with pytest.warns(ptj.JitWarning, match="it reads files") as caught:
+            first = jitted(torch.ones(2))
+            CONTROL_FILE.write_text('{"gain": 2.0}')
+            second = jitted(torch.ones(2))
+    finally:
+        CONTROL_FILE.unlink()
+    assert first.tolist() == [1.0, 1.0] and second.tolist() == [2.0, 2.0]
+    assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1

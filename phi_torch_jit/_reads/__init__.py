@@ -40,14 +40,19 @@ a user module imported by a computed name    its public data, as a global's    `
 an attribute of a user module read by a       as a global (noted in the record  ``_modules_seen``
 name built at run time (``sys.modules[        pass); functions read there are   (record phase)
 __name__].X``, ``eval`` of built source)      walked
-random draws, clocks, grad-mode changes,     noted in the record pass: eager   ``_unguardable``
-``backward()``, tensor hooks                 with one warning, or guarded      (record phase)
+small containers whose ``==`` hides what a    a canonical form (``marshal``):    ``_content``
+program reads (a dict's order, ``2`` vs      types, float bits, order
+``2.0``, ``-0.0``, ``1`` vs ``True``)
+random draws, clocks, files, grad-mode       noted in the record pass: eager   ``_unguardable``
+changes, ``backward()``, tensor hooks;       with one warning, or guarded;     (record phase)
+Python reading ``requires_grad``             the module guard checks it
 ==========================================  ================================  =================
 
 Modules: ``_records`` the records (``Source``, ``Step``, ``Kind``, ``Read``: where a read value
 lives and how it is guarded; plain data, a leaf); ``_code_walk`` the static walk over user code
 (names and attribute chains each code object reads, the functions a call can reach);
 ``_python`` turns those reads into ``Read`` records and checks them (``PythonGuard``);
+``_content`` how a container of plain values is compared;
 ``_hooks`` what the modules' hooks read;
 ``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.
 docs/guarded.md is the user's version of this table (NOTE [Python reads], NOTE [attribute

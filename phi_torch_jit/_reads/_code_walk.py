@@ -120,22 +120,22 @@ def added_builtins(name: str) -> dict[str, Any] | None:
 
 class Shadowing:
     """Python's builtins that a module's code reads as globals (``round``, ``abs``): whether
-    the module defines any of them now. A global set after the trace (``round = my_round``)
-    shadows the builtin the program baked in; guarded with one C call per module."""
+    the module defines none of them still. A global set after the trace (``round = my_round``)
+    shadows the builtin the program baked in."""
 
     def __init__(self, namespace: dict[str, Any]) -> None:
         self.namespace = namespace
         self.names: set[str] = set()
 
-    def defined(self) -> bool:
-        return not self.namespace.keys().isdisjoint(self.names)
-
     def source(self) -> Source:
-        """Where the guard reads :meth:`defined` (False when traced)."""
+        """Where the guard reads it (True when traced): ``keys().isdisjoint(names)`` of the
+        module's globals, called through a partial, so that the check is C calls only."""
         label = f"globals shadowing builtins ({', '.join(sorted(self.names)[:3])}...)"
-        return Source(
-            label, "module globals", holder=self, path=(Step(True, "defined", call=True),)
-        )
+        check = functools.partial(self.namespace.keys().isdisjoint, frozenset(self.names))
+        return Source(label, "module globals", holder=check, path=(_CALL,))
+
+
+_CALL = Step(True, "__call__", call=True)
 
 
 _NAMED_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"))
@@ -183,6 +183,9 @@ def _chains_of(
             if root is not None and chain:
                 found.setdefault(root, set()).add(tuple(chain))
             root, chain, pending_key = (op in _LOADS_CELL, arg), [], _NO_KEY
+        elif root is not None and op == "LOAD_METHOD" and arg == "__subclasses__":
+            found.setdefault(root, set()).add((*chain, Step(True, arg)))  # a registry: data
+            root, chain, pending_key = None, [], _NO_KEY
         elif root is not None and op == "LOAD_ATTR" and isinstance(arg, str):
             chain.append(Step(True, arg))
         elif root is not None and op == "LOAD_CONST" and type(arg) in (str, int):

@@ -65,6 +65,8 @@ def strict(kind: Kind, value: Any) -> bool:
     if kind is Kind.VALUE:
         if type(value) is complex:
             return value.real == 0 or value.imag == 0
+        if type(value) in (tuple, frozenset):  # (2,) == (2.0,)
+            return len(value) <= MAX_STRICT
         return type(value) is float and value == 0
     return kind is Kind.CONTENT and _small_plain(value, MAX_STRICT) >= 0
 

@@ -11,6 +11,7 @@ machinery cost no level of :data:`TREE_DEPTH`.
 from __future__ import annotations
 
 import collections
+import configparser
 import contextvars
 import enum
 import functools
@@ -24,7 +25,7 @@ from torch import nn
 
 from .._signature import NAMESPACES
 from ._code_walk import callbacks_held, user_class
-from ._records import LENGTH, Step
+from ._records import LENGTH, LISTED, Step
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
            "VIEWS", "shows_content"]  # fmt: skip
@@ -51,13 +52,24 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     """The attribute paths one step under a configuration object (NOTE [attribute paths]):
     attributes of namespaces and of instances of user classes, private ones included
     (dataclasses too; class attributes too), data attributes of user classes, str/int
-    entries of dicts, items of lists and tuples (``models[0]``), the object of a bound
+    entries of dicts, items of lists and tuples (``models[0]``), members of sets in their
+    order and of NumPy object arrays, how many a weak registry holds, the object of a bound
     method, the arguments a ``functools.partial`` binds.
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
     if type(value) in (dict, collections.OrderedDict, collections.defaultdict):
         return [Step(False, k) for k in value if type(k) in (str, int)]
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
+    if type(value) in (set, frozenset):  # objects in a set: each member in the set's order
+        return [(LISTED, Step(False, i)) for i in range(len(value))]
+    if isinstance(value, configparser.RawConfigParser):  # its values, by section: content
+        return [Step(True, "_sections"), Step(True, "_defaults")]
+    if isinstance(value, configparser.SectionProxy):  # CP["solver"] held: its parser
+        return [Step(True, "parser")]
+    if isinstance(value, _WEAK):  # a registry: what is registered (members are not held)
+        return [LENGTH]
+    if getattr(getattr(value, "dtype", None), "hasobject", False) and hasattr(value, "flat"):
+        return [(Step(True, "flat"), Step(False, i)) for i in range(value.size)]  # objects
     if isinstance(value, (collections.UserDict, collections.UserList)):
         return [Step(True, "data")]  # the dict or list it wraps
     if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
@@ -98,6 +110,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     return [*steps, Step(True, "__class__")] if user_class(klass) else steps
 
 
+_WEAK = (weakref.WeakSet, weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
+
 VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
 
 
@@ -116,7 +130,7 @@ _STRUCTURE = frozenset(("__self__", "func", "args", "keywords", "__class__", "__
 """Steps through a callable's or an object's machinery (a partial's function and bound
 arguments, a method's object, an instance's class): they cost no level of the walk."""
 
-TREE_DEPTH = 5
+TREE_DEPTH = 7
 """Levels of data (attributes, entries) walked under a global, a closure variable or a held
 object; the whole tree shares ``_MAX_FIELDS`` reads."""
 

@@ -3,12 +3,13 @@ values a trace baked are fetched by one generated function and compared in three
 
 from __future__ import annotations
 
+import marshal
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ._records import GONE, Kind, Read, Source, canonical, same_array, tensor_meta
+from ._records import GONE, Kind, Read, Source, same_array, tensor_meta
 
 __all__ = ["PythonGuard"]
 
@@ -28,7 +29,7 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
             params.append(f"n{i}=__sources[{i}].namespace")
             items.append(source.expression(f"n{i}[{source.name!r}]"))
     text = f"def fetch({', '.join(params)}):\n    return [{', '.join(items)}]\n"
-    scope: dict[str, Any] = {"__sources": sources, "_canonical": canonical}
+    scope: dict[str, Any] = {"__sources": sources, "_marshal": marshal.dumps}
     exec(compile(text, "<phi_torch_jit guard>", "exec"), scope)
     return scope["fetch"]  # type: ignore[no-any-return]
 

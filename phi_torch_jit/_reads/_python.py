@@ -59,7 +59,6 @@ from ._fields import (
 )
 from ._guard import PythonGuard
 from ._records import (
-    CANONICAL,
     GONE,
     LENGTH,
     Kind,
@@ -82,6 +81,10 @@ _MAX_FIELDS = 512
 """Attribute-path reads under one global or closure object, its whole tree (a list of a
 hundred stage objects iterated by the step fits; a guard of 413 reads took 46 us here)."""
 
+
+_SUBCLASSES = Step(True, "__subclasses__")
+_LISTED_SUBCLASSES = Step(True, "__subclasses__", call=True)
+"""``Term.__subclasses__()``: a new list on every call, guarded by its length and items."""
 
 _MAX_VIEW = 1 << 16
 """A ``memoryview`` of up to this many bytes is guarded by what it shows (``tobytes()``)."""
@@ -113,6 +116,7 @@ def _kind(value: Any) -> Kind | None:
     if (
         has_attribute(value, "__array_interface__")
         and getattr(value, "size", _MAX_ARRAY + 1) <= _MAX_ARRAY
+        and not value.dtype.hasobject  # objects: by identity, each walked (fields)
     ):
         return Kind.ARRAY
     return Kind.IDENTITY
@@ -132,7 +136,7 @@ def _add_chains(
                 break
             if isinstance(above.expected, nn.Module):
                 break
-            parent, child = (parent, step), child.child(step)
+            owner, parent, child = child, (parent, step), child.child(step)
             try:
                 value = child.get()
             except GONE:
@@ -140,6 +144,12 @@ def _add_chains(
             if isinstance(value, type) and user_class(value):  # settings.Inner: its data
                 _add(reads, parent, child)  # and methods, walked like any class read
                 continue
+            if step == _SUBCLASSES:  # Term.__subclasses__(): a registry of plugins (a new
+                listed = owner.child(_LISTED_SUBCLASSES)  # list each time): how many, each
+                _add(reads, (parent, LENGTH), listed.child(LENGTH))  # walked
+                for i in range(len(listed.get())):
+                    _add(reads, (parent, i), listed.child(Step(False, i)), [_MAX_FIELDS])
+                break
             if callable(value) and not isinstance(value, (nn.Module, torch.Tensor)):
                 break  # a method or function (a new bound method on every read): code, not data
             _add(reads, parent, child, budget=[-1])  # -1: not descended
@@ -343,14 +353,15 @@ def _add(
     if kind is None:
         return
     if strict(kind, value):  # in canonical form: types, signs and order count
-        source, expected = source.child(CANONICAL), canonical(value)
+        form, expected = canonical(value)
+        source = source.child(form)
     else:
         copies = {Kind.TENSOR: tensor_meta, Kind.CONTENT: snapshot, Kind.ARRAY: array_copy}
         expected = copies.get(kind, lambda v: v)(value)
     reads[key] = Read(source, kind, expected)
     if kind is Kind.IDENTITY and isinstance(value, memoryview) and value.nbytes <= _MAX_VIEW:
         _add(reads, (key, "bytes"), source.child(_TOBYTES), budget)  # what it shows now
-    if kind is Kind.IDENTITY and isinstance(value, (list, dict)):  # an append changes it
+    if kind is Kind.IDENTITY and isinstance(value, (list, dict, set)):  # an append changes it
         _add(reads, (key, LENGTH), source.child(LENGTH), budget)
     if kind is Kind.IDENTITY and shows_content(value):  # d.values() held, class T(dict)
         copied = source.child(Step(True, "mapping")) if isinstance(value, VIEWS) else source

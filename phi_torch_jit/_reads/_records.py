@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Kind", "Source", "Step", "LENGTH", "CANONICAL", "canonical", "Read", "GONE",
+__all__ = ["Kind", "Source", "Step", "LENGTH", "LISTED", "canonical", "Read", "GONE",
            "PRIMITIVES", "same_value", "immutable", "tensor_meta", "array_copy",
            "same_array"]  # fmt: skip
 
@@ -76,7 +76,9 @@ class Source:
             if step.length:
                 value = len(value)
             elif step.text:
-                value = canonical(value)
+                value = _FORMS[step.key](value)
+            elif step.listed:
+                value = tuple(value)
             else:
                 value = getattr(value, step.key) if step.attribute else value[step.key]
                 value = value() if step.call else value
@@ -108,7 +110,8 @@ class Source:
     def in_tuple(self) -> bool:
         """Whether the value is an item of a tuple, which :meth:`set` cannot rebind (a new
         tuple would change the identity its guard holds)."""
-        if not self.path or self.path[-1].attribute or self.path[-1].length or self.path[-1].text:
+        last = self.path[-1] if self.path else None
+        if last is None or last.attribute or last.length or last.text or last.listed:
             return False
         owner = Source(self.label, self.location, self.namespace, self.name, self.cell,
                        self.path[:-1], self.holder).get()  # fmt: skip
@@ -119,7 +122,9 @@ class Source:
         if step.length:
             label = f"len({self.label})"
         elif step.text:
-            label = self.label  # compared as its repr(): the same value for messages
+            label = self.label  # compared in canonical form: the same value for messages
+        elif step.listed:
+            label = f"list({self.label})"
         else:
             label = self.label + (f".{step.key}" if step.attribute else f"[{step.key!r}]")
             label += "()" if step.call else ""
@@ -132,7 +137,9 @@ class Source:
             if step.length:
                 root = f"len({root})"
             elif step.text:
-                root = f"_canonical({root})"
+                root = _EXPRESSIONS[step.key].format(root)
+            elif step.listed:
+                root = f"tuple({root})"
             else:
                 root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
                 root += "()" if step.call else ""
@@ -151,14 +158,17 @@ class Step:
     """``len()`` of the value instead (a list's or dict's length: an append is a change)."""
     call: bool = False
     """Call the attribute (``var.get()`` of a ``contextvars.ContextVar``)."""
+    listed: bool = False
+    """``tuple()`` of the value instead: a set's members in its order (``list(S)[i]``)."""
     text: bool = False
-    """:func:`canonical` of the value instead: equal only if the types, signs and order
-    agree (``2`` and ``2.0``, ``-0.0`` and ``0.0``, ``{"a": 1, "b": 2}`` and
-    ``{"b": 2, "a": 1}`` are ``==``, but a program that read them may differ)."""
+    """The value in a canonical form instead (:func:`canonical`; ``key`` names which): equal
+    only if the types, signs and order agree (``2`` and ``2.0``, ``-0.0`` and ``0.0``,
+    ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` are ``==``, but a program that read them
+    may differ)."""
 
 
 LENGTH = Step(False, None, length=True)
-CANONICAL = Step(False, None, text=True)
+LISTED = Step(False, None, listed=True)
 
 
 @dataclass(frozen=True)
@@ -209,25 +219,34 @@ def _shown(value: Any) -> str:
 
 def _decoded(form: bytes | str) -> str:
     if isinstance(form, bytes):
-        text = repr(set(marshal.loads(form[3:])) if form[:3] == b"set" else marshal.loads(form))
+        text = repr(marshal.loads(form))
     else:
         text = form
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def canonical(value: Any) -> bytes | str:
-    """``value`` in a form that differs wherever a program reading it may: ``marshal``'s
-    bytes (exact types, a float's bits, the order of a dict or set; 0.3 us for a small
-    config dict, 2 us for 20 entries; a set as the tuple of its order, since marshal sorts
-    it, though not a set nested in another container) or, for what marshal does not write
-    (a deque, an enum), ``repr()``. ``==`` would call ``2`` and ``2.0``, ``-0.0`` and
-    ``0.0``, ``1`` and ``True``, and two orders of a dict equal."""
+_FORMS: dict[str, Any] = {
+    "marshal": lambda v: marshal.dumps(v, 2),  # version 2: no back-references (identity)
+    "set": lambda v: marshal.dumps(tuple(v), 2),  # marshal sorts a set: its order is the loop's
+    "repr": repr,
+}
+_EXPRESSIONS = {"marshal": "_marshal({}, 2)", "set": "_marshal(tuple({}), 2)", "repr": "repr({})"}
+"""The same forms as code for the guard's fetcher (C calls only: no Python frame per read)."""
+
+
+def canonical(value: Any) -> tuple[Step, bytes | str]:
+    """The step that reads ``value`` in a form that differs wherever a program reading it
+    may, and that form now: ``marshal``'s bytes (exact types, a float's bits, the order of a
+    dict; 0.3 us for a small config dict, 2 us for 20 entries), a set's as the tuple of its
+    order (marshal sorts it; a set nested in another container is compared sorted), or,
+    for what marshal does not write (a deque, an enum), ``repr()``. ``==`` would call ``2``
+    and ``2.0``, ``-0.0`` and ``0.0``, ``1`` and ``True``, and two orders of a dict equal.
+    A later value that marshal cannot write raises ValueError in the guard: a change."""
+    key = "set" if type(value) in (set, frozenset) else "marshal"
     try:
-        if type(value) in (set, frozenset):  # marshal sorts a set: its order is the loop's
-            return b"set" + marshal.dumps(tuple(value), 2)
-        return marshal.dumps(value, 2)  # version 2: no back-references (they follow identity)
+        return Step(False, key, text=True), _FORMS[key](value)
     except ValueError:
-        return repr(value)
+        return Step(False, "repr", text=True), repr(value)
 
 
 def _short(value: Any) -> Any:
