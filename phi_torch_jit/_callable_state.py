@@ -39,9 +39,9 @@ def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
     for name, value in found.items():
         if isinstance(value, torch.Tensor):
             keyed.append((name, ("tensor", id(value))))
-        elif type(value) is list and len(value) <= 64 and all(_plain(v) for v in value):
-            keyed.append((name, ("list", repr(value))))
-        elif _plain(value):  # by repr(): 2 and 2.0, -0.0 and 0.0, 1 and True are == alike
+        elif _plain(value) or (
+            type(value) is list and len(value) <= 64 and all(map(_plain, value))
+        ):  # by repr(): 2 and 2.0, -0.0 and 0.0, 1 and True are == alike
             keyed.append((name, repr(value)))
     return tuple(keyed)
 

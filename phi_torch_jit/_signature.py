@@ -402,11 +402,9 @@ def first_difference(old: Spec, new: Spec, arg_names: Sequence[str] = ()) -> str
 
 
 def _shown(key: Any) -> str:
-    """An attribute's key in :func:`plain_attributes` as the value it stands for (a number
-    keyed by its ``repr()``, a list as ``("list", repr)``)."""
-    if isinstance(key, str):
-        return key
-    return key[1] if isinstance(key, tuple) and key[:1] == ("list",) else repr(key)
+    """An attribute's key in :func:`plain_attributes` as the value it stands for (numbers
+    and lists are keyed by their ``repr()``)."""
+    return key if isinstance(key, str) else repr(key)
 
 
 def _difference(a: Spec, b: Spec, path: str) -> str | None:

@@ -8,6 +8,7 @@ Plain data shared by the guard stage (:mod:`._python`), the side-effect snapshot
 from __future__ import annotations
 
 import enum
+import functools
 import marshal
 import sys
 import types
@@ -203,8 +204,9 @@ class Read:
         return same_value(now, self.expected)
 
     def describe(self) -> str:
-        # a value compared in its canonical form (CANONICAL) is shown as the value it stands for
-        shown = _decoded if self.source.path and self.source.path[-1].text else _shown
+        # a value compared in its canonical form (canonical()) is shown as the value it is
+        last = self.source.path[-1] if self.source.path else None
+        shown = functools.partial(_decoded, last.key) if last is not None and last.text else _shown
         try:
             now = shown(self.current())
         except GONE:
@@ -217,11 +219,13 @@ def _shown(value: Any) -> str:
     return repr(_short(value))
 
 
-def _decoded(form: bytes | str) -> str:
-    if isinstance(form, bytes):
-        text = repr(marshal.loads(form))
-    else:
+def _decoded(key: str, form: bytes | str) -> str:
+    """The value a canonical form of kind ``key`` stands for, as text (a set's: a set)."""
+    if isinstance(form, str):  # repr() already
         text = form
+    else:
+        value = marshal.loads(form)
+        text = repr(set(value) if key == "set" else value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
