@@ -40,6 +40,7 @@ __all__ = [
     "Phase",
     "Frame",
     "TraceOutputs",
+    "ValueSized",
     "CustomCallee",
     "UnguardableNotes",
     "Recorder",
@@ -88,6 +89,21 @@ class TraceOutputs:
     their new values after its other outputs, to be copied into these objects."""
 
 
+@dataclass
+class ValueSized:
+    """Tensors of one trace whose sizes come from tensor values (``nonzero``, a boolean index,
+    and what was computed from them) and the Python reads of those sizes: NOTE [value-dependent
+    sizes]. Keyed by ``id``; the tensors are held until the trace ends."""
+
+    tensors: dict[int, torch.Tensor] = field(default_factory=dict)
+    reads: list[str] = field(default_factory=list)
+    """Where Python read such a size (``len(idx)``, ``x.shape``): the graph bakes it."""
+    generic: bool = False
+    """Set by the engine: the captured graph computes these sizes itself, for any values."""
+    watching: bool = False
+    """Whether this trace has the size reads watched (:mod:`._value_sized`)."""
+
+
 @dataclass(frozen=True)
 class Frame:
     """State of the jitted call that is being specialized in this context."""
@@ -108,6 +124,8 @@ class Frame:
     """The registered libraries' hooks around this pass (record and trace phases)."""
     outputs: TraceOutputs = field(default_factory=TraceOutputs)
     """Filled by the wrapper while it is traced; the trace stage returns it."""
+    sized: ValueSized = field(default_factory=ValueSized)
+    """Tensors whose sizes come from values (trace phase)."""
     new_functions: weakref.WeakSet[type] = field(default_factory=weakref.WeakSet)
     """``autograd.Function`` classes created while this pass ran (a class defined inside the
     step: a new one in every pass; ``_function``)."""
@@ -174,6 +192,9 @@ class Converted(Protocol):
 
     @property
     def location(self) -> str: ...
+
+    @property
+    def sized(self) -> bool: ...
 
 
 class LibraryHooks(Protocol):

@@ -100,7 +100,7 @@ PATCHES: tuple[Patch, ...] = (
           lambda f: function_capture()),
     Patch("tensor-to-Python conversions of user code become value guards",
           frozenset({Phase.TRACE}),
-          lambda f: conversion_capture() if f.conversions is not None else None),
+          lambda f: conversion_capture(f) if f.conversions is not None else None),
     Patch("torch's TorchScript deprecation notices are hidden", _ALL,
           lambda f: torchscript_notices_hidden()),
     Patch("registered libraries' pass hooks (PhiML's custom gradients see this pass as its jit)",

@@ -24,9 +24,24 @@ import torch
 
 from ._compat import disable_dispatch_modes
 
-__all__ = ["SizeGuard", "static_form"]
+__all__ = ["SIZED_NODE", "SizeGuard", "sized_op", "static_form"]
 
 aten = torch.ops.aten
+
+SIZED_NODE = "phi_torch_jit.value_sized"
+"""Meta key of the graph nodes a static form specialized for one size (``nonzero_static`` with
+that size, ``repeat_interleave`` with that ``output_size``): the nodes an engine may put back
+in their dynamic form (NOTE [value-dependent sizes])."""
+
+
+def sized_op(func: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a static form's op ``func`` is the one that holds the size it was traced for."""
+    if func is aten.nonzero_static.default:
+        return True
+    return func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor) and (
+        kwargs.get("output_size") is not None
+    )
+
 
 TraceOp = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 """Records one ATen op in the graph being traced and returns its (real) result."""

@@ -33,7 +33,7 @@ from ._phases import tracing
 from ._record import Recording
 from ._replay import ReplayCursor
 from ._signature import Spec
-from ._value_guards import ValueGuard
+from ._value_guards import ValueGuard, value_guards
 from ._wrapper import WrapperModule
 from .engines import CompiledModule, Engine
 from .errors import TraceError, ValueNotCaptured
@@ -124,8 +124,10 @@ def trace(
                     raise
                 raise TraceError(_unguarded_value_message(wrapper.owner)) from None
         cursor.finish()
-        if conversions and compiled.defer is not None:  # a path of values: compile on reuse
-            notes = compiled.defer(len(conversions))
+        # NOTE [value-dependent sizes]: sizes the graph left dynamic are no path
+        branches = [c for c in conversions or () if not (frame.sized.generic and c.sized)]
+        if branches and compiled.defer is not None:  # a path of values: compile on reuse
+            notes = compiled.defer(len(branches))
         elif compiled.warm_up is not None:  # a run on the trace inputs: no SolveTape sees it
             with recording.libraries.outside_user_call():
                 notes = compiled.warm_up()
@@ -133,10 +135,10 @@ def trace(
             notes = ()
     assert frame.outputs.spec is not None, "the wrapper's forward did not run"
     notes = (*compiled.notes, *notes)
-    served = compiled.served if conversions and compiled.defer is not None else None
+    served = compiled.served if branches and compiled.defer is not None else None
     compiled = dataclasses.replace(compiled, notes=notes, warm_up=None, defer=None, served=served)
-    value_guards = tuple(ValueGuard(c.kind, c.value, c.location) for c in conversions or ())
+    guards = value_guards(conversions or [], frame.sized.generic)
     seconds = time.perf_counter() - start
     writes = frame.outputs.buffer_writes
     deferred = tuple(frame.outputs.deferred)
-    return Traced(compiled, value_guards, frame.outputs.spec, seconds, writes, deferred)
+    return Traced(compiled, guards, frame.outputs.spec, seconds, writes, deferred)

@@ -41,10 +41,18 @@ from ._context import Phase, current_frame
 from ._patches import RefCounted
 from ._reads._records import same_value
 from ._sources import user_location
-from ._static_shapes import static_form
+from ._static_shapes import SIZED_NODE, sized_op, static_form
 from ._tensor_reads import PASS, watching
+from ._value_sized import note_sized, propagate_sized, stop_watching
 
-__all__ = ["Conversion", "ValueGuard", "conversion_capture", "GUARD_POLICIES"]
+__all__ = [
+    "Conversion",
+    "ValueGuard",
+    "SizeLeftDynamic",
+    "conversion_capture",
+    "value_guards",
+    "GUARD_POLICIES",
+]
 
 GUARD_POLICIES = ("retrace", "eager", "error", "off")
 """Accepted values of ``jit(on_guard_failure=...)``."""
@@ -62,6 +70,8 @@ class Conversion:
     """What it gave during the trace: the branch that was baked in."""
     location: str
     """The user's ``file:line`` that made it."""
+    sized: bool = False
+    """A size a static form specialized the graph for (NOTE [value-dependent sizes])."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,25 @@ class ValueGuard:
         name = call.get(self.kind, f".{self.kind}")
         now = "" if tensor is None else f" -> {_brief(_convert(self.kind, tensor))}"
         return f"{name}(...) at {self.location}: {_brief(self.expected)}{now}"
+
+
+class SizeLeftDynamic(ValueGuard):
+    """A size the captured graph computes itself, for any values: it always holds (its tensor
+    is still among the program's outputs, after the other guards' places)."""
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        return True
+
+    def describe(self, tensor: torch.Tensor | None = None) -> str:
+        return f"{super().describe(tensor)} (not checked: the program computes it for any values)"
+
+
+def value_guards(conversions: list[Any], generic: bool) -> tuple[ValueGuard, ...]:
+    """The guards of a trace's conversions; ``generic``: the graph left its sizes dynamic."""
+    return tuple(
+        (SizeLeftDynamic if generic and c.sized else ValueGuard)(c.kind, c.value, c.location)
+        for c in conversions
+    )
 
 
 def _brief(value: Any) -> str:
@@ -169,18 +198,23 @@ def _guarding_reads_in_ops(original: Callable[..., Any]) -> Callable[..., Any]:
         if frame is not None and frame.phase is Phase.TRACE and frame.conversions is not None:
 
             def trace(op: Any, op_args: tuple[Any, ...], op_kwargs: dict[str, Any]) -> Any:
-                return proxy_call(mode, op, pre_dispatch, op_args, op_kwargs)
+                out = proxy_call(mode, op, pre_dispatch, op_args, op_kwargs)
+                if sized_op(op, op_kwargs):  # the node a generic graph puts back in its form
+                    next(reversed(mode.tracer.graph.nodes)).meta[SIZED_NODE] = True
+                return out
 
             form = static_form(func, args, kwargs, trace)
             if form is not None:  # NOTE [value-dependent sizes]
                 result, sizes = form
                 where = user_location(1, skip_torch=True) or f"{func} in torch"
                 frame.conversions.extend(
-                    Conversion(s.tensor, "__int__", s.value, f"{where} ({s.what})") for s in sizes
+                    Conversion(s.tensor, "__int__", s.value, f"{where} ({s.what})", sized=True)
+                    for s in sizes
                 )
+                note_sized(frame, result)
                 return result
         try:
-            return original(mode, func, pre_dispatch, args, kwargs)
+            out = original(mode, func, pre_dispatch, args, kwargs)
         except RuntimeError as error:
             if str(func) not in _READS_IN_OPS or VALUE_OUT_OF_GRAPH not in str(error):
                 raise
@@ -194,6 +228,9 @@ def _guarding_reads_in_ops(original: Callable[..., Any]) -> Callable[..., Any]:
                 value = tensor_conversion("item")(args[0])
             frame.conversions.append(Conversion(args[0], "item", value, location))
             return value
+        if frame is not None and frame.sized.tensors:
+            propagate_sized(frame, func, args, kwargs, out)
+        return out
 
     proxy_call.__wrapped__ = original  # type: ignore[attr-defined]
     return proxy_call
@@ -243,7 +280,10 @@ _CAPTURE = RefCounted(_install, _remove)
 
 
 @contextmanager
-def conversion_capture() -> Iterator[None]:
-    """Record user conversions made in trace frames while the block runs."""
+def conversion_capture(frame: Any) -> Iterator[None]:
+    """Record user conversions made in trace frames while the block runs (``frame``'s)."""
     with watching(_guard_read), _CAPTURE.active():
-        yield
+        try:
+            yield
+        finally:
+            stop_watching(frame)

@@ -1,8 +1,12 @@
-"""Ops whose output size depends on values, captured in a static form with guarded sizes
-(phi_torch_jit._static_shapes, NOTE [value-dependent sizes]): compiled, equal to eager, and a
-call with another size retraces instead of running a graph built for the old one."""
+"""Ops whose output size depends on values (phi_torch_jit._static_shapes, _value_sized,
+engines._generic_sizes; NOTE [value-dependent sizes]): compiled, equal to eager; where nothing
+read the size, one program serves every size; where Python read it or the graph baked it, the
+size is guarded and a call with another size retraces instead of running a graph built for the
+old one."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -44,14 +48,51 @@ def test_a_boolean_index_is_compiled_and_follows_the_mask_of_each_call(jit_engin
     assert "runs eagerly" not in step.explain()
 
 
-def test_another_number_of_true_entries_retraces(jit_engine: str) -> None:
+def test_another_number_of_true_entries_is_served_by_the_same_program(jit_engine: str) -> None:
+    """Nothing reads the count: the graph keeps the index's dynamic form, not one per size."""
     step = ptj.jit(masked)
     x = torch.randn(6, 3, requires_grad=True)
-    for mask in (MASK_A, MASK_C, MASK_A, MASK_C):
+    for mask in (MASK_A, MASK_C, MASK_A, MASK_C, MASK_C[[1, 2, 3, 4, 5, 0]].logical_not()):
         _compare(step, masked, x, mask)
-    # graph capture: one specialization per size, both kept; TorchScript traces sizes
-    assert step.num_traces == (2 if captures_graph(jit_engine) else 1)
+    assert step.num_traces == 1
     assert "runs eagerly" not in step.explain()
+    if captures_graph(jit_engine):
+        assert "not checked: the program computes it for any values" in step.explain()
+
+
+def mean_picked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    picked = x[mask]
+    return picked.sum(0) / picked.shape[0]  # Python reads the count: the graph divides by 3
+
+
+def put_picked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    y = torch.zeros(6, 3)
+    y[mask] = x[mask] * 2  # one True entry: torch's setitem views the (1, 3) values to [3]
+    return y
+
+
+MASK_ONE = torch.tensor([False, False, True, False, False, False])
+
+
+@pytest.mark.parametrize(
+    "fn, masks",
+    [(mean_picked, (MASK_A, MASK_C, MASK_A, MASK_C)),
+     (put_picked, (MASK_ONE, MASK_A, MASK_ONE, MASK_C))],
+    ids=["python-reads", "cpp-bakes"],
+)  # fmt: skip
+def test_a_size_python_reads_or_the_graph_bakes_stays_guarded_and_retraces(
+    jit_engine: str, fn: Any, masks: tuple[torch.Tensor, ...]
+) -> None:
+    """Two programs each: the count read in Python stays guarded (3 and 4); the size setitem
+    baked for one entry stays guarded, the program for three leaves it dynamic and serves four."""
+    if fn is put_picked and not captures_graph(jit_engine):
+        pytest.skip("TorchScript's trace of setitem bakes the view too (test_model_classes)")
+    step = ptj.jit(fn)
+    x = torch.randn(6, 3)
+    for mask in masks:
+        torch.testing.assert_close(step(x, mask), fn(x, mask))
+    if captures_graph(jit_engine):  # TorchScript traces sizes
+        assert step.num_traces == 2
 
 
 def selections(
@@ -88,7 +129,7 @@ def test_nonzero_where_masked_select_and_repeat_interleave_equal_eager(
     assert step.num_traces == 1
     _compare(step, selections, x, MASK_C, repeats)  # a new size
     _compare(step, selections, x, MASK_A, torch.tensor([1, 1, 1, 1, 2, 2]))
-    assert step.num_traces == (3 if captures_graph(jit_engine) else 1)
+    assert step.num_traces == 1  # nothing read the sizes: one program serves them all
 
 
 def test_gradients_through_a_boolean_index_in_float64(jit_engine: str) -> None:
@@ -100,7 +141,8 @@ def test_gradients_through_a_boolean_index_in_float64(jit_engine: str) -> None:
 
 def noisy_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     noise = torch.nn.functional.dropout(torch.ones_like(x), 0.5)
-    return (x * noise)[mask].sum()
+    picked = (x * noise)[mask]
+    return picked.sum() * picked.shape[0]  # the count read: guarded
 
 
 def test_a_failed_size_guard_leaves_no_random_draws_behind(jit_engine: str) -> None:
@@ -122,7 +164,7 @@ def test_a_failed_size_guard_leaves_no_random_draws_behind(jit_engine: str) -> N
 def test_the_error_policy_names_the_size_and_where_it_was_taken(jit_engine: str) -> None:
     if not captures_graph(jit_engine):
         pytest.skip("TorchScript traces sizes: no size guard")
-    step = ptj.jit(masked, on_guard_failure="error")
+    step = ptj.jit(mean_picked, on_guard_failure="error")
     x = torch.randn(6, 3)
     step(x, MASK_A)
     with pytest.raises(

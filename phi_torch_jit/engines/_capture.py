@@ -26,6 +26,7 @@ from .._fast_capture import fast_metadata
 from .._inner_grad import functional_autograd
 from .._rnn_layers import split_rnn_dropout
 from ..errors import RunEagerly, TraceError, ValueNotCaptured
+from ._generic_sizes import generic_graph
 from ._graph_bodies import data_dependent_shape
 from ._merge_repeated import merge_repeated_ops
 from .base import RANDOM_OPS, captured_tensor_message
@@ -76,6 +77,7 @@ def capture(
     graph.meta[WITHOUT_GRAD] = tuple(without_grad)
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
+    graph = generic_graph(graph, (*example_inputs, *state)) or graph
     split_rnn_dropout(graph)
     return graph
 

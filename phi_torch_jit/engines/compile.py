@@ -58,6 +58,7 @@ from .._state import capture_rng, restore_rng
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import ConfigurationError, JitError, UsageError, describe_error
 from ._capture import CAPTURE_LOCK, WITHOUT_GRAD, capture, uses_rng
+from ._generic_sizes import fake_inputs_for
 from ._graph_bodies import GraphBodies
 from ._looped import faster, with_captured_loops
 from ._twice import TwiceDifferentiable, needs_twice
@@ -258,7 +259,8 @@ class Compilable:
         with torch.set_grad_enabled(self.grad_enabled), on_device:
             graph = lstms_unrolled(self.graph) if self.grad_enabled else self.graph
             graph = for_inductor(graph) if self.backend == "inductor" else graph
-            compiled = compile_captured(self.backend, graph, inputs, dict(self.settings))
+            fakes = None if self.backend == "inductor" else fake_inputs_for(graph, inputs)
+            compiled = compile_captured(self.backend, graph, fakes or inputs, dict(self.settings))
         if needs_twice(self.grad_enabled, [t.requires_grad for t in inputs[: self.n_arguments]]):
             compiled = TwiceDifferentiable(compiled, self.graph)
         without_grad = self.graph.meta.get(WITHOUT_GRAD, ())

@@ -1,0 +1,162 @@
+"""Sizes that come from tensor values, and whether the traced Python read them.
+
+The static forms of :mod:`._static_shapes` specialize a captured graph for the size one call
+produced (how many entries ``nonzero`` found) and guard it: a program whose counts change on
+every call (an ODE solver evaluating the output times each step passed) retraced on every call,
+and ran eagerly. Often the Python never looks at such a size: the indices only flow into other
+ops (``y[idx] = f(t[idx])``), and the graph would be right for any count if the op kept its
+dynamic form.
+
+While the wrapper is traced, this module keeps, in the frame's :class:`._context.ValueSized`,
+the tensors whose sizes come from values (the static forms' results, and what ops compute from
+them), and notes every Python read of one of their sizes (``len(idx)``, ``x.shape``,
+``x.size(0)``, ``x.numel()``; by torch's Python too, ``F.interpolate`` reading its input's
+shape): such a read ends in a literal of the graph or in a branch, so the size stays guarded.
+Reads made by the tracing machinery itself (FX, fake tensors, this package) do not count.
+Where nothing read them, the engine may capture the ops in their dynamic form and drop the
+size guards, once the graph checks out with symbolic sizes
+(:mod:`.engines._generic_sizes`). NOTE [value-dependent sizes].
+
+The size reads are watched by patching ``torch.Tensor``'s ``shape``, ``size``, ``numel``,
+``nelement`` and ``__len__`` from a trace's first value-dependent size to its end only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from ._compat import tensor_conversion
+from ._context import Frame, Phase, current_frame
+from ._sources import OWN_DIR, TORCH_DIR
+
+__all__ = ["note_sized", "propagate_sized", "stop_watching", "sized_inputs"]
+
+_MACHINERY = (
+    OWN_DIR,
+    *(
+        os.path.join(TORCH_DIR, part)
+        for part in ("fx", "_subclasses", "_ops.py", "_library", "utils/_python_dispatch.py",
+                     "utils/_pytree.py", "_guards.py", "_logging", "_prims_common",
+                     "_meta_registrations.py", "_decomp")
+    ),
+)  # fmt: skip
+"""Code whose size reads are bookkeeping, not the program's: FX and make_fx record tensor
+metadata, fake tensors, the dispatcher's Python, this package (flattening the outputs)."""
+
+_SAME_SHAPE_AS_FIRST = ("index_put", "index_add", "index_copy", "index_fill", "masked_fill",
+                        "masked_scatter", "scatter", "scatter_add", "scatter_reduce",
+                        "index_reduce", "copy")  # fmt: skip
+"""Ops whose output has the shape of their first argument whatever the others (indices)."""
+
+_WATCHED = ("shape", "size", "numel", "nelement", "__len__")
+
+_LOCK = threading.Lock()
+_USERS = 0
+_SAVED: dict[str, Any] = {}
+
+
+def _note_read(tensor: torch.Tensor, caller: Any) -> None:
+    frame = current_frame()
+    if frame is None or frame.phase is not Phase.TRACE:
+        return
+    sized = frame.sized
+    if id(tensor) not in sized.tensors:
+        return
+    filename = caller.f_code.co_filename
+    if filename.startswith(_MACHINERY):
+        return
+    sized.reads.append(f"{filename}:{caller.f_lineno}")
+
+
+def _watched(name: str) -> Any:
+    base = tensor_conversion(name)
+    if name == "shape":
+        get = base.__get__
+
+        def shape(self: torch.Tensor) -> torch.Size:
+            _note_read(self, sys._getframe(1))
+            return get(self)  # type: ignore[no-any-return]
+
+        return property(shape)
+
+    def read(self: torch.Tensor, *args: Any) -> Any:
+        _note_read(self, sys._getframe(1))
+        return base(self, *args)
+
+    read.__name__ = name
+    return read
+
+
+def _start_watching(sized: Any) -> None:
+    global _USERS
+    if sized.watching:
+        return
+    with _LOCK:
+        if _USERS == 0:
+            for name in _WATCHED:
+                _SAVED[name] = torch.Tensor.__dict__.get(name)
+                setattr(torch.Tensor, name, _watched(name))
+        _USERS += 1
+    sized.watching = True
+
+
+def stop_watching(frame: Frame) -> None:
+    """End of a trace: the size reads are no longer watched for it; its tensors are let go."""
+    global _USERS
+    sized = frame.sized
+    sized.tensors.clear()
+    if not sized.watching:
+        return
+    sized.watching = False
+    with _LOCK:
+        _USERS -= 1
+        if _USERS == 0:
+            for name in _WATCHED:
+                saved = _SAVED.pop(name)
+                if saved is None:
+                    delattr(torch.Tensor, name)
+                else:
+                    setattr(torch.Tensor, name, saved)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def note_sized(frame: Frame, result: Any) -> None:
+    """``result`` (a static form's) has sizes that come from values: watch their reads."""
+    _start_watching(frame.sized)
+    for tensor in _tensors(result):
+        frame.sized.tensors[id(tensor)] = tensor
+
+
+def propagate_sized(
+    frame: Frame, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+) -> None:
+    """An op ran in the trace: its outputs have value-dependent sizes if its inputs had (for
+    ops that keep their first argument's shape, if that one had)."""
+    tensors = frame.sized.tensors
+    if not tensors:
+        return
+    packet = getattr(func, "__name__", str(func)).split(".")[0].rstrip("_")
+    inputs = list(args[:1]) if packet in _SAME_SHAPE_AS_FIRST else [*args, *kwargs.values()]
+    if any(id(t) in tensors for t in _tensors(inputs)):
+        if str(func).startswith("phi_torch_jit"):  # compiled for the recorded shapes
+            frame.sized.reads.append(f"{func} (a custom function given such a tensor)")
+        for tensor in _tensors(out):
+            tensors[id(tensor)] = tensor
+
+
+def sized_inputs(frame: Frame, args: tuple[Any, ...]) -> bool:
+    """Whether any of ``args`` has a value-dependent size (a custom call receiving one)."""
+    tensors = frame.sized.tensors
+    return bool(tensors) and any(id(t) in tensors for t in _tensors(list(args)))
