@@ -200,7 +200,7 @@ def _guarding_reads_in_ops(original: Callable[..., Any]) -> Callable[..., Any]:
             def trace(op: Any, op_args: tuple[Any, ...], op_kwargs: dict[str, Any]) -> Any:
                 out = proxy_call(mode, op, pre_dispatch, op_args, op_kwargs)
                 if sized_op(op, op_kwargs):  # the node a generic graph puts back in its form
-                    next(reversed(mode.tracer.graph.nodes)).meta[SIZED_NODE] = True
+                    next(iter(reversed(mode.tracer.graph.nodes))).meta[SIZED_NODE] = True
                 return out
 
             form = static_form(func, args, kwargs, trace)
