@@ -98,8 +98,8 @@ class ValueSized:
     tensors: dict[int, torch.Tensor] = field(default_factory=dict)
     reads: list[str] = field(default_factory=list)
     """Where Python read such a size (``len(idx)``, ``x.shape``): the graph bakes it."""
-    generic: bool = False
-    """Set by the engine: the captured graph computes these sizes itself, for any values."""
+    nodes: list[Any] = field(default_factory=list)
+    """The graph nodes holding those sizes (each notes in its meta whether a size was read)."""
     watching: bool = False
     """Whether this trace has the size reads watched (:mod:`._value_sized`)."""
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["RefCounted"]
+import torch
+
+__all__ = ["RefCounted", "TensorAttributes"]
 
 
 class RefCounted:
@@ -31,17 +34,48 @@ class RefCounted:
         """Whether some thread is using the patch now."""
         return self._users > 0
 
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Use the patch while the block runs."""
+    def acquire(self) -> None:
+        """Start using the patch (installs it for the first user); pair with :meth:`release`."""
         with self._lock:
             if self._users == 0:
                 self._install()
             self._users += 1
+
+    def release(self) -> None:
+        """Stop using the patch (removes it after the last user)."""
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._remove()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Use the patch while the block runs."""
+        self.acquire()
         try:
             yield
         finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    self._remove()
+            self.release()
+
+
+class TensorAttributes:
+    """Attributes of ``torch.Tensor`` replaced while installed; what the class itself defined
+    under each name is put back on removal, and a name it only inherited is deleted again."""
+
+    def __init__(self, names: tuple[str, ...], make: Callable[[str], Any]) -> None:
+        self.names = names
+        self._make = make
+        self._saved: dict[str, Any] = {}
+
+    def install(self) -> None:
+        for name in self.names:
+            self._saved[name] = torch.Tensor.__dict__.get(name)
+            setattr(torch.Tensor, name, self._make(name))
+
+    def remove(self) -> None:
+        for name in self.names:
+            saved = self._saved.pop(name)
+            if saved is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, saved)

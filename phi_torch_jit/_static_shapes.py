@@ -24,14 +24,9 @@ import torch
 
 from ._compat import disable_dispatch_modes
 
-__all__ = ["SIZED_NODE", "SizeGuard", "sized_op", "static_form"]
+__all__ = ["SizeGuard", "sized_op", "static_form"]
 
 aten = torch.ops.aten
-
-SIZED_NODE = "phi_torch_jit.value_sized"
-"""Meta key of the graph nodes a static form specialized for one size (``nonzero_static`` with
-that size, ``repeat_interleave`` with that ``output_size``): the nodes an engine may put back
-in their dynamic form (NOTE [value-dependent sizes])."""
 
 
 def sized_op(func: Any, kwargs: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._compat import tensor_conversion
+from ._patches import TensorAttributes
 
 __all__ = ["READS", "PASS", "Watcher", "watching"]
 
@@ -35,8 +36,6 @@ torch's), or :data:`PASS`; it may raise."""
 
 _WATCHERS: tuple[Watcher, ...] = ()
 _LOCK = threading.Lock()
-_SAVED: dict[str, Any] = {}
-"""What ``torch.Tensor`` itself defined under each name before the patch (None: nothing)."""
 
 
 def _patched(kind: str) -> Callable[..., Any]:
@@ -53,19 +52,7 @@ def _patched(kind: str) -> Callable[..., Any]:
     return watched
 
 
-def _install() -> None:
-    for kind in READS:
-        _SAVED[kind] = torch.Tensor.__dict__.get(kind)
-        setattr(torch.Tensor, kind, _patched(kind))
-
-
-def _remove() -> None:
-    for kind in READS:
-        saved = _SAVED.pop(kind)
-        if saved is None:
-            delattr(torch.Tensor, kind)
-        else:
-            setattr(torch.Tensor, kind, saved)
+_PATCH = TensorAttributes(READS, _patched)
 
 
 @contextmanager
@@ -74,7 +61,7 @@ def watching(watcher: Watcher) -> Iterator[None]:
     global _WATCHERS
     with _LOCK:
         if not _WATCHERS:
-            _install()
+            _PATCH.install()
         _WATCHERS = (*_WATCHERS, watcher)
     try:
         yield
@@ -84,4 +71,4 @@ def watching(watcher: Watcher) -> Iterator[None]:
             left.remove(watcher)
             _WATCHERS = tuple(left)
             if not _WATCHERS:
-                _remove()
+                _PATCH.remove()

@@ -125,7 +125,8 @@ def trace(
                 raise TraceError(_unguarded_value_message(wrapper.owner)) from None
         cursor.finish()
         # NOTE [value-dependent sizes]: sizes the graph left dynamic are no path
-        branches = [c for c in conversions or () if not (frame.sized.generic and c.sized)]
+        dynamic = compiled.sizes_left_dynamic
+        branches = [c for c in conversions or () if not (dynamic and c.sized)]
         if branches and compiled.defer is not None:  # a path of values: compile on reuse
             notes = compiled.defer(len(branches))
         elif compiled.warm_up is not None:  # a run on the trace inputs: no SolveTape sees it
@@ -137,7 +138,7 @@ def trace(
     notes = (*compiled.notes, *notes)
     served = compiled.served if branches and compiled.defer is not None else None
     compiled = dataclasses.replace(compiled, notes=notes, warm_up=None, defer=None, served=served)
-    guards = value_guards(conversions or [], frame.sized.generic)
+    guards = value_guards(conversions or [], dynamic)
     seconds = time.perf_counter() - start
     writes = frame.outputs.buffer_writes
     deferred = tuple(frame.outputs.deferred)

@@ -41,9 +41,9 @@ from ._context import Phase, current_frame
 from ._patches import RefCounted
 from ._reads._records import same_value
 from ._sources import user_location
-from ._static_shapes import SIZED_NODE, sized_op, static_form
+from ._static_shapes import sized_op, static_form
 from ._tensor_reads import PASS, watching
-from ._value_sized import note_sized, propagate_sized, stop_watching
+from ._value_sized import note_sized, note_sized_node, propagate_sized, stop_watching
 
 __all__ = [
     "Conversion",
@@ -196,11 +196,12 @@ def _guarding_reads_in_ops(original: Callable[..., Any]) -> Callable[..., Any]:
     def proxy_call(mode: Any, func: Any, pre_dispatch: bool, args: Any, kwargs: Any) -> Any:
         frame = current_frame()
         if frame is not None and frame.phase is Phase.TRACE and frame.conversions is not None:
+            tracing = frame
 
             def trace(op: Any, op_args: tuple[Any, ...], op_kwargs: dict[str, Any]) -> Any:
                 out = proxy_call(mode, op, pre_dispatch, op_args, op_kwargs)
                 if sized_op(op, op_kwargs):  # the node a generic graph puts back in its form
-                    next(iter(reversed(mode.tracer.graph.nodes))).meta[SIZED_NODE] = True
+                    note_sized_node(tracing, next(iter(reversed(mode.tracer.graph.nodes))))
                 return out
 
             form = static_form(func, args, kwargs, trace)

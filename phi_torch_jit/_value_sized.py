@@ -13,6 +13,8 @@ them), and notes every Python read of one of their sizes (``len(idx)``, ``x.shap
 ``x.size(0)``, ``x.numel()``; by torch's Python too, ``F.interpolate`` reading its input's
 shape): such a read ends in a literal of the graph or in a branch, so the size stays guarded.
 Reads made by the tracing machinery itself (FX, fake tensors, this package) do not count.
+The engine is told through the graph: each node that holds a static form's size carries
+:data:`SIZED_NODE` in its meta, empty while nothing read a size, else where the first read was.
 Where nothing read them, the engine may capture the ops in their dynamic form and drop the
 size guards, once the graph checks out with symbolic sizes
 (:mod:`.engines._generic_sizes`). NOTE [value-dependent sizes].
@@ -25,16 +27,21 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from typing import Any
 
 import torch
 
 from ._compat import tensor_conversion
-from ._context import Frame, Phase, current_frame
+from ._context import Frame, Phase, ValueSized, current_frame
+from ._patches import RefCounted, TensorAttributes
 from ._sources import OWN_DIR, TORCH_DIR
 
-__all__ = ["note_sized", "propagate_sized", "stop_watching", "sized_inputs"]
+__all__ = ["SIZED_NODE", "note_sized", "note_sized_node", "propagate_sized", "stop_watching"]
+
+SIZED_NODE = "phi_torch_jit.value_sized"
+"""Meta key of the graph nodes a static form specialized for one size (``nonzero_static`` with
+that size, ``repeat_interleave`` with that ``output_size``): the nodes an engine may put back
+in their dynamic form. Its value: "" while no size was read, else where Python read one."""
 
 _MACHINERY = (
     OWN_DIR,
@@ -53,24 +60,23 @@ _SAME_SHAPE_AS_FIRST = ("index_put", "index_add", "index_copy", "index_fill", "m
                         "index_reduce", "copy")  # fmt: skip
 """Ops whose output has the shape of their first argument whatever the others (indices)."""
 
-_WATCHED = ("shape", "size", "numel", "nelement", "__len__")
 
-_LOCK = threading.Lock()
-_USERS = 0
-_SAVED: dict[str, Any] = {}
+def _read(sized: ValueSized, where: str) -> None:
+    """A value-dependent size was read: every size stays guarded (the nodes say so)."""
+    sized.reads.append(where)
+    for node in sized.nodes:
+        node.meta[SIZED_NODE] = node.meta[SIZED_NODE] or where
 
 
 def _note_read(tensor: torch.Tensor, caller: Any) -> None:
     frame = current_frame()
     if frame is None or frame.phase is not Phase.TRACE:
         return
-    sized = frame.sized
-    if id(tensor) not in sized.tensors:
+    if id(tensor) not in frame.sized.tensors:
         return
     filename = caller.f_code.co_filename
-    if filename.startswith(_MACHINERY):
-        return
-    sized.reads.append(f"{filename}:{caller.f_lineno}")
+    if not filename.startswith(_MACHINERY):
+        _read(frame.sized, f"{filename}:{caller.f_lineno}")
 
 
 def _watched(name: str) -> Any:
@@ -92,36 +98,18 @@ def _watched(name: str) -> Any:
     return read
 
 
-def _start_watching(sized: Any) -> None:
-    global _USERS
-    if sized.watching:
-        return
-    with _LOCK:
-        if _USERS == 0:
-            for name in _WATCHED:
-                _SAVED[name] = torch.Tensor.__dict__.get(name)
-                setattr(torch.Tensor, name, _watched(name))
-        _USERS += 1
-    sized.watching = True
+_SIZE_READS = TensorAttributes(("shape", "size", "numel", "nelement", "__len__"), _watched)
+_WATCH = RefCounted(_SIZE_READS.install, _SIZE_READS.remove)
 
 
 def stop_watching(frame: Frame) -> None:
     """End of a trace: the size reads are no longer watched for it; its tensors are let go."""
-    global _USERS
     sized = frame.sized
     sized.tensors.clear()
-    if not sized.watching:
-        return
-    sized.watching = False
-    with _LOCK:
-        _USERS -= 1
-        if _USERS == 0:
-            for name in _WATCHED:
-                saved = _SAVED.pop(name)
-                if saved is None:
-                    delattr(torch.Tensor, name)
-                else:
-                    setattr(torch.Tensor, name, saved)
+    sized.nodes.clear()
+    if sized.watching:
+        sized.watching = False
+        _WATCH.release()
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -134,9 +122,18 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def note_sized(frame: Frame, result: Any) -> None:
     """``result`` (a static form's) has sizes that come from values: watch their reads."""
-    _start_watching(frame.sized)
+    sized = frame.sized
+    if not sized.watching:
+        _WATCH.acquire()
+        sized.watching = True
     for tensor in _tensors(result):
-        frame.sized.tensors[id(tensor)] = tensor
+        sized.tensors[id(tensor)] = tensor
+
+
+def note_sized_node(frame: Frame, node: Any) -> None:
+    """``node`` (an FX node) holds the size a static form was traced for."""
+    node.meta[SIZED_NODE] = frame.sized.reads[0] if frame.sized.reads else ""
+    frame.sized.nodes.append(node)
 
 
 def propagate_sized(
@@ -151,12 +148,6 @@ def propagate_sized(
     inputs = list(args[:1]) if packet in _SAME_SHAPE_AS_FIRST else [*args, *kwargs.values()]
     if any(id(t) in tensors for t in _tensors(inputs)):
         if str(func).startswith("phi_torch_jit"):  # compiled for the recorded shapes
-            frame.sized.reads.append(f"{func} (a custom function given such a tensor)")
+            _read(frame.sized, f"{func} (a custom function given such a tensor)")
         for tensor in _tensors(out):
             tensors[id(tensor)] = tensor
-
-
-def sized_inputs(frame: Frame, args: tuple[Any, ...]) -> bool:
-    """Whether any of ``args`` has a value-dependent size (a custom call receiving one)."""
-    tensors = frame.sized.tensors
-    return bool(tensors) and any(id(t) in tensors for t in _tensors(list(args)))

@@ -77,7 +77,7 @@ def capture(
     graph.meta[WITHOUT_GRAD] = tuple(without_grad)
     _reject_captured(graph, label)
     _reject_data_dependent_shapes(graph)
-    graph = generic_graph(graph, (*example_inputs, *state)) or graph
+    graph = generic_graph(graph, (*example_inputs, *state), label) or graph
     split_rnn_dropout(graph)
     return graph
 

@@ -10,22 +10,25 @@ back in their dynamic form (``nonzero_static(m, size=K)`` becomes ``nonzero(m)``
 graph on fake tensors whose value-dependent sizes are symbols: if any op needs to know a
 symbol's value (a literal size meets a dynamic one), the graph is not generic and the static
 form stays, guarded as before. If it runs through, the graph is right for every size, and the
-size guards are dropped: a program whose counts change on every call is compiled once per path.
+size guards are dropped (the engine's result says ``sizes_left_dynamic``): a program whose
+counts change on every call is compiled once per path. The check runs outside the trace's
+patches (``no_frame``: our own make_fx hook would take the copy's ops for the user's).
 NOTE [value-dependent sizes].
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
 import torch
 
 from .._compat import FAKE_MODE, SHAPE_ENV
-from .._context import current_frame, no_frame
-from .._static_shapes import SIZED_NODE
+from .._context import no_frame
+from .._value_sized import SIZED_NODE
 
-__all__ = ["GENERIC_SIZES", "generic_graph"]
+__all__ = ["GENERIC_SIZES", "fake_inputs_for", "generic_graph", "sizes_left_dynamic"]
 
 logger = logging.getLogger("phi_torch_jit")
 
@@ -65,48 +68,40 @@ def _runs_symbolically(graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, 
 
 
 def generic_graph(
-    graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]
+    graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...], label: str
 ) -> torch.fx.GraphModule | None:
     """``graph`` with its static forms put back in their dynamic form, if that is right for
-    every size (see the module docstring); None if not, or if it has none. The caller's trace
-    frame is told (its size guards are then dropped)."""
-    sized = [n for n in graph.graph.nodes if n.meta.get(SIZED_NODE)]
-    frame = current_frame()
-    if not sized or frame is None:
+    every size (see the module docstring), with meta :data:`GENERIC_SIZES`; None if not, or if
+    it has none. The trace told which nodes hold sizes, and whether Python read one, in their
+    meta (:data:`.._value_sized.SIZED_NODE`)."""
+    sized = [n for n in graph.graph.nodes if SIZED_NODE in n.meta]
+    if not sized:
         return None
-    if frame.sized.reads:
-        logger.debug(
-            "phi_torch_jit: %s: value-dependent sizes stay guarded: Python read one at %s",
-            frame.owner, frame.sized.reads[0],
-        )  # fmt: skip
-        return None
-    generic = torch.fx.GraphModule(graph, graph.graph)  # a copy of the module, same graph...
-    generic.graph = _copied(graph.graph)  # ...and then a graph of its own
-    for node in generic.graph.nodes:
-        if node.meta.get(SIZED_NODE):
-            _dynamic_form(node)
-    generic.recompile()
-    why = _runs_symbolically(generic, inputs)
+    read = next((n.meta[SIZED_NODE] for n in sized if n.meta[SIZED_NODE]), "")
+    why = f"Python read one at {read}" if read else ""
+    if not why:
+        generic = torch.fx.GraphModule(graph, copy.deepcopy(graph.graph))
+        for node in generic.graph.nodes:
+            if SIZED_NODE in node.meta:
+                _dynamic_form(node)
+        generic.recompile()
+        why = _runs_symbolically(generic, inputs)
     if why:
-        logger.debug("phi_torch_jit: %s: value-dependent sizes stay guarded: %s", frame.owner, why)
+        logger.debug("phi_torch_jit: %s: value-dependent sizes stay guarded: %s", label, why)
         return None
     generic.meta.update(graph.meta)
     generic.meta[GENERIC_SIZES] = True
-    frame.sized.generic = True
     return generic
 
 
-def _copied(graph: torch.fx.Graph) -> torch.fx.Graph:
-    copy = torch.fx.Graph()
-    mapping: dict[torch.fx.Node, torch.fx.Node] = {}
-    output = copy.graph_copy(graph, mapping)
-    copy.output(output)
-    return copy
+def sizes_left_dynamic(graph: torch.fx.GraphModule) -> bool:
+    """Whether ``graph`` is a :func:`generic_graph` (the engine says so in its result)."""
+    return bool(graph.meta.get(GENERIC_SIZES))
 
 
 def fake_inputs_for(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> list[Any] | None:
     """Fake inputs with a shape environment for a generic graph's backend (None: not one)."""
-    if not graph.meta.get(GENERIC_SIZES):
+    if not sizes_left_dynamic(graph):
         return None
     fake_mode = FAKE_MODE.find()(shape_env=SHAPE_ENV.find()())
     return [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]

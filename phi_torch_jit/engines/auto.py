@@ -42,6 +42,7 @@ from ._block_tiers import BackgroundBlock, submit_pending
 from ._capture import CAPTURE_LOCK as _CAPTURE_LOCK
 from ._capture import capture as _capture
 from ._capture import uses_rng as _uses_rng
+from ._generic_sizes import sizes_left_dynamic
 from ._light import straight_line, tensor_ops_only
 from .base import CompiledModule, Engine
 from .compile import UNROLLED, Backend, Compilable, CompileEngine, grads_of
@@ -132,6 +133,7 @@ class AutoEngine(CompileEngine):
             program.keep_alive,
             program.close,
             defer=program.start_for_values,
+            sizes_left_dynamic=sizes_left_dynamic(graph),
             on_new_program=program.listeners.append,
         )
 

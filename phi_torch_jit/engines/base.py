@@ -104,6 +104,9 @@ class CompiledModule:
     served: Callable[[], None] | None = None
     """With :attr:`defer`: told after each call whose value guards held (a call whose guards
     failed took another path, and does not count as a reuse)."""
+    sizes_left_dynamic: bool = False
+    """Whether the program computes the sizes its static forms were traced for itself, for
+    any values: their value guards need no check (NOTE [value-dependent sizes])."""
     on_new_program: Callable[[Callable[[], None]], None] | None = None
     """Registers a callback, called when another program starts serving calls after the first
     (engine "auto"'s switch to its compiled tier, engine "compile"'s compile on reuse): what

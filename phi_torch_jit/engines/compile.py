@@ -58,7 +58,7 @@ from .._state import capture_rng, restore_rng
 from .._warnings import TORCHSCRIPT_NOTICE
 from ..errors import ConfigurationError, JitError, UsageError, describe_error
 from ._capture import CAPTURE_LOCK, WITHOUT_GRAD, capture, uses_rng
-from ._generic_sizes import fake_inputs_for
+from ._generic_sizes import fake_inputs_for, sizes_left_dynamic
 from ._graph_bodies import GraphBodies
 from ._looped import faster, with_captured_loops
 from ._twice import TwiceDifferentiable, needs_twice
@@ -204,6 +204,7 @@ class CompileEngine(Engine):
         return CompiledModule(
             program, (), uses_rng(graph), (), program.warm_up,
             defer=program.compile_on_reuse, served=program.served,
+            sizes_left_dynamic=sizes_left_dynamic(graph),
             on_new_program=program.listeners.append,
         )  # fmt: skip
 
