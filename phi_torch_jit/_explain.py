@@ -29,6 +29,7 @@ def explain(
     engine: Engine,
     specializations: Iterable[Specialization],
     gave_up: bool = False,
+    paths: Sequence[tuple[Key, str]] = (),
 ) -> str:
     """The ``explain()`` report of a jitted function."""
     lines = [
@@ -41,6 +42,8 @@ def explain(
         lines.append(f"  runs eagerly: {report.gave_up_reason}")
     for i, spec in enumerate(specializations):
         lines += explain_specialization(i, spec)
+    for key, figures in paths:
+        lines.append(f"  several paths of {describe_spec(key[0])}: {figures}")
     return "\n".join(lines)
 
 
@@ -188,6 +191,11 @@ class Reporter:
     def switched(self, figures: str) -> None:
         """Log that a specialization serves eager code: its compiled step is slower."""
         logger.warning("phi_torch_jit: %s: a specialization %s", self.owner, figures)
+
+    def paths_switched(self, figures: str) -> None:
+        """Log that a signature's several paths serve eager code (or again their programs):
+        the programs that ran in vain cost more than compiling saves."""
+        logger.warning("phi_torch_jit: %s: a signature with several paths: %s", self.owner, figures)
 
     def cannot_compile(self, reasons: list[str], stacklevel: int = 6) -> None:
         """Warn once that the function runs eagerly, and why: it does what no compiled program

@@ -8,7 +8,6 @@ stages 1-5 in order and the result joins the cache.
 
 from __future__ import annotations
 
-import collections
 import functools
 import time
 import types
@@ -22,9 +21,10 @@ from ._cache import SpecializationCache, clear_caches
 from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
 from ._explain import Reporter, explain
-from ._meter import MISSES, SCANNED, WINDOW, HitRate
+from ._meter import MISSES, WINDOW, HitRate
 from ._options import DISABLE_ENV, ENGINE_ENV, Options, positional_names
-from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_specialization, specialize
+from ._path_meter import PathMeters
+from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_run, eager_specialization, specialize
 from ._signature import flatten_arguments
 from ._specialization import (
     Key,
@@ -79,9 +79,12 @@ class JitFunction(Generic[P, R]):
         self._value_misses: dict[Key, int] = {}
         """Value-guard misses per signature, also those whose call kept no specialization
         (engine "auto" compiling in the background): NOTE [values that never repeat]."""
-        self._scans: dict[Key, collections.deque[int]] = {}
-        """Call numbers of the recent calls per signature that ran other paths' programs
-        before one held (:meth:`_scanned`)."""
+        self._paths = (
+            PathMeters(functools.partial(eager_run, self._target), self._report.paths_switched)
+            if options.fallback == "measure"
+            else None
+        )
+        """Measures what a signature with several value-guarded paths costs against eager."""
         self._gave_up = False
         """The calls keep missing the cache: every call runs the Python function (NOTE
         [never slower than eager]); kept by ``clear_cache()``."""
@@ -129,7 +132,10 @@ class JitFunction(Generic[P, R]):
         spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)
         key = (spec, torch.is_grad_enabled(), ambient_state())
         seen = self._cache.lookup(key)
-        result = serve(seen, tensors) if seen else Miss(None)
+        if len(seen) > 1 and self._paths is not None:  # several paths: measured
+            result = self._paths.serve(key, seen, tensors)
+        else:
+            result = serve(seen, tensors) if seen else Miss(None)
         if not isinstance(result, Miss):
             self._cache.touch(seen[0].key)  # the stored key: found by identity, not compared
             if seen[0].eager is not None:
@@ -138,9 +144,8 @@ class JitFunction(Generic[P, R]):
                 self._eager_streak = 0
             return result  # type: ignore[no-any-return]
         self._eager_streak = 0
-        if type(result) is Scanned:  # served after other paths' programs ran: count it
+        if type(result) is Scanned:  # served after other paths' programs ran
             self._cache.touch(seen[0].key)
-            self._scanned(key, result)
             return result.result  # type: ignore[no-any-return]
         policy = self._options.on_guard_failure
         if result.failure is not None and policy == "eager":
@@ -204,29 +209,10 @@ class JitFunction(Generic[P, R]):
             f"{miss.failure.description}); compiling each would cost more than it saves"
         )
         self._cache.replace(eager_specialization(self._target, key, why))
+        if self._paths is not None:
+            self._paths.forget(key)
         self._report.cannot_compile([why], stacklevel=5)
         return True
-
-    def _scanned(self, key: Key, scanned: Scanned) -> None:
-        """A call of ``key`` ran the programs of other paths before one held. When half of
-        a signature's recent calls do, their wasted runs cost more than compiling saves (an
-        iteration whose exit varies among a few counts ran at 2-6x eager's time): one eager
-        specialization replaces the signature's others (NOTE [values that never repeat])."""
-        if self._options.fallback != "measure":
-            return
-        calls = self._hit_rate.calls
-        recent = self._scans.setdefault(key, collections.deque(maxlen=SCANNED))
-        recent.append(calls)
-        if len(recent) < SCANNED or calls - recent[0] >= 2 * SCANNED:
-            return
-        assert scanned.failure is not None
-        why = (
-            f"{SCANNED} of its last {2 * SCANNED} calls or fewer with this signature ran the "
-            "programs of other paths first, whose value guards failed (last: "
-            f"{scanned.failure.description}); those runs cost more than compiling saves"
-        )
-        self._cache.replace(eager_specialization(self._target, key, why))  # under its lock
-        del self._scans[key]
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the background compiles of this function's specializations have finished
@@ -247,6 +233,8 @@ class JitFunction(Generic[P, R]):
     def clear_cache(self) -> None:
         """Drop every compiled specialization (and the tensors and ops they hold)."""
         self._cache.clear()
+        if self._paths is not None:
+            self._paths.clear()
 
     def trace_check(self, *args: P.args, **kwargs: P.kwargs) -> tuple[bool, str]:
         """Whether a call with these arguments would find a specialization compiled for its
@@ -264,7 +252,8 @@ class JitFunction(Generic[P, R]):
 
     def explain(self) -> str:
         """A readable report: per specialization, signature, modules, custom functions, times."""
-        return explain(self._report, self._engine, self.specializations, self._gave_up)
+        paths = self._paths.describe() if self._paths is not None else []
+        return explain(self._report, self._engine, self.specializations, self._gave_up, paths)
 
     def __repr__(self) -> str:
         return f"<jitted {self._owner}, engine={self._engine.name!r}>"

@@ -94,9 +94,6 @@ WINDOW = 24
 """Calls over which a function's miss rate is judged."""
 MISSES = 12
 """Misses in the last ``WINDOW`` calls after which a function runs eagerly."""
-SCANNED = 12
-"""Calls of one signature, within twice as many calls of the function, that ran other
-paths' programs first (value guards failed) after which the signature runs eagerly."""
 
 Run = Callable[[list[torch.Tensor]], Any]
 
@@ -110,13 +107,29 @@ class Meter:
     def __init__(
         self,
         eager: Run,
-        eager_s: float,
+        eager_s: float | None,
         on_switch: Callable[[str], None],
         compiled: bool = True,
+        not_a_step: Callable[[Any], bool] | None = None,
+        program: str = "",
+        mean: bool = False,
+        afresh: str = "another program took over",
     ) -> None:
         self.compiled = compiled
         """Whether the program is a backend's compile (False: a captured graph run uncompiled,
         its backend having failed): said so in the figures, never called compiled."""
+        self._not_a_step = not_a_step or _guard_failed
+        """Whether a result is no step of this path (a value guard failed: not timed)."""
+        self._program = program
+        """How the figures name the program ("" : "compiled", or "uncompiled graph")."""
+        self._afresh = afresh
+        """Why the measurement starts afresh (:attr:`restarts`), for the figures."""
+        self._typical: Callable[[list[float]], float] = (
+            statistics.fmean if mean else statistics.median
+        )
+        """What the program's samples are summed up by: their median; their mean where its
+        calls differ by design (a signature's paths, each call running one to several
+        programs: the user pays the mean)."""
         self.done = False
         """Decided for the compiled program (calls go straight to it)."""
         self.eager_wins = False
@@ -125,7 +138,7 @@ class Meter:
         """Runs the function eagerly on the flat inputs."""
         self.record_s = eager_s
         """The record pass: an eager run, recording overhead included (shown, not compared:
-        a first call can take many times eager's step)."""
+        a first call can take many times eager's step); None: none is shown."""
         self.compiled_s: list[float] = []
         """Timed compiled calls of the current round."""
         self.eager_s: list[float] = []
@@ -193,7 +206,7 @@ class Meter:
         start = _now(tensors)
         result = self.eager(tensors) if timing_eager else compiled(tensors)
         seconds = _now(tensors) - start
-        if type(result).__name__ == "GuardFailure" or self._stale:  # not a step of this path
+        if self._not_a_step(result) or self._stale:  # not a step of this path
             return result
         self._timed += 1
         samples = self.eager_s if timing_eager else self.compiled_s
@@ -231,7 +244,7 @@ class Meter:
         early = len(self.eager_s) < SAMPLES
         if early and not self._decisive():  # the round goes on
             return
-        compiled = statistics.median(self.compiled_s)
+        compiled = self._typical(self.compiled_s)
         eager = statistics.median(self.eager_s)
         if early or compiled <= SLOWER * eager:
             self.done = True
@@ -252,22 +265,25 @@ class Meter:
 
     def describe(self) -> str:
         """The figures, for the log and ``explain()``."""
-        parts = [f"record pass (eager + recording) {self.record_s * 1e3:.3g} ms"]
-        program = "compiled" if self.compiled else "uncompiled graph"
+        parts = []
+        if self.record_s is not None:
+            parts.append(f"record pass (eager + recording) {self.record_s * 1e3:.3g} ms")
+        program = self._program or ("compiled" if self.compiled else "uncompiled graph")
+        served = self._program or ("compiled program" if self.compiled else "uncompiled graph")
         if self.compiled_s:
-            parts.append(f"{program} {statistics.median(self.compiled_s) * 1e3:.3g} ms")
+            parts.append(f"{program} {self._typical(self.compiled_s) * 1e3:.3g} ms")
         if self.eager_s:
             parts.append(f"eager {statistics.median(self.eager_s) * 1e3:.3g} ms")
         verdict = (
             f"serves eager code ({program} is slower by more than {round((SLOWER - 1) * 100)}%)"
             if self.eager_wins
-            else f"serves the {'compiled program' if self.compiled else 'uncompiled graph'}"
+            else f"serves the {served}"
             if self.done
             else "measuring"
         )
         notes = []
         if self.restarts:
-            notes.append(f"measured afresh {self.restarts}x: another program took over")
+            notes.append(f"measured afresh {self.restarts}x: {self._afresh}")
         if self.revisits:
             notes.append(f"revisited {self.revisits}x")
         if self.revisits and self.eager_wins:
@@ -279,7 +295,14 @@ class Meter:
                 f"first round {program} {first_compiled * 1e3:.3g} ms, eager "
                 f"{first_eager * 1e3:.3g} ms (then measured again)"
             )
-        return f"step time, medians{again}: {', '.join(parts)}; {verdict}"
+        if not parts:
+            parts.append("nothing timed yet")
+        typical = "means and medians" if self._typical is statistics.fmean else "medians"
+        return f"step time, {typical}{again}: {', '.join(parts)}; {verdict}"
+
+
+def _guard_failed(result: Any) -> bool:
+    return type(result).__name__ == "GuardFailure"
 
 
 def _time_backward(result: Any, samples: list[float], index: int) -> bool:

@@ -233,6 +233,11 @@ def eager_specialization(target: Target, key: Key, reason: str) -> Specializatio
     )
 
 
+def eager_run(target: Target, key: Key) -> Callable[[list[torch.Tensor]], Any]:
+    """Runs ``target``'s Python function on the flat inputs of ``key``'s signature."""
+    return _EagerCall(target.fn, key[0])
+
+
 def _no_program(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     raise AssertionError("an eager specialization has no program")  # never called: eager=
 

@@ -383,6 +383,7 @@ def test_two_threads_jitting_at_once(device: torch.device) -> None:
     for t in threads:
         t.join()
     assert not errors, errors
+
     # engine "auto" runs a new signature eagerly while another compiles on the caller's
     # thread (NOTE [one tracing thread]): on a loaded machine all 20 calls of one thread can
     # fall into the other's compile; one more call then traces it. Never twice. That call

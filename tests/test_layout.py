@@ -118,7 +118,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "_custom_op")),
     ("stage 3: wrapper", ("_wrapper",)),
     ("stage 4: trace", ("_replay", "_trace")),
-    ("stage 5: serve", ("_meter", "_guards", "_specialization", "_cache", "_explain")),
+    ("stage 5: serve",
+     ("_meter", "_guards", "_specialization", "_path_meter", "_cache", "_explain")),
     ("the driver", ("_options", "_pipeline", "_jit")),
     ("public surface and library adapters", ("", "phiflow", "adapters")),
 )  # fmt: skip

@@ -304,49 +304,137 @@ def _three_paths(x: torch.Tensor) -> torch.Tensor:  # an exit that varies among 
     return x
 
 
-@pytest.mark.parametrize("fallback", ["measure", "off"])
-def test_a_signature_whose_calls_keep_running_other_paths_programs_ends_up_eager(
-    fallback: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its paths repeat, so it never misses; but most calls ran one or two programs whose value
-    guards failed before one held (until_converged ran at 2-6x eager's time). It ends up
-    running eagerly: by the rule for scanned calls, or because the program tried first was
-    measured slower than eager (this tiny step) and serves every call with eager code."""
-    from phi_torch_jit._specialization import Specialization
+class _Paths:
+    """``_three_paths`` on a fake clock: eager code takes ``eager_s``, each program run
+    (also one whose value guards then fail) ``program_s``; ``programs`` counts the runs."""
 
-    jitted = ptj.jit(_three_paths, fallback=fallback)
-    inputs = [torch.full((2,), v) for v in (0.1, 0.9, 1.5, 3.0)]  # 0, 1, 2, 3 halvings
-    programs: list[int] = []
-    run_compiled = Specialization._run_compiled
+    def __init__(
+        self, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, eager_s: float, program_s: float
+    ) -> None:
+        from phi_torch_jit._specialization import Specialization
 
-    def counted(self: Specialization, tensors: list[torch.Tensor]) -> Any:
-        programs.append(1)
-        return run_compiled(self, tensors)
+        self.clock, self.eager_s, self.program_s = clock, eager_s, program_s
+        self.programs = 0
+        self.inputs = [torch.full((2,), v) for v in (0.1, 0.9, 1.5, 3.0)]  # 0-3 halvings
+        run_compiled = Specialization._run_compiled
 
-    monkeypatch.setattr(Specialization, "_run_compiled", counted)
-    with caplog.at_level("WARNING", logger="phi_torch_jit"):
-        for k in range(6 * _meter.SCANNED):
-            if k == 4 * _meter.SCANNED:
-                programs.clear()
-            x = inputs[k % len(inputs)]
+        def timed(specialization: Specialization, tensors: list[torch.Tensor]) -> Any:
+            self.programs += 1
+            clock.now += self.program_s
+            return run_compiled(specialization, tensors)
+
+        monkeypatch.setattr(Specialization, "_run_compiled", timed)
+
+        def step(x: torch.Tensor) -> torch.Tensor:  # reads none of this object's counters
+            clock.now += eager_s  # the Python function: eager code (and record, trace)
+            return _three_paths(x)
+
+        self.step = step
+
+    def calls(self, jitted: Any, n: int, start: int = 0) -> None:
+        for k in range(start, start + n):
+            x = self.inputs[k % len(self.inputs)]
             torch.testing.assert_close(jitted(x), _three_paths(x))
-    assert jitted.num_traces == len(inputs)  # each path compiled once, never again
-    reasons = [s.eager_reason for s in jitted.specializations]
-    if fallback == "off":  # the user asked to keep the programs
-        assert not any(reasons) and programs
-        return
-    assert not programs  # the last calls ran no program: eager code served them
-    said = [r.getMessage() for r in caplog.records if r.name == "phi_torch_jit"]
-    scanned = [m for m in said if "ran the programs of other paths first" in m]
-    slower = [m for m in said if "serves eager code" in m]
-    assert len(scanned) + len(slower) >= 1 and len(scanned) <= 1
 
 
-def test_a_path_that_holds_first_is_never_counted() -> None:
+def _paths_said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        m.getMessage() for m in caplog.records if "a signature with several paths" in m.getMessage()
+    ]
+
+
+def test_paths_whose_vain_runs_cost_more_than_eager_serve_eager_code_and_say_so(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its paths repeat, so it never misses; but most calls run one to three programs whose
+    value guards fail before one holds (until_converged ran at 2-6x eager's time). Each
+    program alone is 2x faster than eager; with the vain runs, a call is not: measured so,
+    the signature's calls run the Python function, said once, shown by ``explain()``."""
+    paths = _Paths(clock, monkeypatch, eager_s=1.0, program_s=0.5)
+    jitted = ptj.jit(paths.step)
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        paths.calls(jitted, 4 * _meter.TO_DROP)
+        before = paths.programs
+        paths.calls(jitted, 8)
+    assert paths.programs == before  # the last calls ran no program: eager code served them
+    assert jitted.num_traces == len(paths.inputs)  # each path compiled once, never again
+    (said,) = _paths_said(caplog)
+    assert "serves eager code" in said and "programs of its paths, tried in turn" in said
+    assert "several paths of" in jitted.explain() and "serves eager code" in jitted.explain()
+    assert not any(s.meter is not None and s.meter.eager_wins for s in jitted.specializations)
+
+
+def test_paths_fast_enough_to_pay_for_their_vain_runs_keep_their_programs(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call after the first few runs programs in vain, and still the programs (10x
+    faster than eager) win: measured, not counted, the signature keeps them."""
+    paths = _Paths(clock, monkeypatch, eager_s=1.0, program_s=0.1)
+    jitted = ptj.jit(paths.step)
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        paths.calls(jitted, 4 * _meter.TO_DROP)
+        before = paths.programs
+        paths.calls(jitted, 8)
+    assert paths.programs - before >= 8 + 3 * 2  # one to four programs a call
+    assert not _paths_said(caplog) and "serves eager code" not in jitted.explain()
+    assert "serves the programs of its paths, tried in turn" in jitted.explain()
+
+
+def test_paths_dropped_under_a_burst_of_load_serve_their_programs_again_after_a_revisit(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The programs were measured while a burst of load slowed them (5x); the decision for
+    eager code is measured again after ``REVISIT`` eager calls, and the programs serve."""
+    paths = _Paths(clock, monkeypatch, eager_s=1.0, program_s=2.5)
+    jitted = ptj.jit(paths.step)
+    calls = 4 * _meter.TO_DROP
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        paths.calls(jitted, calls)
+        assert "serves eager code" in _paths_said(caplog)[-1]
+        paths.program_s = 0.1  # the load is gone
+        paths.calls(jitted, _meter.REVISIT + _meter.ROUND + 2, start=calls)
+    last = _paths_said(caplog)[-1]
+    assert "revisited" in last and last.endswith("serves the programs of its paths, tried in turn")
+    before = paths.programs
+    paths.calls(jitted, 4)
+    assert paths.programs > before
+
+
+def test_a_new_path_measures_the_paths_afresh(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two paths measured fast; a third (more programs to run in vain) starts the
+    measurement over."""
+    paths = _Paths(clock, monkeypatch, eager_s=1.0, program_s=0.1)
+    jitted = ptj.jit(paths.step)
+    every, two = paths.inputs, paths.inputs[:2]
+    paths.inputs = two
+    paths.calls(jitted, 2 * _meter.TO_DROP)
+    assert "serves the programs" in jitted.explain() and jitted.num_traces == 2
+    paths.inputs = every[:3]
+    paths.calls(jitted, 4)  # the third traces the new path; the fourth is measured afresh
+    assert jitted.num_traces == 3 and "measured afresh 1x: a new path" in jitted.explain()
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_fallback_off_keeps_every_paths_program(
+    measured: bool, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _Paths(clock, monkeypatch, eager_s=1.0, program_s=0.5)
+    jitted = ptj.jit(paths.step, fallback="measure" if measured else "off")
+    paths.calls(jitted, 4 * _meter.TO_DROP)
+    before = paths.programs
+    paths.calls(jitted, 8)
+    assert (paths.programs > before) is not measured
+    assert ("several paths of" in jitted.explain()) is measured
+
+
+def test_a_path_that_holds_first_is_never_measured() -> None:
     jitted = ptj.jit(_three_paths)
-    for _ in range(3 * _meter.SCANNED):
+    for _ in range(3 * _meter.WINDOW):
         jitted(torch.full((2,), 0.1))
     assert jitted.num_traces == 1 and "runs eagerly" not in jitted.explain()
+    assert "several paths" not in jitted.explain()
 
 
 def _random_depth(x: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
