@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import phi_torch_jit
-from phi_torch_jit import _compat
-from phi_torch_jit.engines import register_engine
+from phi_torch_jit import _compat, _meter
+from phi_torch_jit.engines import _looped, register_engine
 from phi_torch_jit.engines.auto import AutoEngine
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -59,6 +59,21 @@ def device() -> torch.device:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def _still() -> float:
+    return 0.0
+
+
+@pytest.fixture(autouse=True)
+def _clocks_that_stand_still(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test depends on wall-clock time or on which path a measurement picked: the clocks
+    that decisions read (a specialization's meter, a signature's paths, the choice between a
+    library solve's programs) stand still, so every compiled program measures as fast as eager
+    code and serves (the same calls run eagerly on a busy machine as on a quiet one). Tests of
+    the decisions themselves put a fake clock in their place (test_meter.py)."""
+    monkeypatch.setattr(_meter, "CLOCK", _still)
+    monkeypatch.setattr(_looped, "CLOCK", _still)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import warnings
 from typing import Any
 
@@ -205,24 +204,40 @@ def test_outside_a_compiled_solve_phiml_runs_its_own_solver(
     assert calls == [1] and solvers.runs == runs
 
 
-def _program(mode: str, seconds: float) -> CompiledFunction:
+class _Clock:
+    """Seconds that pass only when a program below says so: nothing here is timed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _program(clock: _Clock, mode: str, seconds: float) -> CompiledFunction:
     def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        time.sleep(seconds)
+        clock.now += seconds
         return tensors
 
     return CompiledFunction(run, mode)  # type: ignore[arg-type]
 
 
 def test_the_faster_program_serves_and_the_choice_is_logged(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(_looped, "CLOCK", clock)
     target = FunctionTarget(lambda x: (x,), (torch.ones(2),), "forward of solve")
     with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
-        chosen = _looped.faster(target, _program("looped", 0.0), _program("traced", 0.02))
+        chosen = _looped.faster(
+            target, _program(clock, "looped", 0.001), _program(clock, "traced", 0.02)
+        )
         assert chosen.mode == "looped"
-        chosen = _looped.faster(target, _program("looped", 0.02), _program("traced", 0.0))
+        chosen = _looped.faster(
+            target, _program(clock, "looped", 0.02), _program(clock, "traced", 0.001)
+        )
         assert chosen.mode == "traced"
-    assert "forward of solve: traced serves (looped" in caplog.text
+    assert "forward of solve: traced serves (looped 20.00 ms, traced 1.00 ms)" in caplog.text
 
 
 DOMAIN = Box(x=16, y=16)
