@@ -429,6 +429,12 @@ def test_fallback_off_keeps_every_paths_program(
     assert ("several paths of" in jitted.explain()) is measured
 
 
+def test_a_compile_inside_one_timed_call_does_not_make_the_paths_mean() -> None:
+    samples = [1.0, 2.0] * 9 + [0.5, 400.0]  # one call compiled a path: 400
+    assert _meter.trimmed_mean(samples) == pytest.approx(1.5)
+    assert _meter.trimmed_mean([3.0]) == 3.0
+
+
 def test_a_path_that_holds_first_is_never_measured() -> None:
     jitted = ptj.jit(_three_paths)
     for _ in range(3 * _meter.WINDOW):
