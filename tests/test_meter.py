@@ -343,6 +343,17 @@ def _paths_said(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+def _settled(paths: _Paths, caplog: pytest.LogCaptureFixture) -> tuple[Any, int]:
+    """``paths.step`` jitted and called past its measurement, then 8 calls more: the jitted
+    function, and how many programs those 8 calls ran."""
+    jitted = ptj.jit(paths.step)
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        paths.calls(jitted, 4 * _meter.TO_DROP)
+        before = paths.programs
+        paths.calls(jitted, 8)
+    return jitted, paths.programs - before
+
+
 def test_paths_whose_vain_runs_cost_more_than_eager_serve_eager_code_and_say_so(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -351,12 +362,8 @@ def test_paths_whose_vain_runs_cost_more_than_eager_serve_eager_code_and_say_so(
     program alone is 2x faster than eager; with the vain runs, a call is not: measured so,
     the signature's calls run the Python function, said once, shown by ``explain()``."""
     paths = _Paths(clock, monkeypatch, eager_s=1.0, program_s=0.5)
-    jitted = ptj.jit(paths.step)
-    with caplog.at_level("WARNING", logger="phi_torch_jit"):
-        paths.calls(jitted, 4 * _meter.TO_DROP)
-        before = paths.programs
-        paths.calls(jitted, 8)
-    assert paths.programs == before  # the last calls ran no program: eager code served them
+    jitted, programs = _settled(paths, caplog)
+    assert programs == 0  # the last calls ran no program: eager code served them
     assert jitted.num_traces == len(paths.inputs)  # each path compiled once, never again
     (said,) = _paths_said(caplog)
     assert "serves eager code" in said and "programs of its paths, tried in turn" in said
@@ -370,12 +377,8 @@ def test_paths_fast_enough_to_pay_for_their_vain_runs_keep_their_programs(
     """Every call after the first few runs programs in vain, and still the programs (10x
     faster than eager) win: measured, not counted, the signature keeps them."""
     paths = _Paths(clock, monkeypatch, eager_s=1.0, program_s=0.1)
-    jitted = ptj.jit(paths.step)
-    with caplog.at_level("WARNING", logger="phi_torch_jit"):
-        paths.calls(jitted, 4 * _meter.TO_DROP)
-        before = paths.programs
-        paths.calls(jitted, 8)
-    assert paths.programs - before >= 8 + 3 * 2  # one to four programs a call
+    jitted, programs = _settled(paths, caplog)
+    assert programs >= 8 + 3 * 2  # one to four programs a call
     assert not _paths_said(caplog) and "serves eager code" not in jitted.explain()
     assert "serves the programs of its paths, tried in turn" in jitted.explain()
 
