@@ -38,6 +38,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,6 +49,8 @@ __all__ = [
     "CLOCK",
     "FALLBACKS",
     "Meter",
+    "Measured",
+    "A_PROGRAM",
     "HitRate",
     "SAMPLES",
     "trimmed_mean",
@@ -99,6 +102,30 @@ MISSES = 12
 Run = Callable[[list[torch.Tensor]], Any]
 
 
+def _guard_failed(result: Any) -> bool:
+    return type(result).__name__ == "GuardFailure"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a :class:`Meter` times against eager code, and how its figures name it."""
+
+    name: str = ""
+    """How the figures name it ("": "compiled", or "uncompiled graph")."""
+    by_mean: bool = False
+    """Its samples are summed up by their mean (trimmed, :func:`trimmed_mean`), not their
+    median: where its calls differ by design (a signature's paths, each call running one to
+    several programs), the user pays the mean."""
+    afresh: str = "another program took over"
+    """Why the measurement starts afresh (:attr:`Meter.restarts`), for the figures."""
+    not_a_step: Callable[[Any], bool] = _guard_failed
+    """Whether a result is no step of it (a value guard failed: not timed)."""
+
+
+A_PROGRAM = Measured()
+"""A specialization's program (compiled, or its captured graph run uncompiled)."""
+
+
 class Meter:
     """Times one specialization's compiled calls against eager's (see the module docstring).
 
@@ -111,24 +138,16 @@ class Meter:
         eager_s: float | None,
         on_switch: Callable[[str], None],
         compiled: bool = True,
-        not_a_step: Callable[[Any], bool] | None = None,
-        program: str = "",
-        mean: bool = False,
-        afresh: str = "another program took over",
+        measured: Measured = A_PROGRAM,
     ) -> None:
         self.compiled = compiled
         """Whether the program is a backend's compile (False: a captured graph run uncompiled,
         its backend having failed): said so in the figures, never called compiled."""
-        self._not_a_step = not_a_step or _guard_failed
-        """Whether a result is no step of this path (a value guard failed: not timed)."""
-        self._program = program
-        """How the figures name the program ("" : "compiled", or "uncompiled graph")."""
-        self._afresh = afresh
-        """Why the measurement starts afresh (:attr:`restarts`), for the figures."""
-        self._typical: Callable[[list[float]], float] = trimmed_mean if mean else statistics.median
-        """What the program's samples are summed up by: their median; their mean where its
-        calls differ by design (a signature's paths, each call running one to several
-        programs: the user pays the mean), trimmed (:func:`trimmed_mean`)."""
+        self.measured = measured
+        """What is timed against eager code, and how the figures name it."""
+        self._typical: Callable[[list[float]], float] = (
+            trimmed_mean if self.measured.by_mean else statistics.median
+        )
         self.done = False
         """Decided for the compiled program (calls go straight to it)."""
         self.eager_wins = False
@@ -205,7 +224,7 @@ class Meter:
         start = _now(tensors)
         result = self.eager(tensors) if timing_eager else compiled(tensors)
         seconds = _now(tensors) - start
-        if self._not_a_step(result) or self._stale:  # not a step of this path
+        if self.measured.not_a_step(result) or self._stale:  # not a step of this path
             return result
         self._timed += 1
         samples = self.eager_s if timing_eager else self.compiled_s
@@ -267,8 +286,9 @@ class Meter:
         parts = []
         if self.record_s is not None:
             parts.append(f"record pass (eager + recording) {self.record_s * 1e3:.3g} ms")
-        program = self._program or ("compiled" if self.compiled else "uncompiled graph")
-        served = self._program or ("compiled program" if self.compiled else "uncompiled graph")
+        named = self.measured.name
+        program = named or ("compiled" if self.compiled else "uncompiled graph")
+        served = named or ("compiled program" if self.compiled else "uncompiled graph")
         if self.compiled_s:
             parts.append(f"{program} {self._typical(self.compiled_s) * 1e3:.3g} ms")
         if self.eager_s:
@@ -282,7 +302,7 @@ class Meter:
         )
         notes = []
         if self.restarts:
-            notes.append(f"measured afresh {self.restarts}x: {self._afresh}")
+            notes.append(f"measured afresh {self.restarts}x: {self.measured.afresh}")
         if self.revisits:
             notes.append(f"revisited {self.revisits}x")
         if self.revisits and self.eager_wins:
@@ -296,7 +316,7 @@ class Meter:
             )
         if not parts:
             parts.append("nothing timed yet")
-        typical = "means and medians" if self._typical is trimmed_mean else "medians"
+        typical = "means and medians" if self.measured.by_mean else "medians"
         return f"step time, {typical}{again}: {', '.join(parts)}; {verdict}"
 
 
@@ -311,10 +331,6 @@ def trimmed_mean(samples: list[float]) -> float:
     cut = int(len(samples) * TRIMMED)
     ordered = sorted(samples)
     return statistics.fmean(ordered[cut : len(ordered) - cut] or ordered)
-
-
-def _guard_failed(result: Any) -> bool:
-    return type(result).__name__ == "GuardFailure"
 
 
 def _time_backward(result: Any, samples: list[float], index: int) -> bool:

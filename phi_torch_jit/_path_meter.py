@@ -24,12 +24,23 @@ from typing import Any
 
 import torch
 
-from ._meter import Meter
+from ._meter import Measured, Meter
 from ._specialization import Key, Miss, Scanned, Specialization, run_first_valid
 
 __all__ = ["PathMeters"]
 
 Run = Callable[[list[torch.Tensor]], Any]
+
+
+def _missed(result: Any) -> bool:
+    return isinstance(result, Miss)
+
+
+PATHS = Measured(
+    "programs of its paths, tried in turn", by_mean=True, afresh="a new path was compiled",
+    not_a_step=_missed,
+)  # fmt: skip
+"""What a signature's meter times: the lookup, every program run in vain included."""
 
 
 class PathMeters:
@@ -46,17 +57,14 @@ class PathMeters:
         result, or a :class:`Miss` when no path's guards held (not timed)."""
         entry = self._meters.get(key)
         if entry is None or entry[1] != len(paths):  # a new path: measured afresh
-            meter = Meter(
-                self._eager_for(key), None, self._on_switch, not_a_step=_missed,
-                program="programs of its paths, tried in turn", mean=True,
-                afresh="a new path was compiled",
-            )  # fmt: skip
+            meter = Meter(self._eager_for(key), None, self._on_switch, measured=PATHS)
             if entry is not None:
                 meter.restarts = entry[0].restarts + 1
             self._meters[key] = entry = (meter, len(paths))
         meter = entry[0]
-        run = functools.partial(_first_valid, paths)
-        return run(tensors) if meter.done else meter.serve(run, tensors)
+        if meter.done:  # decided for the programs: nothing more to time
+            return _first_valid(paths, tensors)
+        return meter.serve(functools.partial(_first_valid, paths), tensors)
 
     def describe(self) -> list[tuple[Key, str]]:
         """Each measured signature with its figures (``explain()``)."""
@@ -75,7 +83,3 @@ def _first_valid(paths: Sequence[Specialization], tensors: list[torch.Tensor]) -
     count in its time); a :class:`Miss` if none does."""
     result = run_first_valid(paths, tensors)
     return result.result if type(result) is Scanned else result
-
-
-def _missed(result: Any) -> bool:
-    return isinstance(result, Miss)
