@@ -338,3 +338,64 @@ def test_a_loop_unrolled_by_values_is_never_compiled() -> None:
         assert torch.equal(step(x), until(x))
     assert graphs == [] and step.num_traces == 1
     assert "not compiled: its traced Python branched on" in step.explain()
+
+
+def _tanh_net_loss(net: nn.Module) -> Any:
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(net(x)).square().mean()
+
+    return loss
+
+
+def _spy_on_compile_fx(monkeypatch: pytest.MonkeyPatch, fail_cpp: bool) -> list[dict[str, Any]]:
+    """Record the settings each inductor compile gets; with ``fail_cpp``, one with the C++
+    wrapper raises as an unsupported graph would."""
+    import phi_torch_jit._compat._inductor as inductor_compat
+
+    real = inductor_compat.COMPILE_FX.find()
+    seen: list[dict[str, Any]] = []
+
+    def compile_fx(*args: Any, config_patches: dict[str, Any], **kwargs: Any) -> Any:
+        seen.append(dict(config_patches))
+        if fail_cpp and config_patches.get("cpp_wrapper"):
+            raise NotImplementedError("no C++ wrapper for this graph")
+        return real(*args, config_patches=config_patches, **kwargs)
+
+    monkeypatch.setattr(inductor_compat, "COMPILE_FX", SimpleNamespace(find=lambda: compile_fx))
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail_cpp", [False, True], ids=["cpp-wrapper", "cpp-fails"])
+def test_cpu_graphs_compile_with_the_cpp_wrapper_and_fall_back_to_python_where_it_fails(
+    monkeypatch: pytest.MonkeyPatch, fail_cpp: bool
+) -> None:
+    """The C++ wrapper serves CPU graphs (it pays on steps of many small kernels); a graph it
+    cannot wrap is compiled again with the Python wrapper, not left uncompiled."""
+    seen = _spy_on_compile_fx(monkeypatch, fail_cpp)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+    jitted, x = ptj.jit(_tanh_net_loss(net), engine="compile"), torch.randn(16, 3)
+    for _ in range(2):
+        assert_grads_like_eager(jitted, _tanh_net_loss(net), net, x)
+    assert [s.get("cpp_wrapper") for s in seen] == ([True, None] if fail_cpp else [True])
+    assert "called on the captured graph: compiled in" in jitted.explain()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["options", "process"])
+def test_a_cpp_wrapper_the_user_sets_keeps_the_backward(where: str) -> None:
+    """With a C++ wrapper inductor reads the example inputs from the graph's placeholders: the
+    capture's fakes there did not require grad, so the program had no backward and its output
+    silently required no grad (parameters never trained)."""
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+    options = {"options": {"cpp_wrapper": True}} if where == "options" else {}
+    jitted, x = ptj.jit(_tanh_net_loss(net), engine="compile", **options), torch.randn(16, 3)
+    with inductor_config.patch(cpp_wrapper=where == "process"):
+        for _ in range(2):
+            assert jitted(x).requires_grad
+            assert_grads_like_eager(jitted, _tanh_net_loss(net), net, x)
+    assert jitted.num_traces == 1
