@@ -233,14 +233,24 @@ class _Subgraph:
                 stack += current.all_input_nodes
         return False
 
-    def _value(self, node: torch.fx.Node) -> torch.Tensor:
+    def _value(self, node: torch.fx.Node) -> Any:
+        """The value of a node the gradient takes as a constant. One the step computed and
+        released already (``kinds[src]`` reshaped inside a library's layer) is computed again
+        from its own inputs, recorded in the capture (the same values: its ops are pure and
+        draw no random numbers; the backend's common-subexpression pass merges them)."""
         if node in self.live:
-            live: torch.Tensor = self.live[node]
-            return live
+            return self.live[node]
         if node.op == "get_attr":
-            value: torch.Tensor = getattr(self.tracer.root, node.target)  # type: ignore[arg-type]
+            return getattr(self.tracer.root, node.target)  # type: ignore[arg-type]
+        if node.op == "call_function" and _recomputable(node.target):
+            args = torch.fx.node.map_arg(node.args, self._value)
+            kwargs = torch.fx.node.map_arg(node.kwargs, self._value)
+            value = node.target(*args, **kwargs)  # type: ignore[operator]
+            self.live[node] = value
             return value
-        raise RunEagerly("it takes torch.autograd.grad through a value the capture no longer holds")
+        raise RunEagerly(
+            f"it takes torch.autograd.grad through a value the capture no longer holds ({node})"
+        )
 
     def _replay(self, inputs: Sequence[torch.Tensor], constants: Sequence[Any]) -> tuple[Any, ...]:
         env: dict[torch.fx.Node, Any] = dict(zip(self.reached, inputs))
@@ -280,6 +290,18 @@ _CUTS = frozenset(
     op for op in (torch.ops.aten.detach.default, torch.ops.aten.alias.default) if op is not None
 )
 """Ops whose result needs no gradient whatever their input."""
+
+
+def _recomputable(target: Any) -> bool:
+    """An op that gives the same values when run again: pure, not random."""
+    if target is operator.getitem:
+        return True
+    return (
+        isinstance(target, op_overload())
+        and target.namespace in ("aten", "prims")
+        and not target._schema.is_mutable
+        and torch.Tag.nondeterministic_seeded not in target.tags
+    )
 
 
 def _copy(value: Any) -> Any:

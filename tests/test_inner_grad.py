@@ -170,6 +170,38 @@ def test_gradgradcheck_through_a_step_with_forces(jit_engine: str) -> None:
     assert _compiled(jitted) == captures_graph(jit_engine)
 
 
+def test_a_constant_the_step_released_before_the_gradient_is_computed_again(
+    jit_engine: str,
+) -> None:
+    """``(w * 2).reshape(...)`` is added (``add`` saves nothing for its backward) and released
+    before ``autograd.grad`` runs, as inside a library's layer (e3nn's tensor products): the
+    captured gradient computes it again instead of running the step eagerly."""
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3).double()
+
+    def offset(w: torch.Tensor) -> torch.Tensor:
+        return (w * 2).reshape(2, 3)
+
+    def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        energy = torch.tanh(lin(x) + offset(w)).sum()
+        (g,) = torch.autograd.grad(energy, x, create_graph=True)
+        return g.square().sum()
+
+    jitted = ptj.jit(step)
+    for _ in range(3):
+        x, w = torch.randn(2, 3, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+        (got, caught) = _warnings_of(jitted, x, w)
+        assert not caught or not captures_graph(jit_engine)  # torchscript: eager, warned
+        got_grads = torch.autograd.grad(got, list(lin.parameters()))
+        want = step(x, w)
+        torch.testing.assert_close(got, want)
+        for a, b in zip(got_grads, torch.autograd.grad(want, list(lin.parameters()))):
+            torch.testing.assert_close(a, b)
+    assert jitted.num_traces == 1
+    assert _compiled(jitted) == captures_graph(jit_engine)
+
+
 def test_create_graph_false_and_unused_inputs_behave_as_eager(jit_engine: str) -> None:
     w = torch.randn(3, requires_grad=True)
 

@@ -66,6 +66,69 @@ def e3nn_gate_network() -> Built:
     return Built(train_step, lambda k: (xs[k], ys[k]), [model], optimizer)
 
 
+def _e3nn_potential(radial: str) -> Built:
+    """An equivariant interatomic potential built from e3nn's parts: spherical harmonics and a
+    radial embedding of the edges, a tensor product convolution to per-atom features, a linear
+    readout summed to the energy; forces ``-grad(E, pos, create_graph=True)``; trained on
+    energies and forces with Adam. ``radial``: ``"smooth_finite"`` (e3nn's Convolution guide,
+    ``soft_one_hot_linspace``, whose cutoff step is a custom ``autograd.Function``) or
+    ``"bessel"`` (sine Bessel functions under a polynomial cutoff, as NequIP and MACE write it)."""
+    import math
+
+    from e3nn import o3
+    from e3nn.math import soft_one_hot_linspace
+    from e3nn.nn import FullyConnectedNet
+
+    irreps_sh = o3.Irreps.spherical_harmonics(lmax=2)
+    tp = o3.FullyConnectedTensorProduct("4x0e", irreps_sh, "4x0e + 2x1o", shared_weights=False)
+    fc = FullyConnectedNet([8, 16, tp.weight_numel], torch.nn.functional.silu)
+    readout = o3.Linear("4x0e + 2x1o", "1x0e")
+    num_atoms, max_radius, num_basis = 6, 2.5, 8
+    generator = torch.Generator().manual_seed(3)
+    positions = torch.randn(4, num_atoms, 3, generator=generator)
+    kinds = F.one_hot(torch.randint(0, 4, (num_atoms,), generator=generator), 4).float()
+    energies, forces = torch.randn(4, generator=generator), torch.randn(4, num_atoms, 3)
+    src = torch.arange(num_atoms).repeat_interleave(num_atoms - 1)
+    dst = torch.tensor([j for i in range(num_atoms) for j in range(num_atoms) if j != i])
+    optimizer = torch.optim.Adam([*tp.parameters(), *fc.parameters(), *readout.parameters()])
+    frequencies = torch.arange(1, num_basis + 1) * math.pi / max_radius
+
+    def embed(length: torch.Tensor) -> torch.Tensor:
+        if radial == "smooth_finite":
+            return soft_one_hot_linspace(
+                length, 0.0, max_radius, num_basis, basis="smooth_finite", cutoff=True
+            ).mul(num_basis**0.5)
+        r = length[:, None]
+        bessel = (2 / max_radius) ** 0.5 * torch.sin(frequencies * r) / r
+        u = (r / max_radius).clamp(max=1.0)  # the polynomial envelope (p = 6)
+        return bessel * (1 - 28 * u**6 + 48 * u**7 - 21 * u**8)
+
+    def train_step(pos, energy, force):
+        pos = pos.clone().requires_grad_(True)
+        edge_vec = pos[src] - pos[dst]
+        sh = o3.spherical_harmonics(irreps_sh, edge_vec, True, normalization="component")
+        messages = tp(kinds[src], sh, fc(embed(edge_vec.norm(dim=1))))
+        atoms = torch.zeros(num_atoms, messages.shape[1]).index_add(0, dst, messages)
+        e = readout(atoms).sum()
+        (grad,) = torch.autograd.grad(e, pos, create_graph=True)
+        return (e - energy).pow(2) + (-grad - force).pow(2).mean(), e
+
+    return Built(
+        train_step, lambda k: (positions[k], energies[k], forces[k]), [tp, fc, readout], optimizer
+    )
+
+
+def e3nn_potential_forces() -> Built:
+    """The potential with e3nn's Convolution-guide embedding (a custom Function on the way of
+    the forces' gradient)."""
+    return _e3nn_potential("smooth_finite")
+
+
+def e3nn_potential_bessel_forces() -> Built:
+    """The potential with a NequIP/MACE-style Bessel embedding (torch ops only)."""
+    return _e3nn_potential("bessel")
+
+
 # --- normflows --------------------------------------------------------------------------------
 
 
@@ -340,6 +403,21 @@ PROGRAMS = [
         "e3nn",
         e3nn_gate_network,
         "o3.Linear -> Gate -> o3.Linear, MSE, Adam",
+    ),
+    Program(
+        "e3nn_potential_forces",
+        "e3nn",
+        "e3nn",
+        e3nn_potential_forces,
+        "interatomic potential: tensor product convolution, energy, forces by autograd.grad, "
+        "trained on both, Adam",
+    ),
+    Program(
+        "e3nn_potential_bessel_forces",
+        "e3nn",
+        "e3nn",
+        e3nn_potential_bessel_forces,
+        "the same potential with a Bessel radial basis and polynomial cutoff (NequIP, MACE)",
     ),
     Program(
         "normflows_realnvp_forward_kld",
