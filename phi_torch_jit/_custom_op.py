@@ -43,6 +43,7 @@ from ._compat import (
 from ._context import CustomCallee, Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._graph_safety import backward_tags, forward_tags
+from ._inner_grad import own_backward
 from ._libraries import ForwardChecks, forward_checks, owned_by_library
 from ._phases import compiling
 from ._record import RecordedCall
@@ -200,7 +201,19 @@ class CompiledCall:
         self.op = getattr(torch.ops.phi_torch_jit, name).default
         if kept:  # its Python or its checks run eagerly whether its outputs are used or not
             weakref.finalize(self, kept_though_unused(self.op))
+        if not self.n_info:  # a gradient inside the step runs its backward as traced ops
+            weakref.finalize(self, own_backward(self.op, _weak(self._python_vjp)))
         return name
+
+    def _python_vjp(self, inputs: Any, outputs: Any, grad_outputs: Any) -> tuple[Any, ...]:
+        """The user's backward as Python on (traced) tensors, for ``torch.autograd.grad``
+        inside the step (NOTE [autograd inside the step])."""
+        context = self.recorded_context if self.forward.runs_python else self.static_context
+        needs = tuple(slot is TENSOR for slot in self.template)
+        grads = self.function.gradients(
+            merge_tensors(self.template, list(inputs)), outputs, grad_outputs, needs, context
+        )
+        return tuple(g for g, slot in zip(grads, self.template) if slot is TENSOR)
 
     def _fake(self, *tensors: torch.Tensor) -> Any:
         """Outputs like the recorded ones, for graph capture (torch.compile's fake tensors)."""

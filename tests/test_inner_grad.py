@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import captures_graph, gradcheck, gradgradcheck, seeded
+from helpers import Counter, captures_graph, gradcheck, gradgradcheck, seeded
 from torch import nn
 from torch.autograd import grad as imported_grad
 
@@ -200,6 +200,112 @@ def test_a_constant_the_step_released_before_the_gradient_is_computed_again(
             torch.testing.assert_close(a, b)
     assert jitted.num_traces == 1
     assert _compiled(jitted) == captures_graph(jit_engine)
+
+
+class SoftStep(torch.autograd.Function):
+    """e3nn's smooth cutoff step as its ``_SoftUnitStep`` writes it: masked ops in forward and
+    backward (sizes that depend on values), a backward made of differentiable ops."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        y = torch.zeros_like(x)
+        m = x > 0
+        y[m] = (-1 / x[m]).exp()
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        CALLS.gradient += 1
+        dx = torch.zeros_like(x)
+        m = x > 0
+        xm = x[m]
+        dx[m] = (-1 / xm).exp() / xm.pow(2)
+        return dx * dy
+
+
+class BranchingBackward(torch.autograd.Function):
+    """A backward whose Python branches on a tensor value."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * x.cos() if x.sum() > 0 else 2 * g * x.cos()  # wrong on purpose: which ran
+
+
+CALLS = Counter()
+
+
+def _through(function: Any, lin: nn.Module) -> Callable[..., Any]:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(function.apply(lin(x)).sum(), x, create_graph=True)
+        return g.square().sum()
+
+    return step
+
+
+def test_a_gradient_through_a_custom_function_runs_its_own_backward_as_ops(
+    jit_engine: str,
+) -> None:
+    """Forces through a custom function (e3nn's cutoff in its radial embeddings): the gradient
+    is the function's own backward traced as ops, which the training loss differentiates again,
+    as eager's double backward does. Masks select another number of entries on every call."""
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3).double()
+    step = _through(SoftStep, lin)
+    jitted = ptj.jit(step)
+    g = seeded(2)
+    python_backwards = []
+    for i in range(5):
+        x = torch.randn(5, 3, generator=g, dtype=torch.float64) + (i - 2) * 0.4
+        before = CALLS.gradient
+        got, caught = _warnings_of(jitted, x)
+        python_backwards.append(CALLS.gradient - before)
+        assert not caught or not captures_graph(jit_engine)  # torchscript: eager, warned
+        want = step(x)
+        torch.testing.assert_close(got, want)
+        grads = torch.autograd.grad(got, list(lin.parameters()))
+        for a, b in zip(grads, torch.autograd.grad(want, list(lin.parameters()))):
+            torch.testing.assert_close(a, b)
+    assert jitted.num_traces == 1
+    assert _compiled(jitted) == captures_graph(jit_engine)
+    if captures_graph(jit_engine):  # the backward's Python ran while compiling only
+        assert python_backwards[0] > 0 and python_backwards[1:] == [0] * 4
+    w = torch.randn(3, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def forces(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.autograd.grad(SoftStep.apply(x @ w).sum(), x, create_graph=True)[0]
+
+    through = ptj.jit(forces)
+    assert _warnings_of(lambda: gradcheck(lambda w: through(x, w), (w,)))[0]
+    assert gradgradcheck(lambda w: through(x, w), (w,))
+    assert _compiled(through) == captures_graph(jit_engine)
+
+
+def test_a_custom_backward_that_reads_a_value_inside_the_gradient_runs_eagerly(
+    jit_engine: str,
+) -> None:
+    """Traced, a branch of the backward on a tensor value would be baked in: eager, warned."""
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3).double()
+    step = _through(BranchingBackward, lin)
+    jitted = ptj.jit(step)
+    warned = []
+    for sign in (1.0, -1.0, 1.0):
+        x = sign * (torch.rand(4, 3, dtype=torch.float64) + 1)
+        got, caught = _warnings_of(jitted, x)
+        warned += caught
+        torch.testing.assert_close(got, step(x))
+    assert len(warned) == 1
+    assert not _compiled(jitted)
 
 
 def test_create_graph_false_and_unused_inputs_behave_as_eager(jit_engine: str) -> None:

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("phi")
 pytest.importorskip("phiml")
 
-from helpers import phiml_eager, seeded
+from helpers import captures_graph, phiml_eager, seeded
 from phi.torch.flow import (
     ZERO_GRADIENT,
     Box,
@@ -708,9 +708,10 @@ def test_phiml_gradient_jacobian_and_custom_gradient_of_a_jitted_function_equal_
         assert jitted_sine.num_traces == 1
 
 
-def test_a_jitted_function_containing_phiml_gradients_equals_eager_with_one_warning() -> None:
+def test_a_jitted_function_containing_phiml_gradients_equals_eager(jit_engine: str) -> None:
     """Issue 27, deliverable 1: ``math.gradient`` and ``custom_gradient`` inside the jitted
-    function. A gradient through a custom gradient is not captured, so the function runs
+    function. Engines that capture a graph compile the gradient, through the custom gradient
+    by its own backward (NOTE [autograd inside the step]); engine torchscript runs the function
     eagerly, said once (a JitWarning naming the call)."""
     sine = math.custom_gradient(lambda x: math.sin(x), _doubled)
 
@@ -730,9 +731,11 @@ def test_a_jitted_function_containing_phiml_gradients_equals_eager_with_one_warn
                 got = jitted(x)
                 assert _largest(got[0], want[0]) <= 1e-6 and _largest(got[1], want[1]) <= 1e-6
     said = [w for w in caught if issubclass(w.category, ptj.JitWarning)]
-    # engine torchscript: "runs autograd inside the function"; engine compile captures
-    # autograd.grad (test_inner_grad.py) but not through PhiML's custom gradient: it says so
-    assert len(said) == 1 and "autograd" in str(said[0].message)
+    if captures_graph(jit_engine):
+        assert not said and "runs eagerly" not in jitted.explain()
+        assert jitted.num_traces == 1
+    else:  # "runs autograd inside the function"
+        assert len(said) == 1 and "autograd" in str(said[0].message)
 
 
 def test_solver_errors_carry_eagers_message_on_record_and_compiled_calls() -> None:
