@@ -7,7 +7,10 @@ Workloads (float32, CPU unless ``--device``), each a whole training iteration (t
   trained on energies and forces, ``F = -grad(E, pos, create_graph=True)``;
 - ``pinn``: a Burgers residual ``u_t + u u_x - nu u_xx`` on 512 collocation points (tanh MLP,
   first and second derivatives by ``autograd.grad``);
-- ``hamiltonian``: a Hamiltonian network's symplectic flow, 8 steps of ``dH/dq``, ``dH/dp``.
+- ``hamiltonian``: a Hamiltonian network's symplectic flow, 8 steps of ``dH/dq``, ``dH/dp``;
+- ``e3nn_potential`` (needs e3nn): an equivariant interatomic potential of 16 atoms built from
+  e3nn's parts (spherical harmonics, ``soft_one_hot_linspace`` with its smooth cutoff, a custom
+  ``autograd.Function``, a tensor product convolution), trained on energies and forces.
 
 Peers: eager; ours with the default engine, with engines "compile" and "torchscript"; raw
 ``torch.compile`` (which raises on double backward: its cell says so). For each: the first
@@ -93,8 +96,44 @@ def hamiltonian_workload() -> tuple[nn.Module, Callable[[nn.Module], Callable[..
     return net, make, (q, p, target)
 
 
+def e3nn_potential_workload() -> tuple[nn.Module, Callable[[nn.Module], Callable[..., Any]], tuple]:
+    from e3nn import o3
+    from e3nn.math import soft_one_hot_linspace
+    from e3nn.nn import FullyConnectedNet
+
+    torch.manual_seed(0)
+    irreps_sh = o3.Irreps.spherical_harmonics(lmax=2)
+    tp = o3.FullyConnectedTensorProduct("4x0e", irreps_sh, "4x0e + 2x1o", shared_weights=False)
+    fc = FullyConnectedNet([8, 16, tp.weight_numel], torch.nn.functional.silu)
+    net = nn.ModuleDict({"tp": tp, "fc": fc, "readout": o3.Linear("4x0e + 2x1o", "1x0e")})
+    n = 16
+    pos, energy, forces = torch.randn(n, 3) * 1.5, torch.randn(()), torch.randn(n, 3)
+    kinds = torch.nn.functional.one_hot(torch.randint(0, 4, (n,)), 4).float()
+    src = torch.arange(n).repeat_interleave(n - 1)
+    dst = torch.tensor([j for i in range(n) for j in range(n) if j != i])
+
+    def make(net: nn.Module) -> Callable[..., Any]:
+        def loss(pos: torch.Tensor, energy: torch.Tensor, forces: torch.Tensor) -> torch.Tensor:
+            pos = pos.detach().requires_grad_(True)
+            edge = pos[src] - pos[dst]
+            sh = o3.spherical_harmonics(irreps_sh, edge, True, normalization="component")
+            emb = soft_one_hot_linspace(
+                edge.norm(dim=1), 0.0, 2.5, 8, basis="smooth_finite", cutoff=True
+            ).mul(8**0.5)
+            messages = net["tp"](kinds[src], sh, net["fc"](emb))
+            atoms = torch.zeros(n, messages.shape[1]).index_add(0, dst, messages)
+            e = net["readout"](atoms).sum()
+            (g,) = torch.autograd.grad(e, pos, create_graph=True)
+            return (e - energy) ** 2 + ((-g - forces) ** 2).mean()
+
+        return loss
+
+    return net, make, (pos, energy, forces)
+
+
 WORKLOADS = {"potential": potential_workload, "pinn": pinn_workload,
-             "hamiltonian": hamiltonian_workload}  # fmt: skip
+             "hamiltonian": hamiltonian_workload,
+             "e3nn_potential": e3nn_potential_workload}  # fmt: skip
 
 
 def _peers() -> dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]:
