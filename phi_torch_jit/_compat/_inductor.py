@@ -91,10 +91,11 @@ def _compile_now(
         table = _decompositions(patches) if on_cpu else None
         if on_cpu and _cpp_wrapper_pays(patches) and _only_torchs_ops(graph):
             try:
-                return COMPILE_FX.find()(  # type: ignore[no-any-return]
-                    graph, fakes, config_patches={**patches, "cpp_wrapper": True},
-                    decompositions=table,
-                )  # fmt: skip
+                with _without_shim_notices():
+                    return COMPILE_FX.find()(  # type: ignore[no-any-return]
+                        graph, fakes, config_patches={**patches, "cpp_wrapper": True},
+                        decompositions=table,
+                    )  # fmt: skip
             except Exception as error:  # any failure: the Python wrapper serves instead
                 _logger.info("inductor's C++ wrapper failed, its Python wrapper serves: %s", error)
         return COMPILE_FX.find()(graph, fakes, config_patches=patches, decompositions=table)  # type: ignore[no-any-return]
@@ -119,6 +120,25 @@ def _cpp_wrapper_pays(patches: dict[str, Any]) -> bool:
         patches.get(name, getattr(inductor_config, name, False))
         for name in ("max_autotune", "max_autotune_gemm", "fx_wrapper")
     )
+
+
+class _NoShimNotices(logging.Filter):
+    """Drops inductor's notice that an ATen op (``grid_sampler_2d``, kept undecomposed on the
+    CPU) has no C shim and is called through its proxy executor: how the C++ wrapper calls it,
+    nothing a user can act on; it came once per compile of every advection step."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "c-shim" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_shim_notices() -> Any:
+    ir_logger, quiet = logging.getLogger("torch._inductor.ir"), _NoShimNotices()
+    ir_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        ir_logger.removeFilter(quiet)
 
 
 _TORCHS = frozenset({"aten", "prims"})
