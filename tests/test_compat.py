@@ -185,11 +185,16 @@ def test_inductor_decompositions_on_the_cpu_keep_only_grid_sampler_as_aten() -> 
     from torch._inductor import config as inductor_config
     from torch._inductor.decomposition import select_decomp_table
 
+    from phi_torch_jit._compat._inductor import _kept_on_cpu
+
     ours = _compat._decompositions({"fallback_random": True})
     with inductor_config.patch(fallback_random=True):
         theirs = select_decomp_table()
     dropped = {str(op) for op in theirs if op not in ours}
-    assert dropped and all(name.startswith("aten.grid_sampler_2d.") for name in dropped)
+    if _kept_on_cpu():
+        assert dropped and all(name.startswith("aten.grid_sampler_2d.") for name in dropped)
+    else:  # torch 2.11: inductor cannot fall back to an op its global table decomposes
+        assert not dropped and torch.__version__ < "2.13"
     assert set(ours) <= set(theirs)
     # Inductor's cache keys pickle the table: some entries are C++ functions, which cannot be
     # pickled (every compile bypassed the on-disk caches); ours pickles as the call making it.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from ._private import (
     INDUCTOR,
     INVALID_BACKEND,
     LOOKUP_BACKEND,
+    MAKE_FALLBACK,
     MODE_OPTIONS,
     NON_LAZY_BACKWARD,
     PRESERVE_RNG,
@@ -162,6 +164,13 @@ _KEPT_ON_CPU = ("grid_sampler_2d",)
 instead of 55 s and run 1.2x slower (benchmarks.md, run 4)."""
 
 
+def _kept_on_cpu() -> tuple[str, ...]:
+    """:data:`_KEPT_ON_CPU` where inductor can fall back to the ops left out of the table it is
+    given (torch 2.13+); torch 2.11 asserts "both a fallback and a decomp" for them."""
+    parameters = inspect.signature(MAKE_FALLBACK.find()).parameters
+    return _KEPT_ON_CPU if "get_decomp_fn" in parameters else ()
+
+
 def _decompositions(patches: dict[str, Any]) -> dict[Any, Any]:
     """Inductor's decomposition table for these settings, without :data:`_KEPT_ON_CPU`."""
     return _Decompositions(tuple(sorted(patches.items())))
@@ -177,7 +186,7 @@ class _Decompositions(dict[Any, Any]):
 
         with inductor_config.patch(dict(settings)):
             table = DECOMPOSITIONS.find()()
-        kept = {getattr(torch.ops.aten, name) for name in _KEPT_ON_CPU}
+        kept = {getattr(torch.ops.aten, name) for name in _kept_on_cpu()}
         super().__init__(
             (op, fn) for op, fn in table.items() if getattr(op, "overloadpacket", op) not in kept
         )

@@ -278,6 +278,13 @@ DECOMPOSITIONS = _api(
     "kernel on the CPU (decomposed, it compiled 1.6x slower and ran slower on this CPU)",
     "engines.compile, engines.auto",
 )
+MAKE_FALLBACK = _api(
+    "torch._inductor.lowering.make_fallback",
+    "whether an op left out of the decomposition table can fall back to ATen: torch 2.13+ checks "
+    "the table a compile was given (parameter get_decomp_fn), torch 2.11 the global one, so "
+    "there keeping grid_sampler_2d failed every compile of a step that samples a grid",
+    "engines.compile, engines.auto",
+)
 FAKE_MODE = _api(
     "torch._subclasses.fake_tensor.FakeTensorMode",
     "the fake tensors a backend compiles from; made here with a shape environment so that "
@@ -340,6 +347,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     COMPILE_FX,
     MODE_OPTIONS,
     DECOMPOSITIONS,
+    MAKE_FALLBACK,
     NON_LAZY_BACKWARD,
     PRESERVE_RNG,
     FAKE_MODE,
