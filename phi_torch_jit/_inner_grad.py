@@ -248,6 +248,8 @@ class _Subgraph:
             args = torch.fx.node.map_arg(node.args, self._value)
             kwargs = torch.fx.node.map_arg(node.kwargs, self._value)
             value = node.target(*args, **kwargs)  # type: ignore[operator]
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                value = value.detach()  # it needed no gradient (no_grad, a cut): a constant
             self.live[node] = value
             return value
         raise RunEagerly(

@@ -170,21 +170,27 @@ def test_gradgradcheck_through_a_step_with_forces(jit_engine: str) -> None:
     assert _compiled(jitted) == captures_graph(jit_engine)
 
 
+@pytest.mark.parametrize("made", ["from_an_input", "under_no_grad"])
 def test_a_constant_the_step_released_before_the_gradient_is_computed_again(
-    jit_engine: str,
+    jit_engine: str, made: str
 ) -> None:
     """``(w * 2).reshape(...)`` is added (``add`` saves nothing for its backward) and released
     before ``autograd.grad`` runs, as inside a library's layer (e3nn's tensor products): the
-    captured gradient computes it again instead of running the step eagerly."""
+    captured gradient computes it again instead of running the step eagerly. Made under
+    ``no_grad`` from values that need a gradient, it stays a constant when computed again (the
+    parameters' gradients were wrong before it was detached)."""
     torch.manual_seed(0)
     lin = nn.Linear(3, 3).double()
 
     def offset(w: torch.Tensor) -> torch.Tensor:
-        return (w * 2).reshape(2, 3)
+        with torch.set_grad_enabled(made != "under_no_grad"):
+            return (w * 2).reshape(2, 3)
 
     def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         x = x.detach().requires_grad_(True)
-        energy = torch.tanh(lin(x) + offset(w)).sum()
+        h = lin(x)
+        source = w if made == "from_an_input" else h.sin().reshape(6)
+        energy = torch.tanh(h + offset(source)).sum()
         (g,) = torch.autograd.grad(energy, x, create_graph=True)
         return g.square().sum()
 
