@@ -296,6 +296,43 @@ def test_a_gradient_through_a_custom_function_runs_its_own_backward_as_ops(
     assert _compiled(through) == captures_graph(jit_engine)
 
 
+def test_a_gradient_through_a_function_class_made_per_call_uses_that_calls_tensor(
+    jit_engine: str,
+) -> None:
+    """A class defined inside the step, closing over this call's ``k`` (per-call classes are one
+    custom function, their tensors inputs): the gradient through it uses each call's ``k``."""
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3).double()
+
+    def step(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        class Scaled(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, u: torch.Tensor) -> torch.Tensor:
+                ctx.save_for_backward(u)
+                return (u * k).sin()
+
+            @staticmethod
+            def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+                (u,) = ctx.saved_tensors
+                return g * (u * k).cos() * k
+
+        x = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(Scaled.apply(lin(x)).sum(), x, create_graph=True)
+        return g.square().sum()
+
+    jitted = ptj.jit(step)
+    for i in range(4):
+        x, k = torch.randn(2, 3, dtype=torch.float64), torch.tensor(0.5 + i, dtype=torch.float64)
+        got, _ = _warnings_of(jitted, x, k)
+        want = step(x, k)
+        torch.testing.assert_close(got, want)
+        grads = torch.autograd.grad(got, list(lin.parameters()))
+        for a, b in zip(grads, torch.autograd.grad(want, list(lin.parameters()))):
+            torch.testing.assert_close(a, b)
+    assert jitted.num_traces == 1
+    assert _compiled(jitted) == captures_graph(jit_engine)
+
+
 def test_a_custom_backward_that_reads_a_value_inside_the_gradient_runs_eagerly(
     jit_engine: str,
 ) -> None:
