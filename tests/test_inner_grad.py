@@ -34,6 +34,14 @@ def _compiled(jitted: Any) -> bool:
     return "runs eagerly" not in jitted.explain()
 
 
+def _like_eager(got: torch.Tensor, want: torch.Tensor, module: nn.Module) -> None:
+    """The jitted step's value and the gradients of ``module``'s parameters equal eager's."""
+    torch.testing.assert_close(got, want)
+    parameters = list(module.parameters())
+    for a, b in zip(torch.autograd.grad(got, parameters), torch.autograd.grad(want, parameters)):
+        torch.testing.assert_close(a, b)
+
+
 def _potential() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1)).double()
 
@@ -199,11 +207,7 @@ def test_a_constant_the_step_released_before_the_gradient_is_computed_again(
         x, w = torch.randn(2, 3, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
         (got, caught) = _warnings_of(jitted, x, w)
         assert not caught or not captures_graph(jit_engine)  # torchscript: eager, warned
-        got_grads = torch.autograd.grad(got, list(lin.parameters()))
-        want = step(x, w)
-        torch.testing.assert_close(got, want)
-        for a, b in zip(got_grads, torch.autograd.grad(want, list(lin.parameters()))):
-            torch.testing.assert_close(a, b)
+        _like_eager(got, step(x, w), lin)
     assert jitted.num_traces == 1
     assert _compiled(jitted) == captures_graph(jit_engine)
 
@@ -275,11 +279,7 @@ def test_a_gradient_through_a_custom_function_runs_its_own_backward_as_ops(
         got, caught = _warnings_of(jitted, x)
         python_backwards.append(CALLS.gradient - before)
         assert not caught or not captures_graph(jit_engine)  # torchscript: eager, warned
-        want = step(x)
-        torch.testing.assert_close(got, want)
-        grads = torch.autograd.grad(got, list(lin.parameters()))
-        for a, b in zip(grads, torch.autograd.grad(want, list(lin.parameters()))):
-            torch.testing.assert_close(a, b)
+        _like_eager(got, step(x), lin)
     assert jitted.num_traces == 1
     assert _compiled(jitted) == captures_graph(jit_engine)
     if captures_graph(jit_engine):  # the backward's Python ran while compiling only
@@ -324,11 +324,7 @@ def test_a_gradient_through_a_function_class_made_per_call_uses_that_calls_tenso
     for i in range(4):
         x, k = torch.randn(2, 3, dtype=torch.float64), torch.tensor(0.5 + i, dtype=torch.float64)
         got, _ = _warnings_of(jitted, x, k)
-        want = step(x, k)
-        torch.testing.assert_close(got, want)
-        grads = torch.autograd.grad(got, list(lin.parameters()))
-        for a, b in zip(grads, torch.autograd.grad(want, list(lin.parameters()))):
-            torch.testing.assert_close(a, b)
+        _like_eager(got, step(x, k), lin)
     assert jitted.num_traces == 1
     assert _compiled(jitted) == captures_graph(jit_engine)
 
