@@ -208,12 +208,15 @@ class CompiledCall:
     def _python_vjp(self, inputs: Any, outputs: Any, grad_outputs: Any) -> tuple[Any, ...]:
         """The user's backward as Python on (traced) tensors, for ``torch.autograd.grad``
         inside the step (NOTE [autograd inside the step])."""
-        context = self.recorded_context if self.forward.runs_python else self.static_context
+        args = merge_tensors(self.template, list(inputs))
         needs = tuple(slot is TENSOR for slot in self.template)
-        grads = self.function.gradients(
-            merge_tensors(self.template, list(inputs)), outputs, grad_outputs, needs, context
-        )
+        grads = self.function.gradients(args, outputs, grad_outputs, needs, self._backward_context)
         return tuple(g for g, slot in zip(grads, self.template) if slot is TENSOR)
+
+    @property
+    def _backward_context(self) -> Any:
+        """The call context of a backward serving every call (NOTE [opaque backward])."""
+        return self.recorded_context if self.forward.runs_python else self.static_context
 
     def _fake(self, *tensors: torch.Tensor) -> Any:
         """Outputs like the recorded ones, for graph capture (torch.compile's fake tensors)."""
@@ -338,8 +341,7 @@ class CompiledCall:
         self, saved: list[torch.Tensor], grad_outputs: list[torch.Tensor], pattern: list[bool]
     ) -> list[torch.Tensor]:
         inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
-        context = self.recorded_context if self.forward.runs_python else self.static_context
-        grads = self.backward(tuple(pattern), inputs, outputs, grad_outputs, context)
+        grads = self.backward(tuple(pattern), inputs, outputs, grad_outputs, self._backward_context)
         flat = (*saved, *grad_outputs)
         return [
             torch.zeros_like(x) if g is None else _unaliased(g, flat) for g, x in zip(grads, inputs)

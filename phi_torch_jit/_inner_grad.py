@@ -35,7 +35,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.fx
@@ -354,11 +354,15 @@ def _recomputable(target: Any) -> bool:
     if target is operator.getitem:
         return True
     return (
-        isinstance(target, op_overload())
-        and target.namespace in ("aten", "prims")
+        _torchs_op(target)
         and not target._schema.is_mutable
         and torch.Tag.nondeterministic_seeded not in target.tags
     )
+
+
+def _torchs_op(target: Any) -> TypeGuard[Any]:
+    """An ATen or prims op (not ours, not a library's, not a Python callable)."""
+    return isinstance(target, op_overload()) and target.namespace in ("aten", "prims")
 
 
 def _copy(value: Any) -> Any:
@@ -380,7 +384,7 @@ def _check_replayable(node: torch.fx.Node) -> None:
         return
     if node.op != "call_function":
         raise RunEagerly(f"it takes torch.autograd.grad through {node.op} {target}")
-    if not isinstance(target, op_overload()) or target.namespace not in ("aten", "prims"):
+    if not _torchs_op(target):
         raise RunEagerly(
             f"it takes torch.autograd.grad through {target}, which is not an ATen op (a captured "
             "loop, a custom function with a library's checks or a grad-mode change); "
