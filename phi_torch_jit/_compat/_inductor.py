@@ -91,6 +91,8 @@ def _compile_now(
             node.meta["val"] = fake
         on_cpu = all(t.device.type == "cpu" for t in inputs)
         table = _decompositions(patches) if on_cpu else None
+        if on_cpu:
+            _fall_back_to_kept_ops()
         if on_cpu and _cpp_wrapper_pays(patches) and _only_torchs_ops(graph):
             try:
                 with _without_shim_notices():
@@ -169,6 +171,28 @@ def _kept_on_cpu() -> tuple[str, ...]:
     given (torch 2.13+); torch 2.11 asserts "both a fallback and a decomp" for them."""
     parameters = inspect.signature(MAKE_FALLBACK.find()).parameters
     return _KEPT_ON_CPU if "get_decomp_fn" in parameters else ()
+
+
+_FALLBACKS_MADE: list[bool] = []
+_FALLBACKS_LOCK = threading.Lock()
+
+
+def _fall_back_to_kept_ops() -> None:
+    """Register ATen fallbacks for :func:`_kept_on_cpu` ops, once per process, as inductor
+    would at their first lowering, but without its check that refuses (``AssertionError:
+    make_fallback(aten.grid_sampler_2d.default): a decomposition exists``) wherever the
+    environment variable ``CI`` is set (GitHub Actions, GitLab CI): there every compile of a
+    step that samples a grid failed and ran uncompiled. The layout is left free, as inductor's
+    own implicit fallback leaves it for these ops. Other compiles are unaffected: a table that
+    decomposes the op never lowers it."""
+    with _FALLBACKS_LOCK:
+        if _FALLBACKS_MADE:
+            return
+        for name in _kept_on_cpu():
+            MAKE_FALLBACK.find()(
+                getattr(torch.ops.aten, name).default, warn=False, override_decomp=True
+            )
+        _FALLBACKS_MADE.append(True)
 
 
 def _decompositions(patches: dict[str, Any]) -> dict[Any, Any]:
