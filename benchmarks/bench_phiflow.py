@@ -25,6 +25,9 @@ their own (its long Python steps in between would leave the caches cold for the 
 variant), and the largest
 difference to eager after a few steps from a *new* state (not the one compiled on) and from
 a fluid at rest (relative to the largest value; 0 where the state stays exactly zero).
+Each variant's first steps start after the background compiles of the variants before it
+have finished (``ptj.wait_compiled()``): while one runs, another function's calls cannot be
+captured and run eagerly (docs/engines.md, "Several jitted functions").
 Ratios are to PhiML's own jit. Writes JSON to ``benchmarks/results/`` and
 prints a markdown table. Not a test.
 """
@@ -234,6 +237,9 @@ def bench(name: str, reps: int) -> list[dict[str, Any]]:
             seconds.append(took)
         rows[label]["first_call_s"] = seconds[0] + seconds[1]  # and the steady structure's
         rows[label]["first_steps_ms"] = 1e3 * statistics.median(seconds)
+        # A compile still running (engine auto's, on its thread) holds the tracing lock: the
+        # next variant's first steps could not be captured and would run eagerly.
+        ptj.wait_compiled()
     times: dict[str, list[float]] = {k: [] for k in variants}
     compiled = [k for k in variants if k != "eager"]
     # The compiled variants interleave, in an order that rotates; eager runs in a loop of its

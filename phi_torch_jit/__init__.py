@@ -6,7 +6,7 @@ and the error hierarchy rooted at :class:`JitError`. Engines live in
 """
 
 from ._custom import CustomFunction, custom_gradient
-from ._jit import JitFunction, clear_caches, jit
+from ._jit import JitFunction, clear_caches, jit, wait_compiled
 from ._record import register_module_call
 from .errors import (
     ConfigurationError,
@@ -27,6 +27,7 @@ __all__ = [
     "jit",
     "JitFunction",
     "clear_caches",
+    "wait_compiled",
     "custom_gradient",
     "CustomFunction",
     "register_module_call",

@@ -35,11 +35,19 @@ from ._specialization import (
     retrace_reason,
 )
 from ._specialization import run_first_valid as serve
-from .engines import Engine
+from .engines import Engine, wait_all_compiled
 from .engines.compile import Backend
 from .errors import describe_function
 
-__all__ = ["jit", "JitFunction", "Specialization", "DISABLE_ENV", "ENGINE_ENV", "clear_caches"]
+__all__ = [
+    "jit",
+    "JitFunction",
+    "Specialization",
+    "DISABLE_ENV",
+    "ENGINE_ENV",
+    "clear_caches",
+    "wait_compiled",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -405,3 +413,16 @@ def jit(
     if fn is None:
         return functools.partial(jit, **options)  # type: ignore[return-value]
     return JitFunction(fn, **options)
+
+
+def wait_compiled(timeout: float | None = None) -> bool:
+    """Wait until every background compile of this process is done: engine ``"auto"``'s, of
+    every jitted function, those made by ``phi_torch_jit.phiflow.install()`` included.
+
+    Returns True when none is queued or running, False if ``timeout`` seconds passed first
+    (``UsageError`` for a negative timeout). Other engines compile on the caller's thread:
+    nothing to wait for. While one function's compile runs, another function's first calls
+    cannot be captured and run eagerly (docs/engines.md, "Several jitted functions"): wait
+    here before timing, or before a run whose first steps matter.
+    """
+    return wait_all_compiled(timeout)

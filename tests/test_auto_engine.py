@@ -163,6 +163,38 @@ def test_calls_from_threads_while_compiling_are_served_and_compile_once() -> Non
     assert gate.compiles == 1 and program_of(jitted).switched_after_calls == 82
 
 
+def test_wait_compiled_waits_for_every_functions_compile_while_another_runs_its_python(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``ptj.wait_compiled()`` waits for the compiles of every function. While one function's
+    compile holds the tracing lock, another function's calls cannot be captured and run its
+    Python (``bench_phiflow``'s ``ptj.jit`` steps ran at eager's speed for the whole compile
+    of the ``install()`` variant timed before them); once it is done, they are captured."""
+    gate = _Gate()
+    request.addfinalizer(gate.opened.set)
+    counter = Counter()
+
+    def other(x: torch.Tensor) -> torch.Tensor:
+        counter.forward += 1
+        return x.sin() + 1
+
+    first = ptj.jit(lambda x: x.cos() * 2, engine="auto", backend=gate)
+    second = ptj.jit(other, engine="auto", backend=gate)
+    x = torch.randn(5)
+    for _ in range(3):  # its third call queues the compile, which the gate holds
+        first(x)
+    assert gate.entered.wait(60) and not ptj.wait_compiled(0)
+    for _ in range(3):
+        assert torch.allclose(second(x), x.sin() + 1)
+    assert second.num_traces == 0 and counter.forward == 3
+    gate.opened.set()
+    assert ptj.wait_compiled(60) and first.wait_compiled(0)
+    assert torch.allclose(second(x), x.sin() + 1)  # the record pass, captured
+    assert second.num_traces == 1
+    with pytest.raises(ptj.UsageError, match="timeout"):
+        ptj.wait_compiled(-1)
+
+
 class _Doubled(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:

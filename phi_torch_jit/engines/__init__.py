@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigurationError, UsageError
+from ._background import wait_idle
 from .auto import AutoEngine
 from .base import (
     RANDOM_OPS,
@@ -49,10 +50,19 @@ __all__ = [
     "register_engine",
     "get_engine",
     "available_engines",
+    "wait_all_compiled",
 ]
 
 
 _REGISTRY: dict[str, Callable[[], Engine]] = {}
+
+
+def wait_all_compiled(timeout: float | None = None) -> bool:
+    """Wait until the compile thread has finished every compile queued so far (of any jitted
+    function); False if ``timeout`` seconds passed first."""
+    if timeout is not None and timeout < 0:
+        raise UsageError(f"wait_compiled: timeout must be None or >= 0 seconds, got {timeout}")
+    return wait_idle(timeout)
 
 
 def register_engine(name: str, factory: Callable[[], Engine]) -> None:
