@@ -546,6 +546,32 @@ def test_install_keys_numbers_as_phiml_does_a_rollout_compiles_once() -> None:
     assert math.trace_check.__module__.startswith("phiml")  # PhiML's own again
 
 
+def test_install_reads_no_attribute_of_arguments_that_are_not_numbers() -> None:
+    """Under install(), each argument is checked for being a number, made a tensor as PhiML's
+    jit makes it; a PhiFlow ``Field``'s ``dtype`` is computed (its geometry's shape, its
+    values' types) and was read for every argument of every call: 2.2 ms of a Gray-Scott step
+    whose program takes 0.36 ms."""
+    from phi_torch_jit.adapters.phiml._install import _numbers_as_tensors
+
+    reads: list[str] = []
+
+    class Costly:
+        """Counts what is read of it, as a Field computes its dtype."""
+
+        def __getattr__(self, name: str) -> Any:
+            reads.append(name)
+            raise AttributeError(name)
+
+    costly = Costly()
+    args, kwargs = _numbers_as_tensors(((costly, [costly, 3], np.int64(2)), {"c": costly}))
+    assert not reads, reads
+    assert args[0] is costly and args[1][0] is costly and kwargs["c"] is costly
+    assert isinstance(args[1][1], torch.Tensor) and int(args[1][1]) == 3
+    assert isinstance(args[2], torch.Tensor) and int(args[2]) == 2
+    assert _numbers_as_tensors(np.array([1.5]))[0] == 1.5  # a numpy array of numbers
+    assert _numbers_as_tensors(np.array(["a"]))[0] == "a"  # of strings: left as it is
+
+
 def test_jit_compile_with_auxiliary_arguments_under_install() -> None:
     import phi_torch_jit.phiflow as integration
 

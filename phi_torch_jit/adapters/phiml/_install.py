@@ -158,9 +158,15 @@ def _numbers_as_tensors(value: Any) -> Any:
 
 
 def _is_numpy_number(value: Any) -> bool:
-    """A numpy array or scalar of booleans or numbers (PhiML's jit makes those natives)."""
+    """A numpy array or scalar of booleans or numbers (PhiML's jit makes those natives).
+
+    The type is checked before any attribute is read: a PhiFlow ``Field``'s ``dtype`` is
+    computed from its geometry and values, and reading it for every argument of every call
+    cost 2.2 ms per Gray-Scott step under ``install()`` (0.36 ms of program)."""
+    if type(value).__module__ != "numpy":
+        return False
     kind = getattr(getattr(value, "dtype", None), "kind", "")
-    return type(value).__module__ == "numpy" and kind != "" and kind in "biufc"
+    return kind != "" and kind in "biufc"
 
 
 def _trace_check(traced_function: Any, *args: Any, **kwargs: Any) -> tuple[bool, str]:
