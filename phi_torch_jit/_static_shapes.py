@@ -153,7 +153,126 @@ def _repeat_interleave_self(trace: TraceOp, args: Sequence[Any], kwargs: dict[st
     return out, [guard]
 
 
+def _not_negative(trace: TraceOp, source: torch.Tensor, what: str) -> SizeGuard:
+    """A guard that ``source`` holds no negative value (the static forms clamp indices; eager
+    raises for a negative one: a call with one fails the guard, and its retrace raises)."""
+    least = trace(aten.amin.default, (source, [0]), {})
+    return SizeGuard(trace(aten.clamp_max.default, (least, 0), {}), 0, what)
+
+
+def _bincount(trace: TraceOp, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``bincount(x, weights, minlength)``: ``max(minlength, max(x) + 1)`` bins, guarded, and
+    the counts added into zeros at clamped indices (``index_add``). Not for weights that
+    require grad: bincount has no backward (eager raises at the backward; ``index_add`` would
+    not)."""
+    source, *rest = args
+    options = dict(zip(("weights", "minlength"), rest), **kwargs)
+    weights, minlength = options.get("weights"), int(options.get("minlength") or 0)
+    if source.dim() != 1 or source.numel() == 0:
+        return None
+    if weights is not None and weights.requires_grad:
+        return None  # eager's bincount has no backward: it raises there, ours would not
+    with disable_dispatch_modes():
+        if int(source.min()) < 0:
+            return None  # the op raises: let it, as eagerly
+        bins = max(minlength, int(source.max()) + 1)
+        dtype = torch.bincount(source[:1], None if weights is None else weights[:1]).dtype
+    top = trace(aten.amax.default, (source, [0]), {})
+    needed = trace(aten.clamp_min.default, (trace(aten.add.Tensor, (top, 1), {}), minlength), {})
+    guards = [
+        SizeGuard(needed, bins, "the number of bins of bincount (its largest value + 1)"),
+        _not_negative(trace, source, "bincount's smallest value, if negative"),
+    ]
+    where = trace(aten.clamp.default, (source, 0, bins - 1), {})
+    if weights is None:
+        added = trace(aten.ones_like.default, (source,), {"dtype": dtype})
+    else:
+        added = trace(aten._to_copy.default, (weights,), {"dtype": dtype})
+    zeros = trace(aten.zeros.default, ([bins],), {"dtype": dtype, "device": source.device})
+    return trace(aten.index_add.default, (zeros, 0, where, added), {}), guards
+
+
+def _unique_sorted(
+    trace: TraceOp, source: torch.Tensor, counted: bool
+) -> tuple[Any, list[SizeGuard]] | None:
+    """Sorted unique values of an integral or boolean tensor, the inverse (shaped like
+    ``source``) and the counts, for the number of distinct values of this call, guarded: the
+    sorted values, a flag where each new value starts, its running sum as group ids, and the
+    values, inverse and counts scattered by those (clamped) ids."""
+    if source.dtype.is_floating_point or source.is_complex() or source.numel() == 0:
+        return None
+    size = source.numel()
+    flat = trace(aten.reshape.default, (source, [size]), {}) if source.dim() != 1 else source
+    ordered, order = trace(aten.sort.default, (flat,), {})
+    changes = trace(
+        aten.ne.Tensor,
+        (trace(aten.slice.Tensor, (ordered, 0, 1, size), {}),
+         trace(aten.slice.Tensor, (ordered, 0, 0, size - 1), {})),
+        {},
+    )  # fmt: skip
+    first = trace(aten.ones.default, ([1],), {"dtype": torch.bool, "device": source.device})
+    starts = trace(aten.cat.default, ([first, changes],), {})
+    count = trace(aten.sum.default, (starts,), {"dtype": torch.int64})
+    with disable_dispatch_modes():
+        distinct = int(torch.unique(source).numel())
+    group = trace(aten.sub.Tensor, (trace(aten.cumsum.default, (starts, 0), {}), 1), {})
+    slot = trace(aten.clamp.default, (group, 0, distinct - 1), {})
+    device = source.device
+    values = trace(
+        aten.scatter.src,
+        (trace(aten.zeros.default, ([distinct],), {"dtype": source.dtype, "device": device}),
+         0, slot, ordered),
+        {},
+    )  # fmt: skip
+    inverse = trace(
+        aten.scatter.src,
+        (trace(aten.zeros.default, ([size],), {"dtype": torch.int64, "device": device}),
+         0, order, group),
+        {},
+    )  # fmt: skip
+    inverse = trace(aten.reshape.default, (inverse, list(source.shape)), {})
+    counts = None
+    if counted:
+        ones = trace(aten.ones.default, ([size],), {"dtype": torch.int64, "device": device})
+        zeros = trace(aten.zeros.default, ([distinct],), {"dtype": torch.int64, "device": device})
+        counts = trace(aten.index_add.default, (zeros, 0, slot, ones), {})
+    guard = SizeGuard(count, distinct, "the number of distinct values (unique)")
+    return (values, inverse, counts), [guard]
+
+
+def _empty_int(trace: TraceOp, like: torch.Tensor) -> Any:
+    return trace(aten.empty.memory_format, ([0],), {"dtype": torch.int64, "device": like.device})
+
+
+def _unique2(trace: TraceOp, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``torch.unique(x, sorted=True, ...)`` without ``dim``; unsorted is left to the op (its
+    order is the implementation's)."""
+    source, *rest = args
+    options = dict(zip(("sorted", "return_inverse", "return_counts"), rest), **kwargs)
+    if not options.get("sorted", True):
+        return None
+    found = _unique_sorted(trace, source, bool(options.get("return_counts")))
+    if found is None:
+        return None
+    (values, inverse, counts), guards = found
+    if not options.get("return_inverse"):
+        inverse = _empty_int(trace, source)
+    return (values, inverse, counts if counts is not None else _empty_int(trace, source)), guards
+
+
+def _unique_dim(trace: TraceOp, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``torch.unique(x, dim=d)`` of a 1-d tensor (PhiML's sparse matrices: ``axis=-1``): the
+    same as without ``dim``; it returns the inverse and counts whether asked or not."""
+    source, dim, *_ = args
+    if source.dim() != 1 or dim not in (0, -1):
+        return None
+    return _unique_sorted(trace, source, True)
+
+
 _FORMS: dict[Any, Callable[[TraceOp, Sequence[Any], dict[str, Any]], Any]] = {
+    aten.bincount.default: _bincount,
+    aten._unique2.default: _unique2,
+    aten.unique_dim.default: _unique_dim,
     aten.index.Tensor: _index,
     aten.nonzero.default: _nonzero,
     aten.argwhere.default: _nonzero,

@@ -189,7 +189,8 @@ def test_with_guards_off_a_value_dependent_size_runs_eagerly_and_says_why(
             torch.testing.assert_close(a, b)
 
 
-def test_unique_still_runs_eagerly_with_a_reason(jit_engine: str) -> None:
+def test_unique_of_floats_still_runs_eagerly_with_a_reason(jit_engine: str) -> None:
+    """Integers and booleans have a static form (below); floats not (NaN, -0.0)."""
     if not captures_graph(jit_engine):
         pytest.skip("TorchScript traces sizes")
 
@@ -200,6 +201,67 @@ def test_unique_still_runs_eagerly_with_a_reason(jit_engine: str) -> None:
     with pytest.warns(ptj.JitWarning, match="would bake the output shape of aten._unique2"):
         step(torch.tensor([1.0, 2.0, 2.0]))
     assert step(torch.tensor([1.0, 2.0, 3.0])) == 6.0
+
+
+def grouped(x: torch.Tensor, weights: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Sparse-matrix assembly as PhiML does it: distinct indices, and the entries of each
+    summed by ``bincount``; ``v`` gathered by the inverse carries a gradient."""
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    summed = torch.bincount(inverse, weights, minlength=2)
+    along, along_inverse, along_counts = torch.unique(
+        x, dim=-1, return_inverse=True, return_counts=True
+    )
+    loss = (v[inverse] ** 2).sum() + (values * counts).sum() + summed.sum()
+    return loss, summed, torch.bincount(x), along * 2, along_inverse + along_counts.sum()
+
+
+def test_unique_and_bincount_are_compiled_with_their_sizes_guarded(jit_engine: str) -> None:
+    """PhiML builds a sparse matrix that changes every step (an obstacle passed as an
+    argument) with ``torch.unique(dim=-1)`` and ``bincount``: the rotating-bar step ran eagerly
+    (5x PhiML's own jit), and runs compiled now (0.33x). The number of distinct values and of
+    bins are guarded: a call with others retraces, one with the same sizes does not."""
+    if not captures_graph(jit_engine):
+        pytest.skip("TorchScript traces sizes")
+    step = ptj.jit(grouped)
+    v = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    calls = (
+        torch.tensor([3, 1, 3, 2]),
+        torch.tensor([2, 1, 2, 3]),  # 3 distinct values, bins up to 3 again: the same program
+        torch.tensor([5, 5, 1, 1]),  # 2 distinct, 6 bins: retraced
+        torch.tensor([3, 1, 3, 2]),
+    )
+    for x in calls:
+        weights = torch.rand(4, dtype=torch.float64)
+        got, want = step(x, weights, v), grouped(x, weights, v)
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            torch.testing.assert_close(a, b)
+        (g_got,) = torch.autograd.grad(got[0], v)
+        (g_want,) = torch.autograd.grad(want[0], v)
+        torch.testing.assert_close(g_got, g_want)
+    assert step.num_traces == 2 and "runs eagerly" not in step.explain()
+    assert "(the number of distinct values (unique))" in step.explain()
+    assert gradcheck(lambda v: step(calls[0], weights, v)[0], (v,))
+
+
+def test_bincount_of_a_negative_value_raises_as_eagerly_and_weights_with_gradients_run_eagerly(
+    jit_engine: str,
+) -> None:
+    """The static form clamps indices; a negative value fails its guard, and the retrace
+    raises what eager raises. Weights that require grad keep the op (bincount has no backward:
+    eager raises at the backward), so the step runs eagerly."""
+    if not captures_graph(jit_engine):
+        pytest.skip("TorchScript traces sizes")
+    step = ptj.jit(lambda x: torch.bincount(x, minlength=4) * 2)
+    torch.testing.assert_close(step(torch.tensor([0, 2, 2])), torch.tensor([2, 0, 4, 0]))
+    with pytest.raises(RuntimeError, match="non-negative"):
+        step(torch.tensor([0, -1, 2]))
+    weighted = ptj.jit(lambda x, w: torch.bincount(x, w))
+    w = torch.rand(3, requires_grad=True)
+    with pytest.warns(ptj.JitWarning, match="bincount"):
+        torch.testing.assert_close(
+            weighted(torch.tensor([0, 2, 2]), w), torch.bincount(torch.tensor([0, 2, 2]), w)
+        )
 
 
 def test_count_nonzero_is_not_taken_for_a_value_dependent_size() -> None:
