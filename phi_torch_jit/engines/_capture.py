@@ -97,7 +97,8 @@ def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:
     on values would give other calls wrong sizes. Boolean indices, ``nonzero``,
     ``torch.where(mask)``, ``masked_select`` and ``repeat_interleave`` reach the graph in a
     static form with their sizes guarded (NOTE [value-dependent sizes]); what is left here
-    (``unique``, ``bincount``, such an op in torch's own code with guards off) runs eagerly."""
+    (``unique`` of floats, ``bincount`` with weights that require grad, ``unique_consecutive``,
+such an op in torch's own code with guards off) runs eagerly."""
     name = data_dependent_shape(graph)
     if name:
         raise RunEagerly(
