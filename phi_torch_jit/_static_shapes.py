@@ -2,14 +2,15 @@
 
 A captured graph (engines "compile" and "auto") bakes every size. ``x[mask]``, ``nonzero``,
 ``torch.where(mask)``, ``masked_select``, ``repeat_interleave`` with tensor repeats, ``unique``
-and ``bincount`` give an output whose size depends on values, so the graph would be right for one size only. While the
-wrapper is traced, each such op is recorded in a form whose shape is static, for the size this
-call produced (a boolean index becomes the columns of ``nonzero_static(mask, size=K)``), and
-the size, computed in the graph as a tensor (``count_nonzero(mask)``), becomes a value guard
-(:mod:`._value_guards`): a call whose size differs fails the guard, its result is discarded
-and the function retraces for the new size, as for a branch on a value. The static forms
-never read out of bounds whatever the size (``nonzero_static`` pads with index -1 or
-truncates; ``unique`` and ``bincount`` clamp), so a call with another size runs to its guard. See NOTE [value-dependent sizes].
+and ``bincount`` give an output whose size depends on values, so the graph would be right for
+one size only. While the wrapper is traced, each such op is recorded in a form whose shape is
+static, for the size this call produced (a boolean index becomes the columns of
+``nonzero_static(mask, size=K)``), and the size, computed in the graph as a tensor
+(``count_nonzero(mask)``), becomes a value guard (:mod:`._value_guards`): a call whose size
+differs fails the guard, its result is discarded and the function retraces for the new size,
+as for a branch on a value. The static forms never read out of bounds whatever the size
+(``nonzero_static`` pads with index -1 or truncates; ``unique`` and ``bincount`` clamp), so a
+call with another size runs to its guard. See NOTE [value-dependent sizes].
 
 This module knows ATen ops only; the trace hook that calls it is :mod:`._value_guards`.
 """

@@ -81,6 +81,41 @@ def test_a_program_that_wins_by_far_ends_its_round_after_two_eager_samples(
     assert "serves the compiled program" in meter.describe()
 
 
+def test_after_a_switch_a_program_that_wins_by_far_serves_without_new_eager_samples(
+    clock: FakeClock,
+) -> None:
+    """Engine "auto" switches from its fast tier to the compiled one and the measurement
+    starts afresh: a PhiFlow step paid two more eager samples (240 ms each, against 9 ms
+    compiled) to learn what the samples before the switch showed. The new program is timed
+    against those; winning by far, it serves without another eager call."""
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=2.0)
+    fast_tier = _compiled(clock, 0.1)
+    calls_to_decide = _meter.WARM_UP + _meter.EARLY_SAMPLES * _meter.EAGER_EVERY
+    served = [meter.serve(fast_tier, []) for _ in range(calls_to_decide)]
+    assert meter.done and served.count("eager") == _meter.EARLY_SAMPLES
+    meter.restart()  # the compiled tier takes over
+    served = [meter.serve(_compiled(clock, 0.01), []) for _ in range(_meter.EAGER_EVERY + 1)]
+    assert meter.done and "eager" not in served and not switches
+    assert "measured afresh 1x" in meter.describe() and "eager 1e+03 ms" in meter.describe()
+
+
+def test_after_a_switch_a_program_not_faster_by_far_is_measured_against_eager_again(
+    clock: FakeClock,
+) -> None:
+    """Eager's samples from before a switch only let a program that wins by far skip the new
+    ones: here the new program is 1.05x eager, so eager is sampled again, as in any round;
+    its calls timed against the old samples count in that round."""
+    meter, switches = _meter_for(clock, eager_s=1.0, record_s=2.0)
+    calls_to_decide = _meter.WARM_UP + _meter.EARLY_SAMPLES * _meter.EAGER_EVERY
+    for _ in range(calls_to_decide):
+        meter.serve(_compiled(clock, 0.1), [])
+    meter.restart()
+    slower = _compiled(clock, 1.05)
+    served = [meter.serve(slower, []) for _ in range(_meter.WARM_UP + _meter.ROUND)]
+    assert served.count("eager") == _meter.SAMPLES and meter.done and not switches
+    assert "compiled 1.05e+03 ms, eager 1e+03 ms" in meter.describe()
+
+
 def test_a_program_faster_but_not_by_far_is_measured_the_whole_round(clock: FakeClock) -> None:
     """2x faster on average, but one slow call (a burst of load on the program) within 3x of
     eager's fastest: no early decision; the full round keeps the program."""
