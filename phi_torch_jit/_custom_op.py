@@ -37,8 +37,8 @@ from ._compat import (
     disable_dispatch_modes,
     get_tracing_state,
     is_fake,
-    is_view,
     kept_though_unused,
+    unaliased,
 )
 from ._context import CustomCallee, Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
@@ -270,7 +270,7 @@ class CompiledCall:
                     "engine='torchscript' for this function, or keep ctx contents independent "
                     "of tensor values."
                 )
-            outputs = tuple(_unaliased(o, tensors) for o in results)
+            outputs = tuple(unaliased(results, tensors))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -342,10 +342,8 @@ class CompiledCall:
     ) -> list[torch.Tensor]:
         inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
         grads = self.backward(tuple(pattern), inputs, outputs, grad_outputs, self._backward_context)
-        flat = (*saved, *grad_outputs)
-        return [
-            torch.zeros_like(x) if g is None else _unaliased(g, flat) for g, x in zip(grads, inputs)
-        ]
+        kept = unaliased(grads, (*saved, *grad_outputs))
+        return [torch.zeros_like(x) if g is None else g for g, x in zip(kept, inputs)]
 
     def _backward_fake(
         self, saved: list[torch.Tensor], grad_outputs: list[torch.Tensor], pattern: list[bool]
@@ -371,11 +369,6 @@ class _Meta:
 
     def empty(self) -> torch.Tensor:
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
-
-
-def _unaliased(tensor: torch.Tensor, arguments: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``tensor``, or a copy if it is one of the op's arguments or a view (ops may not alias)."""
-    return tensor.clone() if is_view(tensor) or any(tensor is a for a in arguments) else tensor
 
 
 def _is_fake(tensor: Any) -> bool:

@@ -129,6 +129,43 @@ def test_forward_returning_its_input_is_safe() -> None:
     assert torch.equal(out, x * 2) and torch.equal(x.grad, torch.full((3,), 2.0))
 
 
+class _Shared(torch.autograd.Function):
+    """Returns one tensor twice and a detached alias of its input; its backward hands both
+    inputs the same gradient: outputs that alias each other and the inputs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+        total = x + y
+        return total, total, x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g1: torch.Tensor, g2: torch.Tensor, g3: torch.Tensor) -> Any:
+        shared = g1 + g2 + g3
+        return shared, shared
+
+
+def test_outputs_that_alias_each_other_or_the_inputs_are_copied() -> None:
+    """torch checks that a custom op's outputs alias nothing when a compiled program runs: a
+    RuntimeError where the environment variable CI is set (so set here), a deprecation warning
+    elsewhere. PhiML's captured CG returned such outputs and a PhiFlow step's inductor program
+    failed under CI; the same for a backward returning one gradient for two inputs."""
+    import torch._functorch.config as functorch_config
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a, b, c = _Shared.apply(x * 2, y)
+        return a * b + c
+
+    x, y = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    jitted = ptj.jit(step)
+    with functorch_config.patch(error_on_custom_op_aliasing=True):
+        for _ in range(4):
+            got, want = jitted(x, y), step(x, y)
+            torch.testing.assert_close(got, want)
+            grads = torch.autograd.grad(got.sum(), (x, y))
+            torch.testing.assert_close(grads, torch.autograd.grad(want.sum(), (x, y)))
+    assert "runs eagerly" not in jitted.explain() and "failed" not in jitted.explain()
+
+
 @pytest.mark.torchscript_bodies
 def test_adjoint_solve_inside_gradient_is_compiled_as_nested_op(jit_engine: str) -> None:
     counter = Counter()

@@ -56,6 +56,7 @@ from ._calls import (
     set_tracing_state,
     set_version_counters,
     tensor_conversion,
+    unaliased,
     value_trace,
     version,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "MODULE_HOOK_DICTS",
     "tensor_conversion",
     "is_view",
+    "unaliased",
     "version",
     "destroy_library",
     "kept_though_unused",

@@ -6,7 +6,7 @@ modules."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -122,6 +122,34 @@ def tensor_conversion(kind: str) -> Callable[..., Any]:
 def is_view(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a view of another tensor."""
     return bool(tensor._is_view())
+
+
+def unaliased(results: Sequence[Any], arguments: Sequence[torch.Tensor]) -> list[Any]:
+    """``results`` with a copy of each that is a view, an argument, or shares memory with an
+    argument or an earlier result: a custom op's outputs may alias nothing. torch checks it
+    when a compiled program runs: an error where the environment variable ``CI`` is set (a
+    PhiFlow step's inductor program failed there and its fast tier served), a warning
+    elsewhere, "deprecated and will become an error"."""
+    taken = {_memory(a) for a in arguments} - {None}
+    kept: list[Any] = []
+    for tensor in results:
+        if isinstance(tensor, torch.Tensor):
+            memory = _memory(tensor)
+            if is_view(tensor) or memory in taken or any(tensor is a for a in arguments):
+                tensor = tensor.clone()
+                memory = _memory(tensor)
+            if memory is not None:
+                taken.add(memory)
+        kept.append(tensor)
+    return kept
+
+
+def _memory(tensor: torch.Tensor) -> int | None:
+    """Where the tensor's storage lives (None: no storage, or an empty one)."""
+    try:
+        return tensor.untyped_storage().data_ptr() or None
+    except (RuntimeError, NotImplementedError, TypeError):  # fake, functional, sparse
+        return None
 
 
 def version(tensor: torch.Tensor) -> int:
