@@ -181,8 +181,8 @@ class Meter:
         """The round is complete but its last sample's backward runs after this call: decide
         at the next call."""
         self._known_eager: list[float] = []
-        """Eager's samples from before a restart, while the new program is timed against them
-        (:meth:`_carry_eager`)."""
+        """Eager's samples from before a restart, while the new program's first calls are
+        timed against them (:meth:`_decide_against_known_eager`)."""
 
     @property
     def confirming(self) -> bool:
@@ -204,7 +204,9 @@ class Meter:
         if self._stale:
             self._stale = False
             self.restarts += 1
-            known = self.eager_s if len(self.eager_s) >= EARLY_SAMPLES else []
+            known = self._known_eager or (
+                self.eager_s if len(self.eager_s) >= EARLY_SAMPLES else []
+            )
             self.eager_wins = self._revisiting = False
             self.first_round = None
             self._new_round()
@@ -225,9 +227,7 @@ class Meter:
                 return compiled(tensors)
             if self.eager_wins:
                 return self.eager(tensors)
-        if self._known_eager:
-            if len(self.compiled_s) < EAGER_EVERY - 1:
-                return self._against_known_eager(compiled, tensors)
+        if self._known_eager and len(self.compiled_s) >= EAGER_EVERY - 1:
             self._decide_against_known_eager()
             if self.done:
                 return compiled(tensors)
@@ -248,29 +248,17 @@ class Meter:
                 self._decide()
         return result
 
-    def _against_known_eager(self, compiled: Run, tensors: list[torch.Tensor]) -> Any:
-        """After a restart (engine "auto" switched to its compiled tier), the new program is
-        timed against eager's samples from before it, :data:`EAGER_EVERY` - 1 calls with their
-        backwards (:meth:`_decide_against_known_eager`)."""
-        start = _now(tensors)
-        result = compiled(tensors)
-        seconds = _now(tensors) - start
-        if self.measured.not_a_step(result) or self._stale:
-            return result
-        self.compiled_s.append(seconds)
-        _time_backward(result, self.compiled_s, len(self.compiled_s) - 1)
-        return result
-
     def _decide_against_known_eager(self) -> None:
-        """The new program serves where it wins by :data:`DECISIVE` against eager's samples
-        from before the restart: a PhiFlow step paid two more eager steps of 240 ms after each
-        switch, to learn what was known. Otherwise the round goes on as any program's, its
-        first calls those just timed, the next one eager's."""
+        """After a restart, the round's first ``EAGER_EVERY - 1`` timed calls (backwards
+        included) run the new program, as in any round; the new program then serves where it
+        wins by :data:`DECISIVE` against eager's samples from before the restart (a PhiFlow
+        step paid two more eager steps of 240 ms after each switch, to learn what was known).
+        Otherwise the round goes on as any program's, its next call eager's."""
         self.eager_s, self._known_eager = self._known_eager, []
         if self._decisive():
             self.done = True
         else:
-            self.eager_s, self._timed = [], len(self.compiled_s)
+            self.eager_s = []
 
     def _new_round(self) -> None:
         self.compiled_s, self.eager_s, self._timed = [], [], 0

@@ -94,11 +94,12 @@ def uses_rng(graph: torch.fx.GraphModule) -> bool:
 
 def _reject_data_dependent_shapes(graph: torch.fx.GraphModule) -> None:
     """A captured graph has the shapes of this run baked in; an op whose output shape depends
-        on values would give other calls wrong sizes. Boolean indices, ``nonzero``,
-        ``torch.where(mask)``, ``masked_select`` and ``repeat_interleave`` reach the graph in a
-        static form with their sizes guarded (NOTE [value-dependent sizes]); what is left here
-        (``unique`` of floats, ``bincount`` with weights that require grad, ``unique_consecutive``,
-    such an op in torch's own code with guards off) runs eagerly."""
+    on values would give other calls wrong sizes. Boolean indices, ``nonzero``,
+    ``torch.where(mask)``, ``masked_select``, ``repeat_interleave``, ``unique`` of integers and
+    ``bincount`` reach the graph in a static form with their sizes guarded (NOTE
+    [value-dependent sizes]); what is left here (``unique`` of floats, ``bincount`` with
+    weights that require grad, ``unique_consecutive``, such an op in torch's own code with
+    guards off) runs eagerly."""
     name = data_dependent_shape(graph)
     if name:
         raise RunEagerly(
