@@ -130,22 +130,23 @@ def unaliased(results: Sequence[Any], arguments: Sequence[torch.Tensor]) -> list
     when a compiled program runs: an error where the environment variable ``CI`` is set (a
     PhiFlow step's inductor program failed there and its fast tier served), a warning
     elsewhere, "deprecated and will become an error"."""
-    taken = {_memory(a) for a in arguments} - {None}
+    taken = {storage_address(a) for a in arguments} - {None}
     kept: list[Any] = []
     for tensor in results:
         if isinstance(tensor, torch.Tensor):
-            memory = _memory(tensor)
+            memory = storage_address(tensor)
             if is_view(tensor) or memory in taken or any(tensor is a for a in arguments):
                 tensor = tensor.clone()
-                memory = _memory(tensor)
+                memory = storage_address(tensor)
             if memory is not None:
                 taken.add(memory)
         kept.append(tensor)
     return kept
 
 
-def _memory(tensor: torch.Tensor) -> int | None:
-    """Where the tensor's storage lives (None: no storage, or an empty one)."""
+def storage_address(tensor: torch.Tensor) -> int | None:
+    """Where the tensor's storage lives (None: no storage, or an empty one, as for fake,
+    functional and sparse tensors)."""
     try:
         return tensor.untyped_storage().data_ptr() or None
     except (RuntimeError, NotImplementedError, TypeError):  # fake, functional, sparse
