@@ -758,3 +758,28 @@ def test_with_compile_on_the_caller_blocks_compile_in_the_first_call() -> None:
     k, u = torch.tensor(0.5), torch.randn(16)
     assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
     assert backend.calls == [(threading.current_thread().name, True)]
+
+
+def test_a_background_block_says_whether_it_runs_straight_line() -> None:
+    """A library's loop may serve instead of straight-line blocks (PhiML's CG,
+    ``adapters.phiml``): the block says which it runs, compiled once its compile switched it,
+    straight-line for good where that compile failed."""
+    from phi_torch_jit.engines import _block_tiers
+
+    graph = torch.fx.symbolic_trace(lambda x: x * 2)
+
+    def failing() -> Any:
+        raise RuntimeError("no compiler")
+
+    blocks = [
+        _block_tiers.BackgroundBlock(graph, lambda: graph.forward, threading.Lock()),
+        _block_tiers.BackgroundBlock(graph, failing, threading.Lock()),
+    ]
+    with _block_tiers._PENDING_LOCK:  # upgraded here, not on the compile thread
+        for block in blocks:
+            _block_tiers._PENDING.remove(block)
+    assert all(block.straight_line for block in blocks)
+    for block in blocks:
+        block.upgrade()
+    assert [block.straight_line for block in blocks] == [False, True]
+    assert torch.equal(blocks[0](torch.ones(2)), torch.full((2,), 2.0))

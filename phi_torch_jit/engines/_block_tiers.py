@@ -39,6 +39,9 @@ class BackgroundBlock:
         self, graph: torch.fx.GraphModule, compile_now: Callable[[], Callable[..., Any]], lock: Any
     ) -> None:
         self.run: Callable[..., Any] = straight_line(graph)
+        self.straight_line = True
+        """Whether the block still runs straight-line (until its compile replaced it; for good
+        where it failed): a library's own loop may then be the faster one (PhiML's CG)."""
         self._compile_now: Callable[[], Callable[..., Any]] | None = compile_now
         self._lock = lock
         with _PENDING_LOCK:
@@ -55,6 +58,7 @@ class BackgroundBlock:
         try:
             with self._lock:
                 self.run = compile_now()
+            self.straight_line = False
         except Exception as error:  # the straight-line tier is right, only slower
             (logger.debug if exiting() else logger.warning)(
                 "phi_torch_jit: the block of a captured loop stays straight-line: its compile "
