@@ -46,6 +46,9 @@ _PARAMETERS = ("lin", "y", "x0", "tolerance_sq", "max_iter")
 """The signature they were written with (phiml 1.x)."""
 
 _ACTIVE: ContextVar[Solvers | None] = ContextVar("phi_torch_jit_phiml_solvers", default=None)
+_CHECKING: ContextVar[bool] = ContextVar("phi_torch_jit_phiml_checking", default=False)
+"""Set in the first call of :meth:`Solvers.calling`'s function: the engine's check of the
+captured solvers against the recording, which must run them."""
 _INSTALL_LOCK = threading.Lock()
 
 
@@ -292,7 +295,7 @@ def _uncompiled(captured: Any) -> bool:
     them (engine auto): uncompiled, a padded-row product and predicated iterations took 12.7 ms
     for 13 iterations at 128x128, PhiML's own loop (its sparse product, stopping when
     converged) 4.1 ms, and compiled blocks about 1.5 ms. A solver whose blocks are not built
-    yet runs captured, which builds them."""
+    yet runs captured, which builds them, and so does an engine's check (``_CHECKING``)."""
     return any(
         getattr(program, "straight_line", False)
         for loop in captured.loops
@@ -335,7 +338,9 @@ class Solvers:
         what the captured one does not take (another matrix layout)."""
         captured = self.captured(dispatch.name)
         lin = args[0]
-        if isinstance(captured, str) or not isinstance(lin, torch.Tensor) or _uncompiled(captured):
+        if isinstance(captured, str) or not isinstance(lin, torch.Tensor):
+            return dispatch.original(*args)
+        if not _CHECKING.get() and _uncompiled(captured):
             return dispatch.original(*args)
         if lin.layout in SPARSE_LAYOUTS:
             lin = self._forms.form_of(lin)
@@ -351,11 +356,20 @@ class Solvers:
         return tuple(loop for c in made if not isinstance(c, str) for loop in c.loops)
 
     def calling(self, fn: Callable[..., Any]) -> types.FunctionType:
-        """``fn`` run with PhiML's CG calls going to the captured solvers."""
+        """``fn`` run with PhiML's CG calls going to the captured solvers. Its first call, the
+        engine's check against the recording, runs them whatever tier their blocks are on
+        (the solvers are shared by an engine's solves: the blocks the forward built and left
+        straight-line made a backward's check run PhiML's loop, and the check then refused
+        the backward, which ran as PhiML's Python CG: a gradient step 2x slower)."""
+        unchecked = [True]
 
         def with_captured_solvers(*args: Any, **kwargs: Any) -> Any:
-            with self.active():
-                return fn(*args, **kwargs)
+            checking = _CHECKING.set(unchecked.pop() if unchecked else False)
+            try:
+                with self.active():
+                    return fn(*args, **kwargs)
+            finally:
+                _CHECKING.reset(checking)
 
         return cast(types.FunctionType, with_captured_solvers)
 
