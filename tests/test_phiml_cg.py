@@ -183,12 +183,9 @@ def test_the_adjoint_solves_transposed_matrix_runs_the_captured_solver(name: str
     torch.testing.assert_close(padded_rows(transposed)[1].sum(-1), dense.t().sum(-1))
 
 
-def test_outside_a_compiled_solve_phiml_runs_its_own_solver(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    solvers = _uncompiled_solvers()
-    with solvers.active():
-        pass  # PhiML's functions are dispatchers from now on
+def _count_phimls_solves(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], Any]:
+    """Calls of PhiML's own ``torch_sparse_cg`` behind its dispatcher are counted (one entry
+    each); returns the count and PhiML's function."""
     dispatch = phiml_torch.torch_sparse_cg
     calls: list[int] = []
     original = dispatch.original
@@ -198,9 +195,19 @@ def test_outside_a_compiled_solve_phiml_runs_its_own_solver(
         return original(*args)
 
     monkeypatch.setattr(dispatch, "original", counted)
+    return calls, original
+
+
+def test_outside_a_compiled_solve_phiml_runs_its_own_solver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    solvers = _uncompiled_solvers()
+    with solvers.active():
+        pass  # PhiML's functions are dispatchers from now on
+    calls, _ = _count_phimls_solves(monkeypatch)
     _, args = _solves(6)[0]
     runs = solvers.runs
-    dispatch(*args)
+    phiml_torch.torch_sparse_cg(*args)
     assert calls == [1] and solvers.runs == runs
 
 
@@ -457,15 +464,7 @@ def test_while_its_blocks_run_straight_line_phimls_own_loop_serves(
     with solvers.active():
         pass  # installed
     assert not isinstance(solvers.captured("torch_sparse_cg"), str)  # from PhiML's function
-    dispatch = phiml_torch.torch_sparse_cg
-    calls: list[int] = []
-    original = dispatch.original
-
-    def counted(*args: Any) -> Any:
-        calls.append(1)
-        return original(*args)
-
-    monkeypatch.setattr(dispatch, "original", counted)
+    calls, original = _count_phimls_solves(monkeypatch)
     _, args = _solves(8)[0]
     want = original(*args[:2], args[2].clone(), *args[3:])
 
