@@ -378,7 +378,10 @@ class Solvers:
         with self._lock:
             made = [name for name, c in self._captured.items() if not isinstance(c, str)]
         names = ", ".join(f"PhiML's {name}" for name in made) or "PhiML's CG"
-        return f"loop of {names} captured as blocks of predicated iterations"
+        return (
+            f"loop of {names} captured as blocks of predicated iterations; PhiML's own loop "
+            "while they are not compiled"
+        )
 
     @contextmanager
     def active(self) -> Iterator[None]:
