@@ -361,10 +361,12 @@ class Solvers:
         (the solvers are shared by an engine's solves: the blocks the forward built and left
         straight-line made a backward's check run PhiML's loop, and the check then refused
         the backward, which ran as PhiML's Python CG: a gradient step 2x slower)."""
-        unchecked = [True]
+        checked = False
 
         def with_captured_solvers(*args: Any, **kwargs: Any) -> Any:
-            checking = _CHECKING.set(unchecked.pop() if unchecked else False)
+            nonlocal checked
+            checking = _CHECKING.set(not checked)
+            checked = True
             try:
                 with self.active():
                     return fn(*args, **kwargs)
