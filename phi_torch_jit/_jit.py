@@ -174,10 +174,14 @@ class JitFunction(Generic[P, R]):
                 return result
             if type(result) is Scanned:
                 return result.result
-            if self._values_never_repeat(key, seen, miss) or not self._engine.can_trace_now():
-                return self._fn(*args, **kwargs)  # eager; or engine "auto" compiles another
+            if self._values_never_repeat(key, seen, miss):
+                return self._fn(*args, **kwargs)
+            session = self._engine.tracing_session(self._target.owner)
+            if session is None:  # engine "auto" compiles: eager, without the record pass
+                return self._fn(*args, **kwargs)
             reason = retrace_reason(list(seen), miss if seen else None)
-            value, specialization = specialize(self._target, key, args, kwargs, tensors)
+            with session:
+                value, specialization = specialize(self._target, key, args, kwargs, tensors)
             if specialization is None:  # engine "auto" is compiling: this call ran eagerly
                 return value
             for dropped in self._cache.insert(specialization):
@@ -421,8 +425,10 @@ def wait_compiled(timeout: float | None = None) -> bool:
 
     Returns True when none is queued or running, False if ``timeout`` seconds passed first
     (``UsageError`` for a negative timeout). Other engines compile on the caller's thread:
-    nothing to wait for. While one function's compile runs, another function's first calls
-    cannot be captured and run eagerly (docs/engines.md, "Several jitted functions"): wait
-    here before timing, or before a run whose first steps matter.
+    nothing to wait for. While one function's compile runs inductor's Python, another
+    function's first calls cannot be captured and run eagerly; they are captured while it
+    waits for its C++ compiler (docs/engines.md, "Several jitted functions"): wait here
+    before timing, or before a run whose first steps matter. Inside a jitted function's
+    first call (its record pass), False at once: that compile waits for the call to end.
     """
     return wait_all_compiled(timeout)

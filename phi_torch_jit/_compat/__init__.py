@@ -21,6 +21,8 @@ The rest of the package imports everything from here; the submodules hold:
   call, torch's hooks, classes and modules);
 * ``_inductor``: :func:`compile_captured` (a captured graph compiled without dynamo),
   inductor's decompositions and settings, torch.compile's backend names;
+* ``_builds``: :func:`around_cpp_builds` (inductor's C++ compiler subprocess run inside a
+  context of ours: engine auto lends its tracing lock there);
 * this ``__init__``: the re-exports, and :func:`torchscript_available` (kept here because
   tests reset its cache, ``_TORCHSCRIPT_PROBED``, on this module).
 """
@@ -30,6 +32,8 @@ from __future__ import annotations
 import warnings
 
 import torch
+
+from ._builds import around_cpp_builds, wrap_cpp_builds
 
 # Besides __all__, ``name as name`` re-exports what other modules, tests and docs use.
 from ._calls import (
@@ -150,6 +154,8 @@ __all__ = [
     "import_inductor",
     "original_function_apply",
     "compile_captured",
+    "around_cpp_builds",
+    "wrap_cpp_builds",
     "op_overload",
     "eager_functions",
     "pytree",

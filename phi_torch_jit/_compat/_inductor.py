@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._builds import wrap_cpp_builds
 from ._private import (
     COMPILE_FX,
     DECOMPOSITIONS,
@@ -78,6 +79,7 @@ def _compile_now(
     backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
 ) -> Callable[..., Any]:
     if backend == "inductor":
+        wrap_cpp_builds()  # its C++ compiler runs inside our hook (engine auto lends its lock)
         # Inductor's on-disk caches (FX graph, AOTAutograd) need a fake mode with a shape
         # environment, as dynamo would give; without one they are bypassed ("No shape env").
         fake_mode = FAKE_MODE.find()(shape_env=SHAPE_ENV.find()())

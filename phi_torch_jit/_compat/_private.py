@@ -308,6 +308,12 @@ EAGER_FUNCTIONS = _api(
     "the C functions behind torch.<op>: calling them skips OpOverload's Python __call__",
     "engines._light",
 )
+CPP_BUILD = _api(
+    "torch._inductor.cpp_builder._run_compile_cmd",
+    "inductor's C++ compiler subprocess, which a compile thread waits for without tracing: "
+    "engine auto lends its tracing lock around it (no public hook exists)",
+    "_compat._builds, engines._capture",
+)
 PYTREE = _api(
     "torch.utils._pytree",
     "classes a user registered with torch's pytree (register_pytree_node), flattened and "
@@ -356,6 +362,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     OP_OVERLOAD,
     EAGER_FUNCTIONS,
     PYTREE,
+    CPP_BUILD,
 )
 """Every private torch API in use (checked by tests/test_compat.py)."""
 

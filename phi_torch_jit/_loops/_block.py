@@ -26,6 +26,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._fast_capture import fast_metadata
+from ..errors import NotNow
 
 __all__ = ["CapturedLoop", "HELPERS", "BLOCK_CPU", "BLOCK_CUDA", "CaptureFailed"]
 
@@ -249,6 +250,8 @@ class CapturedLoop:
             program = self._compile(state, invariants, device)
         except Unfaithful:
             raise
+        except NotNow:  # the engine cannot compile at this moment: eagerly, kept for no one
+            return BUSY
         except Exception as error:  # a trace the block cannot take: this signature runs eagerly
             program = f"{type(error).__name__}: {error}".splitlines()[0]
             self.eager_reasons.add(program)

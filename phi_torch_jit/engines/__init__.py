@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, UsageError
 from ._background import wait_idle
+from ._capture import CAPTURE_LOCK
 from .auto import AutoEngine
 from .base import (
     RANDOM_OPS,
@@ -59,9 +60,12 @@ _REGISTRY: dict[str, Callable[[], Engine]] = {}
 
 def wait_all_compiled(timeout: float | None = None) -> bool:
     """Wait until the compile thread has finished every compile queued so far (of any jitted
-    function); False if ``timeout`` seconds passed first."""
+    function); False if ``timeout`` seconds passed first, and at once inside a jitted
+    function's specialization (the compile thread waits for it to end)."""
     if timeout is not None and timeout < 0:
         raise UsageError(f"wait_compiled: timeout must be None or >= 0 seconds, got {timeout}")
+    if CAPTURE_LOCK.reserved_here():
+        return False
     return wait_idle(timeout)
 
 

@@ -16,12 +16,10 @@ The caller holds :data:`CAPTURE_LOCK`. Nothing here compiles: the backend's part
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from torch import nn
 
-from .._compat import VALUE_OUT_OF_GRAPH
+from .._compat import VALUE_OUT_OF_GRAPH, around_cpp_builds
 from .._fast_capture import fast_metadata
 from .._inner_grad import functional_autograd
 from .._rnn_layers import split_rnn_dropout
@@ -29,13 +27,15 @@ from ..errors import RunEagerly, TraceError, ValueNotCaptured
 from ._generic_sizes import generic_graph
 from ._graph_bodies import data_dependent_shape
 from ._merge_repeated import merge_repeated_ops
+from ._tracing_lock import TracingLock
 from .base import RANDOM_OPS, captured_tensor_message
 
 __all__ = ["CAPTURE_LOCK", "WITHOUT_GRAD", "capture", "uses_rng"]
 
-CAPTURE_LOCK = threading.Lock()
+CAPTURE_LOCK = TracingLock()
 """Held while FX traces: a capture, a backend's compile (FX tracing keeps process-wide state;
-NOTE [one tracing thread])."""
+NOTE [one tracing thread]); lent during inductor's C++ builds (:mod:`._tracing_lock`)."""
+around_cpp_builds(CAPTURE_LOCK.lent)
 
 WITHOUT_GRAD = "phi_torch_jit.without_grad"
 """Graph meta: the outputs that needed no gradient when captured (detached, computed under

@@ -96,8 +96,11 @@ class AutoEngine(CompileEngine):
         super().__init__(backend, functions=functions, torchscript=torchscript, **options)
         self.compile_on = compile_on
 
-    def can_trace_now(self) -> bool:
-        return not _CAPTURE_LOCK.locked()
+    def tracing_session(self, owner: str) -> contextlib.AbstractContextManager[Any] | None:
+        session = _CAPTURE_LOCK.session()
+        if session is None:
+            _note_busy(owner)
+        return session
 
     def _block(self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> Any:
         """A block of a captured loop: with ``compile_on="background"`` it runs straight-line
@@ -378,6 +381,8 @@ class TieredProgram:
         """Wait until the compile finished (or failed); False if ``timeout`` s passed first.
         Queues the compile if no call did yet, and waits for the compiles of captured loops'
         blocks too (they share the compile thread with every other function's compiles)."""
+        if _CAPTURE_LOCK.reserved_here():  # in a specialization: the compile waits for it
+            return False
         if self._unsubmitted:
             self._submit(blocking=True)
         if not self.on_caller:

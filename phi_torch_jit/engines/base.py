@@ -6,6 +6,7 @@ See :mod:`phi_torch_jit.engines` for the registry and the built-in engines.
 from __future__ import annotations
 
 import abc
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,12 +134,15 @@ class Engine(abc.ABC):
     """Whether :meth:`compile_module` captures a graph whose custom ops' backward cannot
     receive per-call ctx values (NOTE [opaque backward]); custom calls are compiled knowing it."""
 
-    def can_trace_now(self) -> bool:
-        """Whether :meth:`compile_module` could trace at this moment (engine ``"auto"``: not
-        while its compile thread traces). A miss that could not is served by the Python
-        function alone, without the record pass's overhead. May race: a ``NotNow`` from
-        :meth:`compile_module` stays possible."""
-        return True
+    def tracing_session(self, owner: str) -> contextlib.AbstractContextManager[Any] | None:
+        """The context a cache miss of ``owner`` (the user's function) specializes in
+        (record pass to capture), or None if this engine cannot trace at this moment: the miss
+        is then served by the Python function alone, without the record pass's overhead.
+        Engine ``"auto"`` reserves its tracing lock for the whole specialization, so its
+        compile thread cannot start between two of the specialization's captures; None while
+        that thread compiles, except while it waits for a C++ build (NOTE [one tracing
+        thread]). A ``NotNow`` from inside stays possible."""
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:

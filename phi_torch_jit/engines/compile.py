@@ -56,7 +56,7 @@ from .._libraries import owned_by_library
 from .._rnn_layers import lstms_unrolled
 from .._state import capture_rng, restore_rng
 from .._warnings import TORCHSCRIPT_NOTICE
-from ..errors import ConfigurationError, JitError, UsageError, describe_error
+from ..errors import ConfigurationError, JitError, NotNow, UsageError, describe_error
 from ._capture import CAPTURE_LOCK, WITHOUT_GRAD, capture, uses_rng
 from ._generic_sizes import fake_inputs_for, sizes_left_dynamic
 from ._graph_bodies import GraphBodies
@@ -249,7 +249,11 @@ class Compilable:
 
     def compile(self) -> Callable[..., Any]:
         """The backend's program for the graph, forward and backward; the caller holds the
-        capture lock (NOTE [one tracing thread])."""
+        capture lock (NOTE [one tracing thread]). ``NotNow`` in a session that borrowed the
+        lock from a paused compile: inductor's settings are process-wide, and a compile
+        nested in another's would run with the paused one's (:mod:`._tracing_lock`)."""
+        if CAPTURE_LOCK.borrowed_here():
+            raise NotNow("a compile cannot start while another one is paused for its C++ build")
         # Tensors like the inputs, without their data: the backend only reads metadata.
         inputs = [
             torch.empty_strided(size, stride, dtype=dtype, device=device).requires_grad_(grad)
