@@ -21,7 +21,7 @@ TORCH_VERSIONS ?= $(sort $(patsubst requirements/torch-%.txt,%,$(wildcard requir
 # The environment that tests a torch version: .venv for the demo's torch, else its own.
 venv_of = $(if $(filter $(DEMO_TORCH),$(1)),$(VENV),$(VENV)-torch$(1))
 
-.PHONY: demo test envs test-no-torchscript test-cuda lint docs bench bench-peers bench-phiflow bench-phiflow-gradient bench-warm-start bench-inner-grad fuzz clean
+.PHONY: demo test envs test-no-torchscript test-cuda lint docs bench bench-peers bench-phiflow bench-phiflow-gradient bench-warm-start bench-inner-grad bench-during-compile fuzz clean
 .SECONDEXPANSION:
 
 $(VENV)/.ready: pyproject.toml Makefile requirements/torch-$(DEMO_TORCH).txt
@@ -86,6 +86,10 @@ bench-peers: $$(call venv_of,$$(BENCH_TORCH))/.ready
 # Engines "compile" and "auto" in a second process with inductor's cache warm (docs/engines.md).
 bench-warm-start: $$(call venv_of,$$(BENCH_TORCH))/.ready
 	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_warm_start.py
+
+# Steps served while the default engine's background compile runs, against eager (engines.md).
+bench-during-compile: $$(call venv_of,$$(BENCH_TORCH))/.ready
+	$(call venv_of,$(BENCH_TORCH))/bin/python benchmarks/bench_during_compile.py
 
 # Training steps with autograd.grad inside (forces, PINN, Hamiltonian; docs/benchmarks.md).
 bench-inner-grad: $$(call venv_of,$$(BENCH_TORCH))/.ready
