@@ -75,11 +75,31 @@ def is_user_file(filename: str) -> bool:
     walked for guards."""
     known = _USER.get(filename)
     if known is None:
-        path = os.path.realpath(filename) if not filename.startswith("<") else ""
+        path = _resolved(filename) if not filename.startswith("<") else ""
         known = _USER[filename] = (
             bool(path) and not path.startswith(_NOT_USER) and not _installed(path)
         )
     return known
+
+
+_RESOLVED_DIRS: dict[str, str] = {}
+
+
+def _resolved(filename: str) -> str:
+    """``os.path.realpath(filename)``, resolving each folder once: a first record pass met
+    2300 module files (PhiFlow's step, torch's modules), and resolving each path component of
+    each took 70 ms. A file that is itself a link is resolved whole."""
+    if os.path.islink(filename):
+        return os.path.realpath(filename)
+    folder, name = os.path.split(filename)
+    return os.path.join(_resolved_folder(folder), name)
+
+
+def _resolved_folder(folder: str) -> str:
+    real = _RESOLVED_DIRS.get(folder)
+    if real is None:
+        real = _RESOLVED_DIRS[folder] = os.path.realpath(folder or os.curdir)
+    return real
 
 
 def _installed(path: str) -> bool:
@@ -87,7 +107,7 @@ def _installed(path: str) -> bool:
     if any(part in _PACKAGE_DIR_NAMES for part in path.split(os.sep)):
         return True
     for entry in sys.path:
-        root = os.path.realpath(entry or os.curdir) + os.sep
+        root = _resolved_folder(entry) + os.sep
         if path.startswith(root):
             top = path[len(root) :].split(os.sep, 1)[0]
             if top.removesuffix(".py") in _recorded_tops(root):

@@ -7,6 +7,7 @@ ran eagerly on CUDA for this). Code the user wrote beside it stays the user's an
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -108,3 +109,38 @@ def test_a_librarys_memo_cache_filled_in_the_step_is_not_the_users_state(
     else:
         assert len(warned) == 1 and "changes Python state it reads" in warned[0], warned
     assert jitted.num_traces == 1
+
+
+def test_files_are_resolved_through_links_with_each_folder_resolved_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``os.path.realpath`` would: a user's file reached through a link in a package folder
+    is the user's, a library's reached from the user's folder is a library's; a folder is
+    resolved once for all its files (a first record pass met 2300 module files)."""
+    library = tmp_path / "env" / "site-packages" / "lib"
+    mine = tmp_path / "project"
+    library.mkdir(parents=True)
+    mine.mkdir()
+    (mine / "sim.py").write_text("")
+    (library / "core.py").write_text("")
+    (library / "linked_sim.py").symlink_to(mine / "sim.py")
+    (mine / "linked_core.py").symlink_to(library / "core.py")
+    (tmp_path / "alias").symlink_to(library, target_is_directory=True)
+    assert is_user_file(str(library / "linked_sim.py"))
+    assert not is_user_file(str(mine / "linked_core.py"))
+    assert not is_user_file(str(tmp_path / "alias" / "core.py"))
+    resolved: list[str] = []
+    realpath = os.path.realpath
+
+    def counted(path: str) -> str:
+        resolved.append(path)
+        return realpath(path)
+
+    monkeypatch.setattr(os.path, "realpath", counted)
+    many = tmp_path / "many"
+    many.mkdir()
+    for n in range(20):
+        (many / f"m{n}.py").write_text("")
+        assert is_user_file(str(many / f"m{n}.py"))
+    assert resolved.count(str(many)) == 1
+    assert not [path for path in resolved if path.startswith(str(many) + os.sep)]
