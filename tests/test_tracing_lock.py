@@ -75,17 +75,30 @@ def _in_thread(fn: Callable[[], Any]) -> Any:
     return result[0]
 
 
-def test_a_session_keeps_every_other_thread_out_until_it_ends() -> None:
+def test_a_session_keeps_waiting_holders_and_other_sessions_out_until_it_ends() -> None:
+    """A holder that waits (the compile thread) waits for the session's end; another
+    thread's try gets the lock only while the session's thread holds nothing, as before
+    sessions (autograd's device thread compiling a custom backward in a record pass)."""
     lock = TracingLock()
     session = lock.session()
     assert session is not None
     with session:
         assert lock.reserved_here() and not lock.borrowed_here()
-        assert _in_thread(lambda: lock.acquire(blocking=False)) is False
         assert _in_thread(lock.session) is None
         got = threading.Event()
         waiter = threading.Thread(target=lambda: (lock.acquire(), got.set(), lock.release()))
         waiter.start()
+        assert lock.acquire(blocking=False)
+        assert _in_thread(lambda: lock.acquire(blocking=False)) is False  # held: no try
+        lock.release()
+
+        def try_once() -> bool:
+            if not lock.acquire(blocking=False):
+                return False
+            lock.release()
+            return True
+
+        assert _in_thread(try_once) is True  # the session's thread holds nothing
         assert not got.is_set()
     waiter.join(DEADLINE_S)
     assert got.is_set() and not lock.locked()

@@ -12,8 +12,11 @@ compile thread traces nothing. This lock lets a caller capture in that window:
 * **Sessions** reserve it for a whole specialization (record pass, custom bodies, loop
   blocks, the wrapper's capture): :meth:`session` never waits, and returns None when the lock
   is taken. Inside a session, the session's thread takes the lock as a holder would (one
-  acquisition at a time, as before); no other thread can, so a compile cannot start between
-  two of the specialization's captures.
+  acquisition at a time, as before); a holder that waits (the compile thread) waits for the
+  session's end, so a compile cannot start between two of the specialization's captures.
+  Another thread's *try* (``acquire(blocking=False)``) still succeeds while the session's
+  thread holds nothing, as before sessions existed (autograd's device thread running a
+  custom backward inside a record pass).
 * **Lending**: a holder that is not in a session lends the lock around a C++ build
   (:meth:`lent`, called by the build hook of ``_compat``). Meanwhile one session may start; it
   is *borrowed* (:meth:`borrowed_here`), and a backend compile inside it raises ``NotNow``
@@ -66,7 +69,7 @@ class TracingLock:
                 return False
             if blocking:
                 self._cond.wait_for(lambda: self._free_for(me))
-            elif not self._free_for(me):
+            elif not self._free_for(me, trying=True):
                 return False
             self._holder = me
             return True
@@ -95,12 +98,18 @@ class TracingLock:
         with self._cond:
             return self._holder is not None or self._session is not None or self._reclaiming
 
-    def _free_for(self, me: int) -> bool:
+    def _free_for(self, me: int, trying: bool = False) -> bool:
+        """Whether ``me`` may take the lock now: not while another thread holds it or lent
+        it; a session keeps out waiting holders (the compile thread), and lets a try through
+        while its thread holds nothing (as before sessions: a custom backward run by
+        autograd's device thread in a record pass)."""
         if self._holder is not None:
             return False
-        if self._session is not None:
-            return self._session == me
-        return self._lender is None
+        if self._session == me:
+            return True
+        if self._lender is not None or self._reclaiming:
+            return False
+        return self._session is None or trying
 
     # Sessions, for a whole specialization on a caller's thread.
 
