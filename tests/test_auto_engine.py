@@ -9,6 +9,7 @@ take well under a second; inductor itself is one slow test.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import phi_torch_jit as ptj
 from phi_torch_jit import _compat
 from phi_torch_jit.engines import _background
+from phi_torch_jit.engines._capture import CAPTURE_LOCK
 from phi_torch_jit.engines._light import straight_line, tensor_ops_only
 from phi_torch_jit.engines.auto import AutoEngine, TieredProgram
 
@@ -122,17 +124,20 @@ def test_a_failing_backend_is_logged_once_and_the_fast_tier_stays(
 
 
 class _Gate:
-    """A backend that waits until the test opens it, so a compile is 'running' meanwhile."""
+    """A backend that waits until the test opens it, so a compile is 'running' meanwhile;
+    with ``lends``, it waits as inductor's C++ build does, lending the tracing lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, lends: bool = False) -> None:
         self.opened = threading.Event()
         self.entered = threading.Event()
         self.compiles = 0
+        self.lends = lends
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         self.compiles += 1
-        self.entered.set()
-        assert self.opened.wait(60)
+        with CAPTURE_LOCK.lent() if self.lends else contextlib.nullcontext():
+            self.entered.set()
+            assert self.opened.wait(60)
         return gm.forward
 
 
@@ -163,14 +168,17 @@ def test_calls_from_threads_while_compiling_are_served_and_compile_once() -> Non
     assert gate.compiles == 1 and program_of(jitted).switched_after_calls == 82
 
 
+@pytest.mark.parametrize("lends", [False, True], ids=["inductors-python", "cpp-build"])
 def test_wait_compiled_waits_for_every_functions_compile_while_another_runs_its_python(
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, lends: bool
 ) -> None:
     """``ptj.wait_compiled()`` waits for the compiles of every function. While one function's
     compile holds the tracing lock, another function's calls cannot be captured and run its
     Python (``bench_phiflow``'s ``ptj.jit`` steps ran at eager's speed for the whole compile
-    of the ``install()`` variant timed before them); once it is done, they are captured."""
-    gate = _Gate()
+    of the ``install()`` variant timed before them); once it is done, they are captured.
+    While the compile waits for its C++ build (``lends``), the lock is lent: the other
+    function is captured then (before, it ran eagerly until the compile ended)."""
+    gate = _Gate(lends)
     request.addfinalizer(gate.opened.set)
     counter = Counter()
 
@@ -179,17 +187,21 @@ def test_wait_compiled_waits_for_every_functions_compile_while_another_runs_its_
         return x.sin() + 1
 
     first = ptj.jit(lambda x: x.cos() * 2, engine="auto", backend=gate)
-    second = ptj.jit(other, engine="auto", backend=gate)
+    second = ptj.jit(other, engine="auto", backend="aot_eager", fallback="off")
     x = torch.randn(5)
     for _ in range(3):  # its third call queues the compile, which the gate holds
         first(x)
     assert gate.entered.wait(60) and not ptj.wait_compiled(0)
     for _ in range(3):
         assert torch.allclose(second(x), x.sin() + 1)
-    assert second.num_traces == 0 and counter.forward == 3
+    if lends:  # recorded and captured (the Python twice), then served by its program
+        assert second.num_traces == 1 and counter.forward == 2 and CAPTURE_LOCK.borrowed
+        assert not first.wait_compiled(0)  # still building
+    else:
+        assert second.num_traces == 0 and counter.forward == 3
     gate.opened.set()
     assert ptj.wait_compiled(60) and first.wait_compiled(0)
-    assert torch.allclose(second(x), x.sin() + 1)  # the record pass, captured
+    assert torch.allclose(first(x), x.cos() * 2) and torch.allclose(second(x), x.sin() + 1)
     assert second.num_traces == 1
     with pytest.raises(ptj.UsageError, match="timeout"):
         ptj.wait_compiled(-1)

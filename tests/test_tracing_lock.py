@@ -220,52 +220,6 @@ def test_a_block_compile_refused_for_now_runs_eagerly_and_is_tried_again() -> No
     assert refusals.forward == 2 and loop.blocks_run > 0 and not loop.eager_reasons
 
 
-class _LendingGate:
-    """A backend that 'builds' until the test opens it, lending the tracing lock meanwhile as
-    the hook around inductor's C++ compiler does."""
-
-    def __init__(self) -> None:
-        self.opened = threading.Event()
-        self.entered = threading.Event()
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-        with CAPTURE_LOCK.lent():
-            self.entered.set()
-            assert self.opened.wait(DEADLINE_S)
-        return gm.forward
-
-
-def test_a_function_met_while_a_compile_builds_is_captured_meanwhile(
-    request: pytest.FixtureRequest,
-) -> None:
-    """The first function's compile holds the tracing lock; during its 'C++ build' a second
-    function's first call is captured (before: it ran eagerly until the compile ended,
-    test_auto_engine::test_wait_compiled_waits_for_every_functions_compile_while_another_runs_its_python)."""
-    gate = _LendingGate()
-    request.addfinalizer(gate.opened.set)
-    counter = Counter()
-
-    def other(x: torch.Tensor) -> torch.Tensor:
-        counter.forward += 1
-        return x.sin() + 1
-
-    first = ptj.jit(lambda x: x.cos() * 2, engine="auto", backend=gate)
-    second = ptj.jit(other, engine="auto", backend="aot_eager", fallback="off")
-    x = torch.randn(5)
-    for _ in range(3):  # its third call queues the compile, which builds until the gate opens
-        first(x)
-    assert gate.entered.wait(DEADLINE_S) and not ptj.wait_compiled(0)
-    for _ in range(3):
-        assert torch.allclose(second(x), x.sin() + 1)
-    assert second.num_traces == 1 and counter.forward == 2  # record and capture, then served
-    assert CAPTURE_LOCK.borrowed >= 1
-    assert not first.wait_compiled(0)  # still building
-    gate.opened.set()
-    assert ptj.wait_compiled(DEADLINE_S) and first.wait_compiled(0)
-    assert torch.allclose(first(x), x.cos() * 2) and torch.allclose(second(x), x.sin() + 1)
-    assert counter.forward == 2
-
-
 @pytest.mark.filterwarnings("ignore::phi_torch_jit.JitWarning")  # it appends: runs eagerly
 def test_wait_compiled_inside_a_specialization_returns_at_once() -> None:
     """The compile thread waits for a specialization to end; waiting for it from inside one

@@ -33,7 +33,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import TracebackType
 
 __all__ = ["TracingLock"]
 
@@ -85,12 +84,7 @@ class TracingLock:
         self.acquire()
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def locked(self) -> bool:
@@ -182,10 +176,5 @@ class _Session:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._lock._end_session()
