@@ -27,6 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._fast_capture import fast_metadata
 from ..errors import NotNow
+from ._compose import composed
 
 __all__ = ["CapturedLoop", "HELPERS", "BLOCK_CPU", "BLOCK_CUDA", "CaptureFailed"]
 
@@ -271,12 +272,20 @@ class CapturedLoop:
         iterate, enter, n = self.iterate, self.enter, len(state)
 
         def block(go: torch.Tensor, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            for _ in range(size):
+                go, *carried = one(go, *flat)
+                flat = (*carried, *flat[n:])
+            return last(go, *flat)
+
+        def one(go: torch.Tensor, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            tensors = iter(flat[n:])
+            reads = [_read(s, c, tensors) for s, c in zip(slots, constants)]
+            return tuple(iterate(go, *flat[:n], *reads))
+
+        def last(go: torch.Tensor, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
             tensors = iter(flat[n:])
             reads = [_read(s, c, tensors) for s, c in zip(slots, constants)]
             carried = flat[:n]
-            for _ in range(size):
-                go, *rest = iterate(go, *carried, *reads)
-                carried = tuple(rest)
             return (torch.logical_and(go, _truth(enter(*carried, *reads), go)), *carried)
 
         inputs = tuple(
@@ -291,8 +300,9 @@ class CapturedLoop:
         if any(not isinstance(v, torch.Tensor) for v in state):
             raise CaptureFailed("it carries a value that is neither a tensor nor a scalar")
         versions = [t._version for t in inputs]
-        with torch.no_grad():
-            with fast_metadata():
+        graph = composed(one, last, inputs, n, size)  # the iteration traced once, copied
+        if graph is None:
+            with torch.no_grad(), fast_metadata():
                 graph = make_fx(block)(*inputs)
         if any(t._version != v for t, v in zip(inputs, versions)):
             raise Unfaithful("its body writes a value in place that it does not assign")
