@@ -174,10 +174,9 @@ class JitFunction(Generic[P, R]):
                 return result
             if type(result) is Scanned:
                 return result.result
-            if self._values_never_repeat(key, seen, miss):
-                return self._fn(*args, **kwargs)
-            session = self._engine.tracing_session(self._target.owner)
-            if session is None:  # engine "auto" compiles: eager, without the record pass
+            never = self._values_never_repeat(key, seen, miss)
+            session = None if never else self._engine.tracing_session(self._target.owner)
+            if session is None:  # eager; or engine "auto" compiles: without the record pass
                 return self._fn(*args, **kwargs)
             reason = retrace_reason(list(seen), miss if seen else None)
             with session:

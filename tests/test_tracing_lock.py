@@ -154,9 +154,11 @@ def test_only_a_plain_holder_lends() -> None:
     session = lock.session()
     assert session is not None
     with session, lock, lock.lent():
-        assert _in_thread(lock.session) is None
-    with lock.lent():  # not held at all: nothing to lend
+        assert _in_thread(lock.session) is None and not lock.borrowed_here()
+    with lock.lent():  # not held at all: nothing to lend, nothing to take back after
         assert not lock.locked()
+    assert lock.acquire(blocking=False)
+    lock.release()
 
 
 def _compilable() -> Compilable:

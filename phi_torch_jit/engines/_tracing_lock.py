@@ -53,7 +53,7 @@ class TracingLock:
         self._reclaiming = False
         """The lender's build is done: no new session starts."""
         self.borrowed = 0
-        """Sessions that ran in a lent window (for tests and ``explain()``)."""
+        """Sessions that ran in a lent window (for tests)."""
 
     # The plain-lock protocol (threading.Lock's), for holders.
 
