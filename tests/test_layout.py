@@ -210,12 +210,13 @@ def test_a_cache_hit_crosses_at_most_six_modules() -> None:
     x = torch.randn(3, 4)
     step(x)
     step(x)  # engine "auto" (compiling on the caller in tests) switches in its second call
+    step(x)  # and its second compiled call queues the loops a backward captured (none here)
     measuring = _modules_crossed(lambda: step(x))  # its first calls are timed: one more
     assert len(measuring - engine_files) <= 7 and "_meter" in measuring, sorted(measuring)
     assert len(measuring & engine_files) <= 2, sorted(measuring)
     kept = ptj.jit(step.__wrapped__, fallback="off")  # compiled, whatever the machine measures
-    kept(x)
-    kept(x)
+    for _ in range(3):
+        kept(x)
     crossed = _modules_crossed(lambda: kept(x))
     assert len(crossed - engine_files) <= 6, sorted(crossed)
     assert len(crossed & engine_files) <= 2, sorted(crossed)

@@ -21,6 +21,8 @@ The rest of the package imports everything from here; the submodules hold:
   call, torch's hooks, classes and modules);
 * ``_inductor``: :func:`compile_captured` (a captured graph compiled without dynamo),
   inductor's decompositions and settings, torch.compile's backend names;
+* ``_vec_isa``: inductor's probe of the CPU's vector instruction sets, kept on disk (once per
+  machine instead of once per process);
 * ``_builds``: :func:`around_cpp_builds` (inductor's C++ compiler subprocess run inside a
   context of ours: engine auto lends its tracing lock there);
 * this ``__init__``: the re-exports, and :func:`torchscript_available` (kept here because
@@ -74,6 +76,8 @@ from ._inductor import (
     backward_compiled_with_forward,
     compile_captured,
     import_inductor,
+    inductor_cache_dir,
+    inductor_caches_on,
     mode_options,
 )
 from ._inductor import inductor_has_setting as inductor_has_setting
@@ -152,6 +156,8 @@ __all__ = [
     "kept_though_unused",
     "backend_exists",
     "import_inductor",
+    "inductor_cache_dir",
+    "inductor_caches_on",
     "original_function_apply",
     "compile_captured",
     "around_cpp_builds",

@@ -21,6 +21,7 @@ from ._private import (
     DECOMPOSITIONS,
     FAKE_MODE,
     INDUCTOR,
+    INDUCTOR_CACHE_DIR,
     INVALID_BACKEND,
     LOOKUP_BACKEND,
     MAKE_FALLBACK,
@@ -29,6 +30,7 @@ from ._private import (
     PRESERVE_RNG,
     SHAPE_ENV,
 )
+from ._vec_isa import vec_isa_settings
 
 _logger = logging.getLogger("phi_torch_jit")
 
@@ -92,6 +94,8 @@ def _compile_now(
         for node, fake in zip(placeholders, fakes, strict=True):
             node.meta["val"] = fake
         on_cpu = all(t.device.type == "cpu" for t in inputs)
+        if on_cpu:  # the probe of vector instruction sets, once per machine
+            patches = {**vec_isa_settings(), **patches}
         table = _decompositions(patches) if on_cpu else None
         if on_cpu:
             _fall_back_to_kept_ops()
@@ -256,6 +260,18 @@ def inductor_has_setting(name: str) -> bool:
     import torch._inductor.config as inductor_config
 
     return hasattr(inductor_config, name)
+
+
+def inductor_cache_dir() -> str:
+    """Inductor's cache directory: ``TORCHINDUCTOR_CACHE_DIR``, else its default."""
+    return str(INDUCTOR_CACHE_DIR.find()())
+
+
+def inductor_caches_on() -> bool:
+    """Whether inductor keeps compiled programs on disk (its FX graph cache, on by default)."""
+    import torch._inductor.config as inductor_config
+
+    return bool(inductor_config.fx_graph_cache) and not inductor_config.force_disable_caches
 
 
 def mode_options(mode: str) -> dict[str, Any]:

@@ -314,6 +314,18 @@ CPP_BUILD = _api(
     "engine auto lends its tracing lock around it (no public hook exists)",
     "_compat._builds, engines._capture",
 )
+VEC_ISA_LIST = _api(
+    "torch._inductor.cpu_vec_isa.valid_vec_isa_list",
+    "the vector instruction sets inductor probes before its first CPU compile in a process "
+    "(about a second): probed once per machine, and the answer kept (no public API)",
+    "_compat._vec_isa",
+)
+INDUCTOR_CACHE_DIR = _api(
+    "torch._inductor.runtime.cache_dir_utils.cache_dir",
+    "inductor's cache directory (TORCHINDUCTOR_CACHE_DIR or its default), where the probe's "
+    "answer is kept beside inductor's own caches",
+    "_compat._vec_isa",
+)
 PYTREE = _api(
     "torch.utils._pytree",
     "classes a user registered with torch's pytree (register_pytree_node), flattened and "
@@ -363,6 +375,8 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     EAGER_FUNCTIONS,
     PYTREE,
     CPP_BUILD,
+    VEC_ISA_LIST,
+    INDUCTOR_CACHE_DIR,
 )
 """Every private torch API in use (checked by tests/test_compat.py)."""
 

@@ -36,9 +36,17 @@ class BackgroundBlock:
     """A block's graph, straight-line until the backend's compile replaces it."""
 
     def __init__(
-        self, graph: torch.fx.GraphModule, compile_now: Callable[[], Callable[..., Any]], lock: Any
+        self,
+        graph: torch.fx.GraphModule,
+        compile_now: Callable[[], Callable[..., Any]],
+        lock: Any,
+        remembered: bool = False,
     ) -> None:
         self.run: Callable[..., Any] = straight_line(graph)
+        self.remembered = remembered
+        """Whether inductor's caches hold its program (a warm start awaits its load)."""
+        self.settled = threading.Event()
+        """Set when its compile has ended (switched, or failed)."""
         self.straight_line = True
         """Whether the block still runs straight-line (until its compile replaced it; for good
         where it failed): a library's own loop may then be the faster one (PhiML's CG)."""
@@ -56,6 +64,12 @@ class BackgroundBlock:
         if compile_now is None:
             return
         try:
+            self._upgrade(compile_now)
+        finally:
+            self.settled.set()
+
+    def _upgrade(self, compile_now: Callable[[], Callable[..., Any]]) -> None:
+        try:
             with self._lock:
                 self.run = compile_now()
             self.straight_line = False
@@ -71,12 +85,14 @@ _PENDING: list[BackgroundBlock] = []
 _PENDING_LOCK = threading.Lock()
 
 
-def submit_pending() -> None:
-    """Queue the compiles of the blocks built since the last call (cheap when there are none)."""
+def submit_pending() -> list[BackgroundBlock]:
+    """Queue the compiles of the blocks built since the last call (cheap when there are none);
+    return those blocks."""
     if not _PENDING:
-        return
+        return []
     with _PENDING_LOCK:
         blocks = list(_PENDING)
         _PENDING.clear()
     for block in blocks:
         submit(block)  # False at interpreter exit: the block stays straight-line
+    return blocks

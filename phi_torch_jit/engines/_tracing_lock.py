@@ -30,11 +30,14 @@ eager call, runs in a lent window.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["TracingLock"]
+__all__ = ["TracingLock", "note_busy"]
+
+_logger = logging.getLogger("phi_torch_jit")
 
 
 class TracingLock:
@@ -178,3 +181,16 @@ class _Session:
 
     def __exit__(self, *exc: object) -> None:
         self._lock._end_session()
+
+
+_BUSY_NOTED: set[str] = set()
+
+
+def note_busy(owner: str) -> None:
+    """Logged once per function: its new signature runs eagerly while a compile runs."""
+    if owner not in _BUSY_NOTED:
+        _BUSY_NOTED.add(owner)
+        _logger.info(
+            "phi_torch_jit: %s: a new signature runs eagerly until the background compile "
+            "of another one has finished (one thread traces at a time)", owner,
+        )  # fmt: skip

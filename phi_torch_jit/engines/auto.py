@@ -44,6 +44,8 @@ from ._capture import capture as _capture
 from ._capture import uses_rng as _uses_rng
 from ._generic_sizes import sizes_left_dynamic
 from ._light import straight_line, tensor_ops_only
+from ._tracing_lock import note_busy
+from ._warm_starts import await_loads, remembered
 from .base import CompiledModule, Engine
 from .compile import UNROLLED, Backend, Compilable, CompileEngine, grads_of
 from .torchscript import trace_graph
@@ -99,7 +101,7 @@ class AutoEngine(CompileEngine):
     def tracing_session(self, owner: str) -> contextlib.AbstractContextManager[Any] | None:
         session = _CAPTURE_LOCK.session()
         if session is None:
-            _note_busy(owner)
+            note_busy(owner)
         return session
 
     def _block(self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> Any:
@@ -111,14 +113,14 @@ class AutoEngine(CompileEngine):
         ours = any(str(n.target).startswith("phi_torch_jit") for n in graph.graph.nodes)
         if self.compile_on == "caller" or ours:
             return target.compile()
-        return BackgroundBlock(graph, target.compile, _CAPTURE_LOCK)
+        return BackgroundBlock(graph, target.compile, _CAPTURE_LOCK, remembered(target))
 
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
     ) -> CompiledModule:
         state = (*module.parameters(), *module.buffers())
         if not _CAPTURE_LOCK.acquire(blocking=False):  # the compile thread traces now
-            _note_busy(label)
+            note_busy(label)
             raise NotNow()
         try:
             graph = _capture(module, example_inputs, state, label)
@@ -191,6 +193,8 @@ class TieredProgram:
         ``requires_grad`` differed from the compile's."""
         self.listeners: list[Callable[[], None]] = []
         """Told when the compiled tier takes over (:attr:`CompiledModule.on_new_program`)."""
+        self.warm_start = False  # inductor's caches held the program when the fast tier started
+        self._load_awaited = False
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
@@ -207,7 +211,10 @@ class TieredProgram:
         loops wait for the same call: their compile holds the lock too (queued at the second
         call, a cold inductor's block compile kept the demo's next signature eager for 30 s,
         whenever the compile thread took the lock before that signature's first call). A
-        compile on the caller's thread is done in the call."""
+        compile on the caller's thread is done in the call. A warm start's load
+        (:mod:`._warm_starts`) is awaited in the first call of the program, once."""
+        if self._awaits_load():
+            return self.serve(*inputs)
         if self._unsubmitted and (self.calls or self.on_caller):
             self._submit()
             if self.tier != self.fast_tier:  # compiled in this call (compile_on="caller")
@@ -216,6 +223,15 @@ class TieredProgram:
             submit_pending()
         self.calls += 1
         return self._fast(*inputs)
+
+    def _awaits_load(self) -> bool:
+        """Whether this call waited for a warm start's load, which switched the tier (and for
+        the remembered blocks the first call's backward captured: a custom backward's loops)."""
+        if not self.warm_start or self._load_awaited or _CAPTURE_LOCK.reserved_here():
+            return False
+        self._load_awaited = True
+        await_loads(self._settled, submit_pending())
+        return self.tier != self.fast_tier
 
     def _serve_first_compiled(self, *inputs: torch.Tensor) -> Any:
         """The first call on the compiled tier: a program can compile and still fail when it
@@ -244,10 +260,20 @@ class TieredProgram:
                 self.target.backend_name, self.owner, self.failure, self.fast_tier,
             )  # fmt: skip
             return result
-        # The compiled autograd graph fixed which parameters get gradients; without state
-        # there is nothing to check, and nothing runs in front of the compiled program.
-        self.serve = self._serve_compiled if self.state else self._compiled
+        self.serve = self._serve_second_compiled
         return result
+
+    def _serve_second_compiled(self, *inputs: torch.Tensor) -> Any:
+        """The second call on the compiled tier queues the loops the first one's backward
+        captured (a custom function's first backward) and, on a warm start, awaits those
+        inductor's caches hold. Then the compiled autograd graph fixed which parameters get
+        gradients; without state there is nothing to check, and nothing runs in front of the
+        compiled program."""
+        blocks = submit_pending()
+        if self.warm_start and not _CAPTURE_LOCK.reserved_here():
+            await_loads(self._settled, blocks)
+        self.serve = self._serve_compiled if self.state else self._compiled
+        return self.serve(*inputs)
 
     def _serve_compiled(self, *inputs: torch.Tensor) -> Any:
         """The compiled tier, unless a parameter's ``requires_grad`` changed since the compile
@@ -288,6 +314,9 @@ class TieredProgram:
             return (f"fast tier {self.fast_tier} only: {reason}",)
         self._state_grads = grads_of(self.state)
         self._unsubmitted = True
+        self.warm_start = not self.on_caller and remembered(self.target)
+        if self.warm_start:  # inductor's caches hold the program: load it now, await it next
+            self._submit()
         return ()
 
     def start_for_values(self, guards: int) -> tuple[str, ...]:
@@ -406,6 +435,7 @@ class TieredProgram:
                 f"background ({waited:.1f} s so far, {self.calls} call(s) served meanwhile)",
             )
         where = "the caller's thread" if self.on_caller else "a background thread"
+        where += ", loaded from inductor's caches" if self.warm_start else ""
         lines: tuple[str, ...] = (
             f"tier: {self.tier} (compiled in {self.compile_s:.1f} s on {where}; "
             f"switched after {self.switched_after_calls} call(s) on the {self.fast_tier} tier)",
@@ -416,16 +446,3 @@ class TieredProgram:
                 "tier: a parameter's requires_grad differed from the compile's",
             )
         return lines
-
-
-_BUSY_NOTED: set[str] = set()
-
-
-def _note_busy(owner: str) -> None:
-    """Logged once per function: its new signature runs eagerly while a compile runs."""
-    if owner not in _BUSY_NOTED:
-        _BUSY_NOTED.add(owner)
-        logger.info(
-            "phi_torch_jit: %s: a new signature runs eagerly until the background compile "
-            "of another one has finished (one thread traces at a time)", owner,
-        )  # fmt: skip

@@ -1,12 +1,11 @@
 """Engine ``"compile"``: the wrapper captured as an FX graph, compiled by a torch.compile backend.
 
-torch.compile's front end (dynamo) would have to trace through our record and
-replay Python, and it breaks the graph at every data-dependent loop of a
-custom function. This engine avoids both:
+torch.compile's front end (dynamo) would trace through our record and replay Python, and it
+breaks the graph at every data-dependent loop of a custom function. This engine avoids both:
 
-1. The wrapper module is captured once as an FX graph (:mod:`._capture`): each
-   custom call one node of its ``phi_torch_jit::`` op, the Python of the user
-   function, the modules and their hooks gone.
+1. The wrapper module is captured once as an FX graph (:mod:`._capture`): each custom call one
+   node of its ``phi_torch_jit::`` op, the Python of the user function, the modules and their
+   hooks gone.
 2. The backend is called on that graph directly (``compile_fx`` for inductor),
    forward and backward at once, in the first call of the jitted function (after
    the trace, module state and RNG rewound). No dynamo: nothing re-traces the
@@ -18,16 +17,15 @@ custom function. This engine avoids both:
    docs/design.md), so the loops inside them cost no graph break and the
    backend fuses everything around them.
 
-The bodies of custom functions (forward, and backward at the first backward)
-are compiled by the ``functions`` engine, TorchScript by default: traced where
-that is faithful, scripted where a loop depends on values, Python otherwise.
-A body whose loop depends on values has its loops captured as compiled blocks
-instead (``phi_torch_jit._loops``, docs/loops.md); a PhiML solve runs its CG
-captured (``adapters.phiml._cg``) when that measures faster than its traced form
-on the recorded inputs.
+The bodies of custom functions (forward, and backward at the first backward) are compiled by
+the ``functions`` engine, TorchScript by default: traced where that is faithful, scripted where
+a loop depends on values, Python otherwise. A body whose loop depends on values has its loops
+captured as compiled blocks instead (``phi_torch_jit._loops``, docs/loops.md); a PhiML solve
+runs its CG captured (``adapters.phiml._cg``) when that measures faster than its traced form on
+the recorded inputs.
 
-Parameters and buffers are inputs of the compiled program, fetched from the
-wrapper on every call, so ``optimizer.step()`` and ``load_state_dict`` are seen.
+Parameters and buffers are inputs of the compiled program, fetched from the wrapper on every
+call, so ``optimizer.step()`` and ``load_state_dict`` are seen.
 """
 
 from __future__ import annotations
@@ -62,6 +60,7 @@ from ._generic_sizes import fake_inputs_for, sizes_left_dynamic
 from ._graph_bodies import GraphBodies
 from ._looped import faster, with_captured_loops
 from ._twice import TwiceDifferentiable, needs_twice
+from ._warm_starts import remember
 from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
 from .torchscript import TorchScriptEngine
 
@@ -266,6 +265,7 @@ class Compilable:
             graph = for_inductor(graph) if self.backend == "inductor" else graph
             fakes = None if self.backend == "inductor" else fake_inputs_for(graph, inputs)
             compiled = compile_captured(self.backend, graph, fakes or inputs, dict(self.settings))
+        remember(self)  # inductor's caches hold it now: a later process loads it (warm start)
         if needs_twice(self.grad_enabled, [t.requires_grad for t in inputs[: self.n_arguments]]):
             compiled = TwiceDifferentiable(compiled, self.graph)
         without_grad = self.graph.meta.get(WITHOUT_GRAD, ())

@@ -1,0 +1,230 @@
+"""Warm starts: what a process keeps on disk for the next one (engines/_warm_starts.py, and
+_compat/_vec_isa.py), and engine "auto" serving a remembered program from the second call.
+
+Backends here are small callables except in the one slow test, which compiles a tiny graph with
+inductor twice into a fresh cache directory, as a second process of the same script would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import phi_torch_jit as ptj
+from phi_torch_jit._compat import _vec_isa
+from phi_torch_jit.engines import _background, _warm_starts
+from phi_torch_jit.engines import auto as auto_engine
+from phi_torch_jit.engines.auto import TieredProgram
+
+
+@pytest.fixture(autouse=True)
+def _compiles_settle() -> Iterator[None]:
+    yield
+    assert _background.wait_idle(120), "a background compile did not finish"
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh inductor cache directory, as on a new machine."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_vec_isa, "_KNOWN", {})
+    return tmp_path
+
+
+def program_of(jitted: Any) -> TieredProgram:
+    (specialization,) = jitted.specializations
+    program = specialization.program
+    assert isinstance(program, TieredProgram)
+    return program
+
+
+class _Backend:
+    """Returns the graph itself, counting compiles and calls of what it returned; ``gate``
+    (when given) holds the compile until the test sets it."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.compiles = 0
+        self.calls = 0
+        self.gate = gate
+        self.__name__ = "counting"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.compiles += 1
+        if self.gate is not None:
+            assert self.gate.wait(60)
+
+        def run(*args: torch.Tensor) -> Any:
+            self.calls += 1
+            return gm.forward(*args)
+
+        return run
+
+
+def step(x: torch.Tensor) -> torch.Tensor:
+    return torch.cos(x) * 2 + x
+
+
+@pytest.mark.parametrize("remembered", [True, False], ids=["warm", "cold"])
+def test_a_remembered_program_is_loaded_after_the_first_call_and_serves_the_second(
+    monkeypatch: pytest.MonkeyPatch, remembered: bool
+) -> None:
+    monkeypatch.setattr(auto_engine, "remembered", lambda target: remembered)
+    backend = _Backend()
+    jitted = ptj.jit(step, engine="auto", backend=backend, fallback="off")
+    x = torch.randn(7)
+    torch.testing.assert_close(jitted(x), step(x))  # the record pass
+    program = program_of(jitted)
+    assert program.warm_start is remembered
+    torch.testing.assert_close(jitted(x), step(x))
+    if remembered:  # queued by the first call, awaited by the second, which it served
+        assert backend.compiles == 1 and backend.calls == 1
+        assert program.tier == "counting" and program.switched_after_calls == 0
+        assert "loaded from inductor's caches" in jitted.explain()
+    else:  # the fast tier served it; the compile is queued at the next call, as before
+        assert backend.compiles == 0 and backend.calls == 0
+        assert program.tier == "straight-line"
+    jitted(x)
+    assert jitted.wait_compiled(60)
+    torch.testing.assert_close(jitted(x), step(x))
+    assert backend.compiles == 1 and backend.calls == (3 if remembered else 1)
+
+
+def test_a_load_slower_than_the_wait_leaves_the_call_to_the_fast_tier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gate opens only after the second call returned: that call cannot have been served
+    by the compiled program, whatever the machine's speed; nothing hangs, and the switch comes
+    when the load ends."""
+    monkeypatch.setattr(auto_engine, "remembered", lambda target: True)
+    monkeypatch.setattr(_warm_starts, "WARM_WAIT_S", 0.01)
+    gate = threading.Event()
+    backend = _Backend(gate)
+    jitted = ptj.jit(step, engine="auto", backend=backend, fallback="off")
+    x = torch.randn(7)
+    jitted(x)
+    torch.testing.assert_close(jitted(x), step(x))
+    assert backend.calls == 0 and program_of(jitted).tier == "straight-line"
+    torch.testing.assert_close(jitted(x), step(x))  # waits no more
+    gate.set()
+    assert jitted.wait_compiled(60)
+    torch.testing.assert_close(jitted(x), step(x))
+    assert backend.compiles == 1 and backend.calls == 1
+
+
+def _target(fn: Any, *inputs: torch.Tensor, backend: str = "inductor", **settings: Any) -> Any:
+    graph = make_fx(fn)(*inputs)
+    metas = [(t.size(), t.stride(), t.dtype, t.device, t.requires_grad) for t in inputs]
+    return SimpleNamespace(graph=graph, backend=backend, settings=settings,
+                           grad_enabled=torch.is_grad_enabled(), metas=metas)  # fmt: skip
+
+
+def test_the_fingerprint_sees_the_graph_its_inputs_the_grad_mode_and_the_settings() -> None:
+    x = torch.randn(4, 3)
+    key = _warm_starts.fingerprint(_target(step, x))
+    assert key is not None and key == _warm_starts.fingerprint(_target(step, x))  # traced again
+    others = [
+        _target(lambda x: torch.sin(x) * 2 + x, x),
+        _target(step, torch.randn(4, 4)),
+        _target(step, x.double()),
+        _target(step, x.t()),
+        _target(step, x.requires_grad_()),
+        _target(step, x, max_autotune=True),
+    ]
+    with torch.no_grad():
+        others.append(_target(step, x))
+    keys = {_warm_starts.fingerprint(target) for target in others}
+    assert key not in keys and len(keys) == len(others)
+    assert _warm_starts.fingerprint(_target(step, x, backend="aot_eager")) is None
+
+
+def test_a_compile_is_remembered_in_the_cache_directory_it_went_to(cache_dir: Path) -> None:
+    target = _target(step, torch.randn(5))
+    assert not _warm_starts.remembered(target)
+    _warm_starts.remember(target)
+    assert _warm_starts.remembered(target)
+    assert list((cache_dir / "phi_torch_jit" / "compiled").iterdir())
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False):  # inductor keeps nothing: no promise
+        assert _warm_starts.fingerprint(target) is None and not _warm_starts.remembered(target)
+    _warm_starts.forget_all()
+    assert not _warm_starts.remembered(target)
+
+
+@pytest.mark.slow
+def test_a_second_jit_of_the_same_step_is_served_by_inductor_from_its_second_call(
+    cache_dir: Path,
+) -> None:
+    """What a second process of the same script does: the first jit compiles (cold) and
+    remembers; the second finds the program remembered, loads it from inductor's caches after
+    its first call, and serves its second call with it."""
+
+    def heat(u: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            u = u + 0.1 * (torch.roll(u, 1) - 2 * u + torch.roll(u, -1))
+        return torch.tanh(u)
+
+    u = torch.randn(64)
+    cold = ptj.jit(heat, engine="auto")
+    cold(u)
+    cold(u)
+    assert cold.wait_compiled(300) and program_of(cold).tier == "inductor", cold.explain()
+    assert not program_of(cold).warm_start
+    warm = ptj.jit(heat, engine="auto")
+    torch.testing.assert_close(warm(u), heat(u))
+    assert program_of(warm).warm_start, warm.explain()
+    torch.testing.assert_close(warm(u), heat(u), rtol=1e-5, atol=1e-6)
+    assert program_of(warm).tier == "inductor" and program_of(warm).switched_after_calls == 0
+
+
+def test_the_vector_instruction_probe_runs_once_per_machine(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes: list[bool] = []
+    monkeypatch.setattr(_vec_isa, "_probe", lambda: probes.append(True) or True)
+    expected = {} if not _vec_isa_applies() else {_vec_isa.VEC_ISA_SETTING: True}
+    assert _vec_isa.vec_isa_settings() == expected
+    if not expected:
+        return
+    monkeypatch.setattr(_vec_isa, "_KNOWN", {})  # a new process
+    assert _vec_isa.vec_isa_settings() == expected and probes == [True]
+    (record,) = (cache_dir / "phi_torch_jit").glob("vec_isa-*.json")
+    record.write_text('{"all_built": false}')  # a set that failed: inductor probes, as before
+    monkeypatch.setattr(_vec_isa, "_KNOWN", {})
+    assert _vec_isa.vec_isa_settings() == {} and probes == [True]
+    record.write_text("not json")  # unreadable: probed again
+    monkeypatch.setattr(_vec_isa, "_KNOWN", {})
+    assert _vec_isa.vec_isa_settings() == expected and probes == [True, True]
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch({_vec_isa.VEC_ISA_SETTING: False}):  # the user's choice stands
+        assert _vec_isa.vec_isa_settings() == {}
+
+
+def _vec_isa_applies() -> bool:
+    import platform
+    import sys
+
+    return sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+def test_the_kept_answer_picks_the_sets_inductors_probe_finds(cache_dir: Path) -> None:
+    """With the setting the kept answer gives, inductor picks what its own probe found (the
+    real probe: about a second, once per process)."""
+    import torch._inductor.config as inductor_config
+
+    from phi_torch_jit._compat._private import VEC_ISA_LIST
+
+    settings = _vec_isa.vec_isa_settings()
+    if not settings:
+        pytest.skip("no kept answer here: inductor probes in every process")
+    probed = [str(isa) for isa in VEC_ISA_LIST.find()()]
+    with inductor_config.patch(settings):
+        assert [str(isa) for isa in VEC_ISA_LIST.find().__wrapped__()] == probed
