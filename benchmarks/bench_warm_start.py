@@ -3,10 +3,11 @@
 For the main demo's smoke plume step (``demo``, 32x32 as ``make demo`` runs it) and workloads
 (a)-(c) of bench_peers (N=32), each measured in fresh Python processes: first with an empty
 cache directory (cold), then again with the directory the first run filled (warm), for the
-default engine and engine "compile", and once for engine "torchscript" (which keeps nothing on disk: its first call is
-the same cold or warm). Per process: the first call, the second, the median of the first 12
-steps (no warm-up discarded) and the steady step after ``wait_compiled()``. Not a test: ``make
-bench-warm-start``; writes benchmarks/results/warm_start.md.
+default engine and engine "compile", and once for engine "torchscript" (which keeps nothing
+on disk: its first call is the same cold or warm). Per process: the first call, the second,
+the median of the first 12 steps (no warm-up discarded) and the steady step after
+``wait_compiled()``. Not a test: ``make bench-warm-start``; writes
+benchmarks/results/warm_start.md.
 
 Inductor's caches are keyed by the captured graph, which names our custom ops
 (``phi_torch_jit::cg_pressure_0``): the names are the custom function's name and a counter

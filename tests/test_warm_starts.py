@@ -76,6 +76,7 @@ def test_a_remembered_program_is_loaded_after_the_first_call_and_serves_the_seco
     monkeypatch: pytest.MonkeyPatch, remembered: bool
 ) -> None:
     monkeypatch.setattr(auto_engine, "remembered", lambda target: remembered)
+    monkeypatch.setattr(_warm_starts, "WARM_WAIT_S", 600.0)  # no load may time out here
     backend = _Backend()
     jitted = ptj.jit(step, engine="auto", backend=backend, fallback="off")
     x = torch.randn(7)
@@ -90,10 +91,10 @@ def test_a_remembered_program_is_loaded_after_the_first_call_and_serves_the_seco
     else:  # the fast tier served it; the compile is queued at the next call, as before
         assert backend.compiles == 0 and backend.calls == 0
         assert program.tier == "straight-line"
-    jitted(x)
+    jitted(x)  # cold: queues the compile (and is served by it if it ended meanwhile)
     assert jitted.wait_compiled(60)
     torch.testing.assert_close(jitted(x), step(x))
-    assert backend.compiles == 1 and backend.calls == (3 if remembered else 1)
+    assert backend.compiles == 1 and backend.calls in ((3,) if remembered else (1, 2))
 
 
 def test_a_load_slower_than_the_wait_leaves_the_call_to_the_fast_tier(

@@ -269,7 +269,7 @@ class TieredProgram:
         inductor's caches hold. Then the compiled autograd graph fixed which parameters get
         gradients; without state there is nothing to check, and nothing runs in front of the
         compiled program."""
-        blocks = submit_pending()
+        blocks = [] if self.on_caller else submit_pending()  # compiled in their first call
         if self.warm_start and not _CAPTURE_LOCK.reserved_here():
             await_loads(self._settled, blocks)
         self.serve = self._serve_compiled if self.state else self._compiled
