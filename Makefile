@@ -38,8 +38,10 @@ $(VENV)-torch%/.ready: pyproject.toml Makefile
 	$(VENV)-torch$*/bin/python -m pip install -q -e '.[test,demo]' -r requirements/torch-$*.txt
 	touch $@
 
+# A fixed hash seed: PhiML orders some dimensions by string hashes, so the captured graph, and
+# inductor's cache keys, would differ between two runs (no warm start; docs/engines.md).
 demo: $(VENV)/.ready
-	$(PY) demos/smoke_plume.py
+	PYTHONHASHSEED=0 $(PY) demos/smoke_plume.py
 
 # The shared suite and the device tests on CUDA (a GPU machine; not part of `make test`):
 # tensors the tests create are made on CUDA (tests/conftest.py, PHI_TORCH_JIT_TEST_DEVICE).

@@ -68,8 +68,14 @@ print(json.dumps({{"first": times[0], "second": times[1], "median12": statistics
 """
 
 
+HASH_SEED = "0"
+
+
 def run(workload: str, engine: str, cache: Path) -> dict[str, float]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    # PhiML orders some dimensions by Python's string hashes, which differ per process unless
+    # PYTHONHASHSEED is set: the demo's captured graph, and so every cache key, would differ
+    # between two processes about half the time (docs/engines.md, "Warm start").
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONHASHSEED": HASH_SEED}
     here = Path(__file__).resolve().parent
     code = CHILD.format(bench_dir=str(here), demo_dir=str(here.parent / "demos"))
     done = subprocess.run([sys.executable, "-c", code, workload, engine], env=env,

@@ -230,7 +230,9 @@ class TieredProgram:
         if not self.warm_start or self._load_awaited or _CAPTURE_LOCK.reserved_here():
             return False
         self._load_awaited = True
-        await_loads(self._settled, submit_pending())
+        blocks = submit_pending()  # first: the program's first calls run them
+        self._submit()
+        await_loads(self._settled, blocks)
         return self.tier != self.fast_tier
 
     def _serve_first_compiled(self, *inputs: torch.Tensor) -> Any:
@@ -315,8 +317,6 @@ class TieredProgram:
         self._state_grads = grads_of(self.state)
         self._unsubmitted = True
         self.warm_start = not self.on_caller and remembered(self.target)
-        if self.warm_start:  # inductor's caches hold the program: load it now, await it next
-            self._submit()
         return ()
 
     def start_for_values(self, guards: int) -> tuple[str, ...]:
