@@ -229,3 +229,16 @@ def test_the_kept_answer_picks_the_sets_inductors_probe_finds(cache_dir: Path) -
     probed = [str(isa) for isa in VEC_ISA_LIST.find()()]
     with inductor_config.patch(settings):
         assert [str(isa) for isa in VEC_ISA_LIST.find().__wrapped__()] == probed
+
+
+def test_a_cache_directory_that_cannot_be_made_keeps_nothing_and_raises_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(_vec_isa, "_KNOWN", {})
+    target = _target(step, torch.randn(5))
+    _warm_starts.remember(target)
+    assert not _warm_starts.remembered(target)
+    assert _vec_isa.vec_isa_settings() == {}

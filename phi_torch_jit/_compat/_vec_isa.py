@@ -54,7 +54,11 @@ def vec_isa_settings() -> dict[str, Any]:
 
     if inductor_config.cpp.vec_isa_ok is not None:  # decided by the user
         return {}
-    path = Path(INDUCTOR_CACHE_DIR.find()()) / "phi_torch_jit" / f"vec_isa-{_fingerprint()}.json"
+    try:
+        folder = Path(INDUCTOR_CACHE_DIR.find()()) / "phi_torch_jit"
+    except OSError:  # no cache directory can be made: inductor probes, as without us
+        return {}
+    path = folder / f"vec_isa-{_fingerprint()}.json"
     with _LOCK:
         known = _KNOWN.get(str(path))
         if known is None:
@@ -104,9 +108,22 @@ def _write(path: Path, all_built: bool) -> None:
         _logger.debug("phi_torch_jit: could not keep the vector instruction probe: %s", error)
 
 
+_FINGERPRINTS: dict[str, str] = {}
+
+
 def _fingerprint() -> str:
     """What the probe's answer depends on: torch (version and installation), the CPU's
-    feature flags, the C++ compiler inductor would use, and the target architecture setting."""
+    feature flags, the C++ compiler inductor would use, and the target architecture setting
+    (computed once per process and compiler setting)."""
+    import torch._inductor.config as inductor_config
+
+    setting = repr((inductor_config.cpp.cxx, getattr(inductor_config.cpp, "march", None)))
+    if setting not in _FINGERPRINTS:
+        _FINGERPRINTS[setting] = _computed_fingerprint()
+    return _FINGERPRINTS[setting]
+
+
+def _computed_fingerprint() -> str:
     import torch._inductor.config as inductor_config
 
     compilers = [c for c in inductor_config.cpp.cxx if c] if isinstance(

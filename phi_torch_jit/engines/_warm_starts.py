@@ -99,7 +99,10 @@ def _marker(key: str) -> Path:
 def remembered(target: _Target) -> bool:
     """Whether inductor compiled this graph before in this cache directory (any process)."""
     key = fingerprint(target)
-    return key is not None and _marker(key).exists()
+    try:
+        return key is not None and _marker(key).exists()
+    except OSError:  # a cache directory that cannot be made: nothing was kept there
+        return False
 
 
 def remember(target: _Target) -> None:
@@ -107,12 +110,12 @@ def remember(target: _Target) -> None:
     key = fingerprint(target)
     if key is None:
         return
-    marker = _marker(key)
     try:
+        marker = _marker(key)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
     except OSError as error:  # a read-only cache directory: warm starts are only slower
-        _logger.debug("phi_torch_jit: could not remember a compile in %s: %s", marker, error)
+        _logger.debug("phi_torch_jit: could not remember a compile: %s", error)
 
 
 def forget_all() -> None:
