@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from phi_torch_jit._warnings import TORCHSCRIPT_NOTICE
+from phi_torch_jit.engines.auto import TieredProgram
 
 
 def engine_name(jit_engine: str) -> str:
@@ -181,3 +182,11 @@ def lstm_pair(seed: int) -> list[torch.nn.LSTM]:
     lstms = [torch.nn.LSTM(4, 8, batch_first=True), torch.nn.LSTM(4, 8, batch_first=True)]
     lstms[1].load_state_dict(lstms[0].state_dict())
     return lstms
+
+
+def program_of(jitted: Any) -> TieredProgram:
+    """The tiered program of engine "auto" behind a jitted function's one specialization."""
+    (specialization,) = jitted.specializations
+    program = specialization.program
+    assert isinstance(program, TieredProgram)
+    return program

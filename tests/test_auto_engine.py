@@ -22,7 +22,14 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter, assert_grads_like_eager, lstm_pair, make_solve, parameter_grads
+from helpers import (
+    Counter,
+    assert_grads_like_eager,
+    lstm_pair,
+    make_solve,
+    parameter_grads,
+    program_of,
+)
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -31,7 +38,7 @@ from phi_torch_jit import _compat
 from phi_torch_jit.engines import _background
 from phi_torch_jit.engines._capture import CAPTURE_LOCK
 from phi_torch_jit.engines._light import straight_line, tensor_ops_only
-from phi_torch_jit.engines.auto import AutoEngine, TieredProgram
+from phi_torch_jit.engines.auto import AutoEngine
 
 
 @pytest.fixture(autouse=True)
@@ -45,13 +52,6 @@ def step_with_solve(solve: Any) -> Any:
         return torch.tanh(solve(u * 2, k)) + u
 
     return step
-
-
-def program_of(jitted: Any) -> TieredProgram:
-    (specialization,) = jitted.specializations
-    program = specialization.program
-    assert isinstance(program, TieredProgram)
-    return program
 
 
 def test_first_call_records_then_fast_tier_then_switch_with_equal_results() -> None:

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import program_of
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import phi_torch_jit as ptj
 from phi_torch_jit._compat import _vec_isa
 from phi_torch_jit.engines import _background, _warm_starts
 from phi_torch_jit.engines import auto as auto_engine
-from phi_torch_jit.engines.auto import TieredProgram
 
 
 @pytest.fixture(autouse=True)
@@ -36,13 +36,6 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(_vec_isa, "_KNOWN", {})
     return tmp_path
-
-
-def program_of(jitted: Any) -> TieredProgram:
-    (specialization,) = jitted.specializations
-    program = specialization.program
-    assert isinstance(program, TieredProgram)
-    return program
 
 
 class _Backend:
