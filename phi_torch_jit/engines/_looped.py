@@ -85,7 +85,40 @@ def with_captured_loops(
         _not_captured(target, f"a block cannot be traced for the recorded inputs: {eager[0]}")
         return None
     description = solvers.describe() if solvers is not None else captured.describe()
+    if solvers is None and _compiled_later(captured.loops):
+        run = _PythonUntilCompiled(run, wrap(source), captured.loops)
+        description += "; the Python loop while the blocks are not compiled"
     return CompiledFunction(run, "looped", description)
+
+
+def _straight_line(loops: Any) -> bool:
+    return any(getattr(p, "straight_line", False) for loop in loops for p in loop.programs.values())
+
+
+def _compiled_later(loops: Any) -> bool:
+    """Whether blocks of these loops run straight-line until a background compile replaces
+    them (engine auto, ``engines._block_tiers``)."""
+    return any(hasattr(p, "straight_line") for loop in loops for p in loop.programs.values())
+
+
+class _PythonUntilCompiled:
+    """The function as written (its loops as Python, eager speed) while a block of its
+    captured loops still runs straight-line, then the captured loops: straight-line blocks
+    carry predicated iterations and run a whole block past convergence, 1.9x eager on
+    bench-peers (c)'s CG (48 ms a step against 25 ms, measured with the compile held back).
+    The captured function reproduced the recorded outputs, so both compute the same. A block
+    whose compile failed stays straight-line, and the Python loop serves for good."""
+
+    def __init__(self, looped: Any, python: Any, loops: Any) -> None:
+        self.looped, self.python, self.loops = looped, python, loops
+        self.compiled = False
+
+    def __call__(self, *args: Any) -> Any:
+        if not self.compiled:
+            if _straight_line(self.loops):
+                return self.python(*args)
+            self.compiled = True
+        return self.looped(*args)
 
 
 TIMED_RUNS = 3
