@@ -25,7 +25,14 @@ pytestmark = pytest.mark.corpus
 
 PROGRAMS = all_programs()
 
-KNOWN: dict[tuple[str, str], str] = {}
+KNOWN: dict[tuple[str, str], str] = {
+    ("torchdiffeq_odeint_dopri5", "torchscript"): (
+        "seen once (2026-11-28, torch 2.11, a fresh clone's make test on a loaded machine): step "
+        "2's loss differed 2.4% from eager, 2 traces, no JitWarning, a TracerWarning about a "
+        "value the trace baked; not reproduced in 40 runs alone, in the corpus, under load, with "
+        "fallback='off' (the legacy engine; the default engine is not affected)"
+    ),
+}
 """Open bugs found by the corpus (the closing note of issue 25 lists them): marked, so
 that a fix shows as XPASS, not hidden."""
 
