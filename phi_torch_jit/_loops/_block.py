@@ -197,6 +197,11 @@ class CapturedLoop:
             for kind, original, v, in_place in zip(kinds, carried, final, self.in_place)
         )
 
+    def runs_straight_line(self) -> bool:
+        """Whether a block still runs straight-line while a background compile replaces it
+        (engine auto's ``BackgroundBlock``; for good where that compile failed)."""
+        return any(getattr(p, "straight_line", False) for p in self.programs.values())
+
     def _eagerly(self, state: tuple[Any, ...], invariants: tuple[Any, ...]) -> tuple[Any, ...]:
         go = self.enter(*state, *invariants)
         while bool(go):

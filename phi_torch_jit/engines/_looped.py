@@ -91,10 +91,6 @@ def with_captured_loops(
     return CompiledFunction(run, "looped", description)
 
 
-def _straight_line(loops: Any) -> bool:
-    return any(getattr(p, "straight_line", False) for loop in loops for p in loop.programs.values())
-
-
 def _compiled_later(loops: Any) -> bool:
     """Whether blocks of these loops run straight-line until a background compile replaces
     them (engine auto, ``engines._block_tiers``)."""
@@ -116,7 +112,7 @@ class _PythonUntilCompiled:
 
     def __call__(self, *args: Any) -> Any:
         if not self.compiled:
-            if _straight_line(self.loops):
+            if any(loop.runs_straight_line() for loop in self.loops):
                 return self.python(*args)
             self.compiled = True
         return self.looped(*args)

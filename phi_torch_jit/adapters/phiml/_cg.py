@@ -296,11 +296,7 @@ def _uncompiled(captured: Any) -> bool:
     for 13 iterations at 128x128, PhiML's own loop (its sparse product, stopping when
     converged) 4.1 ms, and compiled blocks about 1.5 ms. A solver whose blocks are not built
     yet runs captured, which builds them, and so does an engine's check (``_CHECKING``)."""
-    return any(
-        getattr(program, "straight_line", False)
-        for loop in captured.loops
-        for program in loop.programs.values()
-    )
+    return any(loop.runs_straight_line() for loop in captured.loops)
 
 
 class Solvers:
