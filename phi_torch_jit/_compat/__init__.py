@@ -71,6 +71,7 @@ from ._calls import graph_kept as graph_kept
 from ._inductor import _KEPT_ON_CPU as _KEPT_ON_CPU
 from ._inductor import _Decompositions as _Decompositions
 from ._inductor import _decompositions as _decompositions
+from ._inductor import adopt_compile_settings as adopt_compile_settings
 from ._inductor import (
     backend_exists,
     backward_compiled_with_forward,
@@ -79,6 +80,7 @@ from ._inductor import (
     inductor_cache_dir,
     inductor_caches_on,
     mode_options,
+    process_compile_settings,
 )
 from ._inductor import inductor_has_setting as inductor_has_setting
 from ._private import ANY_AUTOCAST as ANY_AUTOCAST
@@ -126,6 +128,7 @@ from ._version import TESTED_TORCH, TORCHSCRIPT_NOTICE, VALUE_OUT_OF_GRAPH
 __all__ = [
     "backward_compiled_with_forward",
     "mode_options",
+    "process_compile_settings",
     "TESTED_TORCH",
     "TracerWarning",
     "TORCHSCRIPT_NOTICE",

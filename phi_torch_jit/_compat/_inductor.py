@@ -20,8 +20,10 @@ from ._private import (
     COMPILE_FX,
     DECOMPOSITIONS,
     FAKE_MODE,
+    FUNCTORCH_CONFIG_SAVE,
     INDUCTOR,
     INDUCTOR_CACHE_DIR,
+    INDUCTOR_CONFIG_SAVE,
     INVALID_BACKEND,
     LOOKUP_BACKEND,
     MAKE_FALLBACK,
@@ -272,6 +274,23 @@ def inductor_caches_on() -> bool:
     import torch._inductor.config as inductor_config
 
     return bool(inductor_config.fx_graph_cache) and not inductor_config.force_disable_caches
+
+
+def process_compile_settings() -> dict[str, bytes]:
+    """Inductor's and AOTAutograd's settings of this process, pickled: a compile in another
+    process that adopts them (:func:`adopt_compile_settings`) has this process's cache keys."""
+    import torch._functorch.config  # noqa: F401  (not imported by torch on 2.15)
+
+    return {
+        "torch._inductor.config": INDUCTOR_CONFIG_SAVE.find()(),
+        "torch._functorch.config": FUNCTORCH_CONFIG_SAVE.find()(),
+    }
+
+
+def adopt_compile_settings(saved: dict[str, bytes]) -> None:
+    """Take over another process's :func:`process_compile_settings`."""
+    for name, pickled in saved.items():
+        importlib.import_module(name).load_config(pickled)
 
 
 def mode_options(mode: str) -> dict[str, Any]:

@@ -326,6 +326,17 @@ INDUCTOR_CACHE_DIR = _api(
     "answer is kept beside inductor's own caches",
     "_compat._vec_isa",
 )
+INDUCTOR_CONFIG_SAVE = _api(
+    "torch._inductor.config.save_config",
+    "inductor's settings of this process, pickled, for a compile in a worker process whose "
+    "cache keys must equal this process's (load_config there; no public API)",
+    "_compat._inductor",
+)
+FUNCTORCH_CONFIG_SAVE = _api(
+    "torch._functorch.config.save_config",
+    "AOTAutograd's settings of this process, pickled, for the same worker process",
+    "_compat._inductor",
+)
 PYTREE = _api(
     "torch.utils._pytree",
     "classes a user registered with torch's pytree (register_pytree_node), flattened and "
@@ -377,6 +388,8 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     CPP_BUILD,
     VEC_ISA_LIST,
     INDUCTOR_CACHE_DIR,
+    INDUCTOR_CONFIG_SAVE,
+    FUNCTORCH_CONFIG_SAVE,
 )
 """Every private torch API in use (checked by tests/test_compat.py)."""
 

@@ -41,6 +41,7 @@ class BackgroundBlock:
         compile_now: Callable[[], Callable[..., Any]],
         lock: Any,
         remembered: bool = False,
+        ahead: Callable[[], bool] | None = None,
     ) -> None:
         self.run: Callable[..., Any] = straight_line(graph)
         self.remembered = remembered
@@ -52,6 +53,8 @@ class BackgroundBlock:
         where it failed): a library's own loop may then be the faster one (PhiML's CG)."""
         self._compile_now: Callable[[], Callable[..., Any]] | None = compile_now
         self._lock = lock
+        self._ahead = ahead
+        """Run before the compile, without the lock (a compile in a worker process)."""
         with _PENDING_LOCK:
             _PENDING.append(self)
 
@@ -70,6 +73,8 @@ class BackgroundBlock:
 
     def _upgrade(self, compile_now: Callable[[], Callable[..., Any]]) -> None:
         try:
+            if self._ahead is not None:
+                self._ahead()
             with self._lock:
                 self.run = compile_now()
             self.straight_line = False

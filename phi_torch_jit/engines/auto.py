@@ -3,18 +3,17 @@
 The first call of a signature does what engine ``"compile"`` does up to the capture (record
 pass, custom functions' forwards compiled, the wrapper captured once with ``make_fx``), then
 serves the captured graph through a *fast tier* that costs no backend compile:
+``straight-line`` (the graph as generated Python calling each op's C function: eager speed),
+or with ``torchscript=True`` ``torchscript-graph`` (a TorchScript trace of the captured graph,
+faithful: no user Python is in it) where TorchScript works and the graph only calls ops.
 
-* ``torchscript-graph``: a TorchScript trace of the captured graph (no user Python in it, so
-  the trace is faithful), where TorchScript works and the graph only calls ops;
-* ``straight-line``: the graph as generated Python calling each op's C function (eager
-  speed), where TorchScript is unavailable or the graph switches grad mode.
-
-Meanwhile the same graph is compiled by the backend (inductor by default) on a background
-thread (``engines/_background.py``), by calling the backend on the graph directly: no dynamo, no
-run of the program, the backward compiled with the forward. When it is ready, one attribute
-assignment switches the specialization to it, so a call runs entirely on one tier or the
-other. A failed compile is logged once and the fast tier stays. ``explain()`` shows the tier,
-the compile time and when the switch happened; :meth:`JitFunction.wait_compiled` waits for it.
+Meanwhile the backend (inductor by default) compiles the same graph on a background thread
+(``engines/_background.py``; a cold inductor compile of a graph of torch's own ops runs in a
+worker process and is then loaded, ``engines/_compile_process.py``), called on the graph
+directly: no dynamo, no run of the program, the backward compiled with the forward. When it is
+ready, one attribute assignment switches the specialization to it, so a call runs entirely on
+one tier or the other. A failed compile is logged once and the fast tier stays. ``explain()``
+shows the tier, the compile time and when the switch happened; ``wait_compiled`` waits for it.
 
 Both tiers run the same graph: results agree to float rounding (inductor fuses and reorders
 arithmetic; about 1e-6 relative in float32, docs/engines.md). Random ops draw from the
@@ -42,6 +41,7 @@ from ._block_tiers import BackgroundBlock, submit_pending
 from ._capture import CAPTURE_LOCK as _CAPTURE_LOCK
 from ._capture import capture as _capture
 from ._capture import uses_rng as _uses_rng
+from ._compile_process import ahead_of, compile_ahead, start_worker_for
 from ._generic_sizes import sizes_left_dynamic
 from ._light import straight_line, tensor_ops_only
 from ._tracing_lock import note_busy
@@ -113,7 +113,8 @@ class AutoEngine(CompileEngine):
         ours = any(str(n.target).startswith("phi_torch_jit") for n in graph.graph.nodes)
         if self.compile_on == "caller" or ours:
             return target.compile()
-        return BackgroundBlock(graph, target.compile, _CAPTURE_LOCK, remembered(target))
+        ahead = ahead_of(target)  # compiled in a worker process first, where it can be
+        return BackgroundBlock(graph, target.compile, _CAPTURE_LOCK, remembered(target), ahead)
 
     def compile_module(
         self, module: nn.Module, example_inputs: tuple[torch.Tensor, ...], label: str
@@ -178,22 +179,18 @@ class TieredProgram:
         self._pinned: tuple[Any, ...] = ()
         self._example = example
         self._settled = threading.Event()
-        self._unsubmitted = False
-        """Whether the compile waits for a call of the program: it is queued at the second call
-        of the fast tier (the signature's third), so the first (with its backward) runs
-        without a compile competing, and a signature met only twice is not compiled."""
+        self._unsubmitted = False  # the compile waits for a call of the program (_serve_fast)
         self._submit_lock = threading.Lock()
         self._queued_at: float | None = None
         self._state_grads: tuple[bool, ...] = ()
         self._compiled: Callable[..., Any] = graph.forward
         self._unrolled = 0
         """Value guards of a loop unrolled by values (:meth:`start_for_values`); 0 if not."""
-        self.fast_calls_after_switch = 0
-        """Calls the fast tier served after the switch, because a parameter's
-        ``requires_grad`` differed from the compile's."""
+        self.fast_calls_after_switch = 0  # a parameter's requires_grad differed: fast tier
         self.listeners: list[Callable[[], None]] = []
         """Told when the compiled tier takes over (:attr:`CompiledModule.on_new_program`)."""
         self.warm_start = False  # inductor's caches held the program when the fast tier started
+        self.in_worker = False  # compiled in a worker process, then loaded (_compile_process)
         self._load_awaited = False
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -317,6 +314,8 @@ class TieredProgram:
         self._state_grads = grads_of(self.state)
         self._unsubmitted = True
         self.warm_start = not self.on_caller and remembered(self.target)
+        if not self.on_caller and not self.warm_start:
+            start_worker_for(self.target)
         return ()
 
     def start_for_values(self, guards: int) -> tuple[str, ...]:
@@ -403,6 +402,7 @@ class TieredProgram:
     def _compile(self, locked: bool) -> Callable[..., Any]:
         # FX traces in two threads at once crash torch 2.13 (a segfault in AOTAutograd): the
         # caller's captures skip while this holds the lock (NOTE [one tracing thread]).
+        self.in_worker = not locked and compile_ahead(self.target)  # without the lock
         with contextlib.nullcontext() if locked else _CAPTURE_LOCK:
             return self.target.compile()
 
@@ -436,6 +436,7 @@ class TieredProgram:
             )
         where = "the caller's thread" if self.on_caller else "a background thread"
         where += ", loaded from inductor's caches" if self.warm_start else ""
+        where += " (compiled in a worker process, then loaded)" if self.in_worker else ""
         lines: tuple[str, ...] = (
             f"tier: {self.tier} (compiled in {self.compile_s:.1f} s on {where}; "
             f"switched after {self.switched_after_calls} call(s) on the {self.fast_tier} tier)",

@@ -1,0 +1,283 @@
+"""Inductor's cold compiles of engine "auto" run in a worker process; the caller's process
+then loads the program from inductor's caches.
+
+A background compile on a thread of the caller's process shares the GIL with the caller:
+inductor's compile is Python for most of its 10-90 s, and steps served meanwhile ran at
+1.4-2.1x eager at the 90th percentile (bench_during_compile, 2026-11-28) even with the compile
+thread yielding (``_background``). In a process of its own it takes no GIL from the caller.
+
+How: :func:`compile_ahead`, called by the compile thread before it compiles, pickles the
+compile's target (``Compilable``: the captured
+graph, its inputs' metadata, the grad mode, the backend's settings) with inductor's and
+AOTAutograd's settings and sends it to one long-lived worker process
+(``engines._compile_worker``), which compiles it into inductor's on-disk caches, the same
+directory as the caller's (``TORCHINDUCTOR_CACHE_DIR``). The compile thread waits for it
+without holding the GIL or the tracing lock, then compiles the target itself: a load from the
+caches (0.2-1 s) instead of the compile. Inductor's cache keys hash the graph's text, node
+names included, and a graph loaded from a pickle has other names: the compile thread compiles
+the graph as loaded from the pickle it sent, so both processes compile the same text.
+
+Sent there only: inductor compiles of CPU graphs of torch's own ops
+(a graph calling our ``phi_torch_jit::`` ops or a library's needs those ops registered, which
+only the caller's process has), inductor's caches on, not known to be in them already (a
+warm start loads at once), and not ``PHI_TORCH_JIT_COMPILE_PROCESS=0``. Anything that goes
+wrong there (a graph that does not pickle, a worker that cannot start or dies, a compile that
+fails) only means the compile thread compiles in-process, as without a worker; at interpreter
+exit the worker is stopped and nothing compiles in-process any more.
+
+The worker starts when the first program whose compile goes there gets its fast tier
+(:func:`start_worker_for`; importing torch and inductor takes 3-5 s, while the caller goes
+on) and ends after :data:`IDLE_EXIT_S` without work, or when the caller's process ends (its
+requests pipe closes). See NOTE [compiles in a worker process] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import functools
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
+from ._warm_starts import remembered
+
+__all__ = [
+    "ENV_SWITCH",
+    "IDLE_EXIT_S",
+    "ahead_of",
+    "compile_ahead",
+    "start_worker_for",
+    "stop_worker",
+    "worker_pid",
+]
+
+ENV_SWITCH = "PHI_TORCH_JIT_COMPILE_PROCESS"
+"""Set to ``0`` to compile in the caller's process (on the compile thread) only."""
+
+IDLE_EXIT_S = 60.0
+"""How long the worker waits for its next compile before it ends."""
+
+_logger = logging.getLogger("phi_torch_jit")
+
+_TORCHS = frozenset({"aten", "prims"})
+
+
+class _Target(Protocol):
+    graph: torch.fx.GraphModule
+    backend: Any
+    settings: Any
+    grad_enabled: bool
+    metas: list[tuple[Any, ...]]
+
+
+def compile_ahead(target: _Target) -> bool:
+    """Before the compile thread compiles ``target`` (a ``Compilable``): if it is one this
+    module takes (:func:`_ours`), replace its graph by the graph as the worker will see it
+    (pickled and loaded: the nodes' names differ, and inductor's cache keys with them), then
+    compile it in the worker unless inductor's caches hold it already (a warm start). Whether
+    the worker compiled it: the compile thread's compile is then a load. Raises
+    ``RuntimeError`` once the interpreter exits (no compile should start then)."""
+    if not _ours(target):
+        return False
+    try:
+        graph = pickle.dumps(target.graph, protocol=pickle.HIGHEST_PROTOCOL)
+        as_sent = pickle.loads(graph)
+        request = pickle.dumps(
+            {
+                "target": _without_graph(target),
+                "graph": graph,
+                "settings": process_compile_settings(),
+                "cache_dir": inductor_cache_dir(),
+            },
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+    except Exception as error:  # a graph constant that does not pickle: compile here
+        _logger.debug("phi_torch_jit: a compile stays in-process (%s)", error)
+        return False
+    target.graph = as_sent
+    return not remembered(target) and _WORKER.compile(request)
+
+
+def ahead_of(target: _Target) -> Callable[[], bool]:
+    """:func:`compile_ahead` of ``target``, to call later (a block of a captured loop); the
+    worker is started now (:func:`start_worker_for`)."""
+    start_worker_for(target)
+    return functools.partial(compile_ahead, target)
+
+
+def start_worker_for(target: _Target) -> None:
+    """Start the worker now if ``target``'s compile will go there (when a program's fast tier
+    is built, two calls before its compile is queued): its 3-5 s of imports then overlap
+    the first calls instead of delaying the compile. Never waits for the compile thread."""
+    if _ours(target) and not remembered(target):
+        _WORKER.start_soon()
+
+
+def _ours(target: _Target) -> bool:
+    if os.environ.get(ENV_SWITCH, "1") == "0" or _WORKER.closed:
+        return False
+    if target.backend != "inductor" or not inductor_caches_on():
+        return False
+    if any(torch.device(meta[3]).type != "cpu" for meta in target.metas):
+        return False
+    return _only_torchs_ops(target.graph)
+
+
+def _only_torchs_ops(graph: torch.fx.GraphModule) -> bool:
+    for node in graph.graph.nodes:
+        if node.op == "call_function":
+            if getattr(node.target, "namespace", "aten") not in _TORCHS:
+                return False
+        elif node.op in ("call_module", "call_method"):
+            return False
+    return True
+
+
+def _without_graph(target: _Target) -> Any:
+    shallow: Any = copy.copy(target)
+    shallow.graph = None
+    return shallow
+
+
+def stop_worker() -> None:
+    """Stop the worker process now, if it runs (tests; a new compile starts another)."""
+    _WORKER.stop()
+
+
+def worker_pid() -> int | None:
+    """The worker process's id while it runs (tests)."""
+    process = _WORKER.process
+    return process.pid if process is not None and process.poll() is None else None
+
+
+class _Worker:
+    """The worker process, one at a time, one request at a time (the compile thread is the
+    only caller; a lock keeps it so)."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.closed = False
+        self.compiles = 0
+        """Compiles the worker finished (any process), for tests and ``explain``."""
+        self._lock = threading.Lock()
+
+    def compile(self, request: bytes) -> bool:
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the interpreter is exiting: no compile starts")
+            for _ in range(2):  # a worker that just ended idle: start a new one once
+                process = self._running()
+                if process is None:
+                    return False
+                reply = self._exchange(process, request)
+                if reply is not None:
+                    break
+                self._discard()
+                if self.closed:
+                    raise RuntimeError("the interpreter is exiting: the compile was stopped")
+            else:
+                return False
+        if reply.get("error"):
+            _logger.debug("phi_torch_jit: the worker's compile failed: %s", reply["error"])
+            return False
+        self.compiles += 1
+        return True
+
+    def start_soon(self) -> None:
+        if self._lock.acquire(blocking=False):  # else the compile thread is using it
+            try:
+                if not self.closed:
+                    self._running()
+            finally:
+                self._lock.release()
+
+    def _running(self) -> subprocess.Popen[bytes] | None:
+        if self.process is not None and self.process.poll() is None:
+            return self.process
+        self._discard()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, repr(IDLE_EXIT_S), json.dumps(sys.path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        except (OSError, ValueError) as error:
+            _logger.debug("phi_torch_jit: no compile worker process: %s", error)
+            self._discard()
+            return None
+        return self.process
+
+    @staticmethod
+    def _exchange(process: subprocess.Popen[bytes], request: bytes) -> dict[str, Any] | None:
+        """Send one request and wait for its reply; None if the worker ended meanwhile."""
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(len(request).to_bytes(8, "little"))
+            process.stdin.write(request)
+            process.stdin.flush()
+            reply = pickle.load(process.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError) as error:
+            _logger.debug("phi_torch_jit: the compile worker ended: %s", error)
+            return None
+        return reply if isinstance(reply, dict) else None
+
+    def _discard(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        for stream in (process.stdin, process.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the worker and the lock are the parent's; start afresh."""
+        self.process = None
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Kill the worker; a compile thread waiting for its reply sees it end."""
+        while not self._lock.acquire(timeout=0.05):  # the compile thread holds it: wake it
+            process = self.process
+            if process is not None and process.poll() is None:
+                process.kill()
+        try:
+            self._discard()
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """At interpreter exit: a compile running there is stopped (its thread's wait ends with
+        an error, so that nothing compiles in-process while the interpreter shuts down)."""
+        self.closed = True
+        self.stop()
+
+
+_BOOT = (
+    "import json, sys\n"
+    "sys.path[:] = json.loads(sys.argv[2])\n"
+    "from phi_torch_jit.engines._compile_worker import serve\n"
+    "serve(float(sys.argv[1]))\n"
+)
+
+_WORKER = _Worker()
+atexit.register(_WORKER.close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WORKER.forget_after_fork)

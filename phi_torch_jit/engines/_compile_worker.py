@@ -1,0 +1,85 @@
+"""The worker process of :mod:`._compile_process`: compiles captured graphs into inductor's
+on-disk caches for the process that started it.
+
+Started as ``python -c`` by that process, with its ``sys.path`` (JSON) as an argument.
+Each request is a length (8 bytes, little-endian) and a pickled dict: ``target`` (a
+``Compilable``), ``settings`` (inductor's and AOTAutograd's, from
+``_compat.process_compile_settings``) and ``cache_dir`` (inductor's cache directory there).
+Each reply, on stdout, is a pickled dict: ``error`` None, or why the compile failed. The
+compiled program itself stays here: only inductor's caches carry it back.
+
+Stdin and stdout carry nothing else: the process's own file descriptors 0 and 1 are pointed
+elsewhere at start (inductor's C++ compiler writes to them). It ends when its stdin closes
+(the caller's process ended), on a request it cannot read, or after ``idle_exit_s`` without
+one. It runs at a lower CPU priority (:data:`NICE`) than the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import sys
+import traceback
+from typing import Any, BinaryIO
+
+__all__ = ["serve", "NICE"]
+
+NICE = 10
+"""How much lower the worker's CPU priority is than its caller's (POSIX ``nice``)."""
+
+
+def serve(idle_exit_s: float) -> None:
+    """Answer requests until stdin closes or ``idle_exit_s`` pass without one."""
+    requests = os.fdopen(os.dup(0), "rb", buffering=0)
+    replies = os.fdopen(os.dup(1), "wb")
+    quiet = os.open(os.devnull, os.O_RDWR)
+    os.dup2(quiet, 0)
+    os.dup2(2, 1)  # print() and the C++ compiler's output go where stderr goes
+    sys.stdout = sys.stderr
+    if hasattr(os, "nice"):
+        os.nice(NICE)
+    from .._compat import import_inductor
+
+    import_inductor()  # before the first request: the caller may start this one early
+    while True:
+        ready, _, _ = select.select([requests], [], [], idle_exit_s)
+        if not ready:
+            return
+        request = _read(requests)
+        if request is None:
+            return
+        pickle.dump({"error": _compile(request)}, replies)
+        replies.flush()
+
+
+def _read(stream: BinaryIO) -> bytes | None:
+    header = _read_exactly(stream, 8)
+    return None if header is None else _read_exactly(stream, int.from_bytes(header, "little"))
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _compile(pickled: bytes) -> str | None:
+    """Compile one request's target into the caches; None, or why it failed."""
+    try:
+        from .._compat import adopt_compile_settings
+
+        request: dict[str, Any] = pickle.loads(pickled)
+        target = request["target"]
+        target.graph = pickle.loads(request["graph"])
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = request["cache_dir"]
+        adopt_compile_settings(request["settings"])
+        target.compile()
+    except Exception:  # reported to the caller, which then compiles in its own process
+        return traceback.format_exc(limit=8)
+    return None
