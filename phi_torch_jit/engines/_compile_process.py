@@ -17,13 +17,13 @@ caches (0.2-1 s) instead of the compile. Inductor's cache keys hash the graph's 
 names included, and a graph loaded from a pickle has other names: the compile thread compiles
 the graph as loaded from the pickle it sent, so both processes compile the same text.
 
-Sent there only: inductor compiles of CPU graphs of torch's own ops
-(a graph calling our ``phi_torch_jit::`` ops or a library's needs those ops registered, which
-only the caller's process has), inductor's caches on, not known to be in them already (a
-warm start loads at once), and not ``PHI_TORCH_JIT_COMPILE_PROCESS=0``. Anything that goes
-wrong there (a graph that does not pickle, a worker that cannot start or dies, a compile that
-fails) only means the compile thread compiles in-process, as without a worker; at interpreter
-exit the worker is stopped and nothing compiles in-process any more.
+Sent there only: inductor compiles of CPU graphs of torch's own ops (a graph calling our
+``phi_torch_jit::`` ops or a library's needs those ops registered, which only the caller's
+process has), inductor's caches on, not known to be in them already (a warm start loads at
+once), on POSIX systems, and not with ``PHI_TORCH_JIT_COMPILE_PROCESS=0``. Anything that
+goes wrong there (a graph that does not pickle, a worker that cannot start or dies, a compile
+that fails) only means the compile thread compiles in-process, as without a worker; at
+interpreter exit the worker is stopped and nothing compiles in-process any more.
 
 The worker starts when the first program whose compile goes there gets its fast tier
 (:func:`start_worker_for`; importing torch and inductor takes 3-5 s, while the caller goes
@@ -98,6 +98,7 @@ def compile_ahead(target: _Target) -> bool:
                 "graph": graph,
                 "settings": process_compile_settings(),
                 "cache_dir": inductor_cache_dir(),
+                "threads": torch.get_num_threads(),  # inductor's CPU kernels are made for it
             },
             protocol=pickle.HIGHEST_PROTOCOL,
         )
@@ -124,8 +125,8 @@ def start_worker_for(target: _Target) -> None:
 
 
 def _ours(target: _Target) -> bool:
-    if os.environ.get(ENV_SWITCH, "1") == "0" or _WORKER.closed:
-        return False
+    if os.environ.get(ENV_SWITCH, "1") == "0" or _WORKER.closed or os.name != "posix":
+        return False  # the worker waits on its pipe with select(), which Windows lacks
     if target.backend != "inductor" or not inductor_caches_on():
         return False
     if any(torch.device(meta[3]).type != "cpu" for meta in target.metas):

@@ -4,7 +4,8 @@ on-disk caches for the process that started it.
 Started as ``python -c`` by that process, with its ``sys.path`` (JSON) as an argument.
 Each request is a length (8 bytes, little-endian) and a pickled dict: ``target`` (a
 ``Compilable``), ``settings`` (inductor's and AOTAutograd's, from
-``_compat.process_compile_settings``) and ``cache_dir`` (inductor's cache directory there).
+``_compat.process_compile_settings``), ``cache_dir`` (inductor's cache directory there) and
+``threads`` (torch's intra-op threads there: inductor's CPU kernels are generated for them).
 Each reply, on stdout, is a pickled dict: ``error`` None, or why the compile failed. The
 compiled program itself stays here: only inductor's caches carry it back.
 
@@ -72,6 +73,8 @@ def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
 def _compile(pickled: bytes) -> str | None:
     """Compile one request's target into the caches; None, or why it failed."""
     try:
+        import torch
+
         from .._compat import adopt_compile_settings
 
         request: dict[str, Any] = pickle.loads(pickled)
@@ -79,6 +82,7 @@ def _compile(pickled: bytes) -> str | None:
         target.graph = pickle.loads(request["graph"])
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request["cache_dir"]
         adopt_compile_settings(request["settings"])
+        torch.set_num_threads(request["threads"])
         target.compile()
     except Exception:  # reported to the caller, which then compiles in its own process
         return traceback.format_exc(limit=8)
