@@ -24,6 +24,7 @@ import phi_torch_jit as ptj
 from phi_torch_jit._compat import _vec_isa
 from phi_torch_jit.engines import _background, _compile_process, _compile_worker, _warm_starts
 from phi_torch_jit.engines import auto as auto_engine
+from phi_torch_jit.engines._graph_pickle import graph_bytes, graph_from
 from phi_torch_jit.engines.auto import AutoEngine
 from phi_torch_jit.engines.compile import Compilable
 
@@ -49,7 +50,27 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def heat(u: torch.Tensor) -> tuple[torch.Tensor]:
     for _ in range(3):
         u = u + 0.1 * (torch.roll(u, 1) - 2 * u + torch.roll(u, -1))
-    return (torch.tanh(u),)
+    x = torch.linspace(0, 1, u.shape[-1])  # an op without traced inputs
+    return (torch.tanh(u) * x,)
+
+
+def test_a_graph_is_sent_node_for_node_and_rebuilt_without_running_its_ops() -> None:
+    """``pickle`` of a GraphModule traces its code again when loaded, which runs the ops
+    without traced inputs: a random draw became a constant. Rebuilt here, it stays a draw,
+    and the code is the same text."""
+
+    def noisy(x: torch.Tensor) -> Any:
+        return (x * torch.randn(3) + torch.arange(3.0))[1:], x.sum(dim=0, keepdim=True)
+
+    graph = make_fx(lambda x: noisy(x))(torch.randn(3))
+    rebuilt = graph_from(graph_bytes(graph))
+    assert rebuilt.code == graph.code
+    x = torch.randn(3)
+    torch.manual_seed(1)
+    first = rebuilt(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(graph(x), first)
+    assert not torch.equal(rebuilt(x)[0], first[0])  # a new draw
 
 
 def _compilable(fn: Any, *inputs: torch.Tensor, **options: Any) -> Compilable:
@@ -73,14 +94,15 @@ def test_a_cold_compile_runs_in_the_worker_and_the_callers_compile_loads_it(
     compiled_there = _compile_process._WORKER.compiles
     assert _compile_process.compile_ahead(target)
     assert _compile_process._WORKER.compiles == compiled_there + 1
-    assert target.graph is not original  # the graph as the worker saw it
+    assert target.graph is not original and target.graph.code == original.code  # as sent
     assert _warm_starts.remembered(target)  # the worker remembered it, in this cache directory
     hits, misses = _inductor_counter("fxgraph_cache_hit"), _inductor_counter("fxgraph_cache_miss")
     program = target.compile()
     assert _inductor_counter("fxgraph_cache_hit") == hits + 1  # a load, not a compile
     assert _inductor_counter("fxgraph_cache_miss") == misses
     torch.testing.assert_close(program(u)[0], heat(u)[0])
-    again = _compilable(heat, u)  # a later compile of the same graph: a warm start
+    again = _compilable(heat, u)  # a later process's capture of the same step: a warm start
+    assert _warm_starts.remembered(again)
     assert not _compile_process.compile_ahead(again)
     assert _compile_process._WORKER.compiles == compiled_there + 1
 

@@ -7,15 +7,16 @@ inductor's compile is Python for most of its 10-90 s, and steps served meanwhile
 thread yielding (``_background``). In a process of its own it takes no GIL from the caller.
 
 How: :func:`compile_ahead`, called by the compile thread before it compiles, pickles the
-compile's target (``Compilable``: the captured
-graph, its inputs' metadata, the grad mode, the backend's settings) with inductor's and
+compile's target (``Compilable``: the captured graph, its inputs' metadata, the grad mode,
+the backend's settings) with inductor's and
 AOTAutograd's settings and sends it to one long-lived worker process
 (``engines._compile_worker``), which compiles it into inductor's on-disk caches, the same
 directory as the caller's (``TORCHINDUCTOR_CACHE_DIR``). The compile thread waits for it
 without holding the GIL or the tracing lock, then compiles the target itself: a load from the
-caches (0.2-1 s) instead of the compile. Inductor's cache keys hash the graph's text, node
-names included, and a graph loaded from a pickle has other names: the compile thread compiles
-the graph as loaded from the pickle it sent, so both processes compile the same text.
+caches (0.2-1 s) instead of the compile. The graph travels node for node
+(``_graph_pickle``), and the compile thread compiles the graph rebuilt from the bytes it sent,
+not the original: inductor's cache keys hash the module, and both processes then compile the
+same one.
 
 Sent there only: inductor compiles of CPU graphs of torch's own ops (a graph calling our
 ``phi_torch_jit::`` ops or a library's needs those ops registered, which only the caller's
@@ -49,6 +50,7 @@ from typing import Any, Protocol
 import torch
 
 from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
+from ._graph_pickle import graph_bytes, graph_from
 from ._warm_starts import remembered
 
 __all__ = [
@@ -83,15 +85,17 @@ class _Target(Protocol):
 def compile_ahead(target: _Target) -> bool:
     """Before the compile thread compiles ``target`` (a ``Compilable``): if it is one this
     module takes (:func:`_ours`), replace its graph by the graph as the worker will see it
-    (pickled and loaded: the nodes' names differ, and inductor's cache keys with them), then
+    (rebuilt from the bytes sent, ``_graph_pickle``: inductor's cache keys hash a graph's
+    module attributes, which a rebuilt one does not share with the original), then
     compile it in the worker unless inductor's caches hold it already (a warm start). Whether
     the worker compiled it: the compile thread's compile is then a load. Raises
     ``RuntimeError`` once the interpreter exits (no compile should start then)."""
     if not _ours(target):
         return False
+    known = remembered(target)  # its fingerprint is the original graph's, kept on the target
     try:
-        graph = pickle.dumps(target.graph, protocol=pickle.HIGHEST_PROTOCOL)
-        as_sent = pickle.loads(graph)
+        graph = graph_bytes(target.graph)
+        as_sent = graph_from(graph)
         request = pickle.dumps(
             {
                 "target": _without_graph(target),
@@ -106,7 +110,7 @@ def compile_ahead(target: _Target) -> bool:
         _logger.debug("phi_torch_jit: a compile stays in-process (%s)", error)
         return False
     target.graph = as_sent
-    return not remembered(target) and _WORKER.compile(request)
+    return not known and _WORKER.compile(request)
 
 
 def ahead_of(target: _Target) -> Callable[[], bool]:

@@ -76,10 +76,11 @@ def _compile(pickled: bytes) -> str | None:
         import torch
 
         from .._compat import adopt_compile_settings
+        from ._graph_pickle import graph_from
 
         request: dict[str, Any] = pickle.loads(pickled)
         target = request["target"]
-        target.graph = pickle.loads(request["graph"])
+        target.graph = graph_from(request["graph"])
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request["cache_dir"]
         adopt_compile_settings(request["settings"])
         torch.set_num_threads(request["threads"])

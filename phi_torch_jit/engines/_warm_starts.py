@@ -4,7 +4,7 @@ Inductor keeps what it compiled (its FX graph cache and AOTAutograd's cache, in
 ``TORCHINDUCTOR_CACHE_DIR``): a second process compiling the same graph loads the program
 instead, in 0.2-1 s rather than 10-130 s. Engine "auto" cannot ask inductor beforehand whether
 a compile will be a load, so after each inductor compile it writes the graph's fingerprint
-(:func:`fingerprint`: the graph's nodes, its inputs' metadata, the grad mode, the settings,
+(:func:`fingerprint`: the graph's code, its inputs' metadata, the grad mode, the settings,
 torch's version) into the same directory (:func:`remember`). A later process whose captured
 graph has a remembered fingerprint (:func:`remembered`) queues the load at the first call and
 waits for it at the next one (``engines.auto``, :data:`WARM_WAIT_S`): from its second call on,
@@ -51,35 +51,36 @@ class _Target(Protocol):
 
 def fingerprint(target: _Target) -> str | None:
     """The fingerprint of an inductor compile of ``target``; None for other backends and where
-    inductor's caches are off (nothing is kept then)."""
+    inductor's caches are off (nothing is kept then). Computed once per target and kept on
+    it (``fingerprint_key``): a compile in a worker process replaces the target's graph by one
+    loaded from a pickle, whose code differs (``engines._compile_process``), and the key must
+    stay the one a later process computes from its own capture."""
     if target.backend != "inductor" or not inductor_caches_on():
         return None
+    key = getattr(target, "fingerprint_key", None)
+    if key is None:
+        key = _fingerprint(target)
+        try:
+            target.fingerprint_key = key  # type: ignore[attr-defined]
+        except AttributeError:  # a target that keeps no attributes: computed each time
+            pass
+    return key
+
+
+def _fingerprint(target: _Target) -> str:
     constants = sorted(
         (name, tuple(value.shape), str(value.dtype), str(value.device))
         for name, value in _tensor_attributes(target.graph)
     )
     parts = (
         torch.__version__,
-        _structure(target.graph),
+        target.graph.code,
         constants,
         [tuple(map(str, meta)) for meta in target.metas],
         target.grad_enabled,
         sorted(map(repr, dict(target.settings).items())),
     )
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
-
-
-def _structure(graph: torch.fx.GraphModule) -> list[tuple[str, str, str, str]]:
-    """The graph's nodes without their names: a graph pickled and loaded (a compile in a
-    worker process, ``engines._compile_process``) has the same fingerprint as the original."""
-    index: dict[torch.fx.Node, int] = {}
-    nodes = []
-    for node in graph.graph.nodes:
-        index[node] = len(index)
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: f"%{index[n]}")
-        target = node.target if node.op in ("placeholder", "get_attr") else str(node.target)
-        nodes.append((node.op, str(target), repr(args), repr(kwargs)))
-    return nodes
 
 
 def _tensor_attributes(graph: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor]]:
