@@ -45,13 +45,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
 from ._graph_pickle import graph_bytes, graph_from
-from ._warm_starts import remembered
+from ._warm_starts import CompileTarget, remembered
 
 __all__ = [
     "ENV_SWITCH",
@@ -74,15 +74,7 @@ _logger = logging.getLogger("phi_torch_jit")
 _TORCHS = frozenset({"aten", "prims"})
 
 
-class _Target(Protocol):
-    graph: torch.fx.GraphModule
-    backend: Any
-    settings: Any
-    grad_enabled: bool
-    metas: list[tuple[Any, ...]]
-
-
-def compile_ahead(target: _Target) -> bool:
+def compile_ahead(target: CompileTarget) -> bool:
     """Before the compile thread compiles ``target`` (a ``Compilable``): if it is one this
     module takes (:func:`_ours`), replace its graph by the graph as the worker will see it
     (rebuilt from the bytes sent, ``_graph_pickle``: inductor's cache keys hash a graph's
@@ -113,14 +105,14 @@ def compile_ahead(target: _Target) -> bool:
     return not known and _WORKER.compile(request)
 
 
-def ahead_of(target: _Target) -> Callable[[], bool]:
+def ahead_of(target: CompileTarget) -> Callable[[], bool]:
     """:func:`compile_ahead` of ``target``, to call later (a block of a captured loop); the
     worker is started now (:func:`start_worker_for`)."""
     start_worker_for(target)
     return functools.partial(compile_ahead, target)
 
 
-def start_worker_for(target: _Target) -> None:
+def start_worker_for(target: CompileTarget) -> None:
     """Start the worker now if ``target``'s compile will go there (when a program's fast tier
     is built, two calls before its compile is queued): its 3-5 s of imports then overlap
     the first calls instead of delaying the compile. Never waits for the compile thread."""
@@ -128,7 +120,7 @@ def start_worker_for(target: _Target) -> None:
         _WORKER.start_soon()
 
 
-def _ours(target: _Target) -> bool:
+def _ours(target: CompileTarget) -> bool:
     if os.environ.get(ENV_SWITCH, "1") == "0" or _WORKER.closed or os.name != "posix":
         return False  # the worker waits on its pipe with select(), which Windows lacks
     if target.backend != "inductor" or not inductor_caches_on():
@@ -148,7 +140,7 @@ def _only_torchs_ops(graph: torch.fx.GraphModule) -> bool:
     return True
 
 
-def _without_graph(target: _Target) -> Any:
+def _without_graph(target: CompileTarget) -> Any:
     shallow: Any = copy.copy(target)
     shallow.graph = None
     return shallow

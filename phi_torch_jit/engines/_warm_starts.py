@@ -32,7 +32,7 @@ import torch
 
 from .._compat import inductor_cache_dir, inductor_caches_on
 
-__all__ = ["fingerprint", "remember", "remembered", "await_loads", "WARM_WAIT_S"]
+__all__ = ["CompileTarget", "fingerprint", "remember", "remembered", "await_loads", "WARM_WAIT_S"]
 
 WARM_WAIT_S = 5.0
 """How long a warm start's second call waits for the load of a remembered program; past it the
@@ -41,7 +41,9 @@ call runs on the fast tier and the load goes on in the background."""
 _logger = logging.getLogger("phi_torch_jit")
 
 
-class _Target(Protocol):
+class CompileTarget(Protocol):
+    """What a backend's compile of a captured graph is made of (``engines.compile.Compilable``)."""
+
     graph: torch.fx.GraphModule
     backend: Any
     settings: Any
@@ -49,7 +51,7 @@ class _Target(Protocol):
     metas: list[tuple[Any, ...]]
 
 
-def fingerprint(target: _Target) -> str | None:
+def fingerprint(target: CompileTarget) -> str | None:
     """The fingerprint of an inductor compile of ``target``; None for other backends and where
     inductor's caches are off (nothing is kept then). Computed once per target and kept on
     it (``fingerprint_key``): a compile in a worker process replaces the target's graph by one
@@ -67,7 +69,7 @@ def fingerprint(target: _Target) -> str | None:
     return key
 
 
-def _fingerprint(target: _Target) -> str:
+def _fingerprint(target: CompileTarget) -> str:
     constants = sorted(
         (name, tuple(value.shape), str(value.dtype), str(value.device))
         for name, value in _tensor_attributes(target.graph)
@@ -110,7 +112,7 @@ def _marker(key: str) -> Path:
     return Path(inductor_cache_dir()) / "phi_torch_jit" / "compiled" / key
 
 
-def remembered(target: _Target) -> bool:
+def remembered(target: CompileTarget) -> bool:
     """Whether inductor compiled this graph before in this cache directory (any process)."""
     key = fingerprint(target)
     try:
@@ -119,7 +121,7 @@ def remembered(target: _Target) -> bool:
         return False
 
 
-def remember(target: _Target) -> None:
+def remember(target: CompileTarget) -> None:
     """After an inductor compile of ``target``: its program is in inductor's caches now."""
     key = fingerprint(target)
     if key is None:
