@@ -101,7 +101,7 @@ def _compile_now(
         table = _decompositions(patches) if on_cpu else None
         if on_cpu:
             _fall_back_to_kept_ops()
-        if on_cpu and _cpp_wrapper_pays(patches) and _only_torchs_ops(graph):
+        if on_cpu and _cpp_wrapper_pays(patches) and only_torchs_ops(graph):
             try:
                 with _without_shim_notices():
                     return COMPILE_FX.find()(  # type: ignore[no-any-return]
@@ -118,7 +118,7 @@ def _compile_now(
 def _cpp_wrapper_pays(patches: dict[str, Any]) -> bool:
     """Whether a CPU graph is compiled with inductor's C++ wrapper: unless the settings name
     ``cpp_wrapper`` (or the process set it) or autotune (which would run the fake inputs);
-    only for graphs of torch's own ops (:func:`_only_torchs_ops`).
+    only for graphs of torch's own ops (:func:`only_torchs_ops`).
 
     The wrapper calls the graph's kernels and ATen ops from C++ instead of generated Python:
     on steps of many small kernels that Python was a quarter of the compiled step (a PINN's
@@ -156,7 +156,7 @@ def _without_shim_notices() -> Any:
 _TORCHS = frozenset({"aten", "prims"})
 
 
-def _only_torchs_ops(graph: torch.fx.GraphModule) -> bool:
+def only_torchs_ops(graph: torch.fx.GraphModule) -> bool:
     """Whether every op of the graph is torch's own: the C++ wrapper calls other ops (ours,
     a library's) through the dispatcher from C++, where the Python exception they raise
     becomes a bare RuntimeError ("aoti_torch_call_dispatcher ... failed"), and our checks

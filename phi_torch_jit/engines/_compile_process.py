@@ -49,7 +49,12 @@ from typing import Any
 
 import torch
 
-from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
+from .._compat import (
+    inductor_cache_dir,
+    inductor_caches_on,
+    only_torchs_ops,
+    process_compile_settings,
+)
 from ._graph_pickle import graph_bytes, graph_from
 from ._warm_starts import CompileTarget, remembered
 
@@ -70,8 +75,6 @@ IDLE_EXIT_S = 60.0
 """How long the worker waits for its next compile before it ends."""
 
 _logger = logging.getLogger("phi_torch_jit")
-
-_TORCHS = frozenset({"aten", "prims"})
 
 
 def compile_ahead(target: CompileTarget) -> bool:
@@ -127,17 +130,7 @@ def _ours(target: CompileTarget) -> bool:
         return False
     if any(torch.device(meta[3]).type != "cpu" for meta in target.metas):
         return False
-    return _only_torchs_ops(target.graph)
-
-
-def _only_torchs_ops(graph: torch.fx.GraphModule) -> bool:
-    for node in graph.graph.nodes:
-        if node.op == "call_function":
-            if getattr(node.target, "namespace", "aten") not in _TORCHS:
-                return False
-        elif node.op in ("call_module", "call_method"):
-            return False
-    return True
+    return only_torchs_ops(target.graph)  # a graph calling modules does not pickle either
 
 
 def _without_graph(target: CompileTarget) -> Any:
@@ -165,7 +158,7 @@ class _Worker:
         self.process: subprocess.Popen[bytes] | None = None
         self.closed = False
         self.compiles = 0
-        """Compiles the worker finished (any process), for tests and ``explain``."""
+        """Compiles the worker finished (tests)."""
         self._lock = threading.Lock()
 
     def compile(self, request: bytes) -> bool:
