@@ -36,7 +36,6 @@ from ._compat import (
     destroy_library,
     disable_dispatch_modes,
     get_tracing_state,
-    is_fake,
     kept_though_unused,
     unaliased,
 )
@@ -48,6 +47,7 @@ from ._libraries import ForwardChecks, forward_checks, owned_by_library
 from ._phases import compiling
 from ._record import RecordedCall
 from .engines import Engine, FunctionTarget
+from .engines._op_contracts import OpContract, TensorMeta, known
 from .errors import TraceError
 
 __all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error"]
@@ -168,11 +168,10 @@ class CompiledCall:
         """Whether the wrapper's engine captures a graph (``Engine.captures_graph``): its
         backward op then serves every call with the recorded call context (NOTE [opaque
         backward])."""
-        self.output_meta = tuple(_Meta.of(o) for o in (*recorded.outputs, *self.info_recorded))
+        self.output_meta = tuple(TensorMeta.of(o) for o in (*recorded.outputs, *self.info_recorded))
         self._fake_present: dict[tuple[bool, ...], tuple[bool, ...]] = {}
         self._library = torch.library.Library("phi_torch_jit", "FRAGMENT")
         self.op_name = self._define_op()
-        self.backward_op = self._define_backward_op()
 
     def _define_op(self) -> str:
         base = re.sub(r"\W", "_", self.function.__name__).strip("_") or "custom"
@@ -180,25 +179,27 @@ class CompiledCall:
         # An op kept though unused is named apart: inductor's on-disk cache keys a graph by its
         # text, and a program compiled where a same-named op could be dropped must not serve.
         name = f"{base}{'_kept' if kept else ''}_{next(_OP_NUMBERS)}"
-        inputs = ", ".join(f"Tensor x{i}" for i in range(self.n_inputs))
-        total = self.n_outputs + self.n_info
-        returns = "Tensor" if total == 1 else f"({', '.join(['Tensor'] * total)})"
         tags = forward_tags(self.forward.mode, bool(self.checks))
-        # CONSERVATIVE: TorchScript's dead-code elimination keeps the call too
-        aliasing = "CONSERVATIVE" if kept else ""
-        self._library.define(f"{name}({inputs}) -> {returns}", alias_analysis=aliasing, tags=tags)
+        self.contract = OpContract(
+            name,
+            self.n_inputs,
+            self.n_outputs,
+            self.output_meta,
+            tuple(tag.name for tag in tags),
+            tuple(tag.name for tag in backward_tags()),
+            kept,
+        )
         # torch's registry is C++ and would keep strong references alive forever: register
         # weak ones, and remove the op when this object is collected (NOTE [custom calls as ops]).
-        self._library.impl(name, _weak(self._impl), "CompositeExplicitAutograd")
-        torch.library.register_autograd(
-            f"phi_torch_jit::{name}",
-            _weak(self._backward),
+        self.op, self.backward_op = self.contract.define(
+            self._library,
+            impl=_weak(self._impl),
+            backward=_weak(self._backward),
             setup_context=_weak(self._setup_context),
-            lib=self._library,
+            backward_impl=_weak(self._backward_impl),
         )
-        torch.library.register_fake(f"phi_torch_jit::{name}", _weak(self._fake), lib=self._library)
         weakref.finalize(self, destroy_library(self._library))
-        self.op = getattr(torch.ops.phi_torch_jit, name).default
+        weakref.finalize(self, known(self.contract, _weak(self._present)))
         if kept:  # its Python or its checks run eagerly whether its outputs are used or not
             weakref.finalize(self, kept_though_unused(self.op))
         if not self.n_info:  # a gradient inside the step runs its backward as traced ops
@@ -217,11 +218,6 @@ class CompiledCall:
     def _backward_context(self) -> Any:
         """The call context of a backward serving every call (NOTE [opaque backward])."""
         return self.recorded_context if self.forward.runs_python else self.static_context
-
-    def _fake(self, *tensors: torch.Tensor) -> Any:
-        """Outputs like the recorded ones, for graph capture (torch.compile's fake tensors)."""
-        outputs = tuple(m.empty() for m in self.output_meta)
-        return outputs[0] if len(outputs) == 1 else outputs
 
     def replay(self, recorded: RecordedCall, args: Sequence[Any]) -> Any:
         """The trace pass's call: record the op in the trace, return the recorded outputs."""
@@ -274,34 +270,33 @@ class CompiledCall:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        outputs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*inputs, *outputs[: self.n_outputs])  # not the solve's values
+        self.contract.save(ctx, inputs, output)
         state = call_state()
         ctx.call_context, state.pending_context = state.pending_context, None
 
     def _backward(self, ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        traced = self.contract.traced_backward(self.backward_op, ctx, grad_outputs, self._present)
+        if traced is not None:  # NOTE [opaque backward]
+            return traced
         saved = ctx.saved_tensors
         grad_outputs = grad_outputs[: self.n_outputs]  # the solve's values get no gradient
         pattern = tuple(bool(n) for n in ctx.needs_input_grad)
-        if any(_is_fake(t) for t in (*saved, *grad_outputs)):  # NOTE [opaque backward]
-            grads = self.backward_op(list(saved), list(grad_outputs), list(pattern))
-            present = self._present(pattern, saved, grad_outputs, ctx.call_context)
-            return tuple(g if keep else None for g, keep in zip(grads, present))
         inputs, outputs = saved[: self.n_inputs], saved[self.n_inputs :]
         return self.backward(pattern, inputs, outputs, grad_outputs, ctx.call_context)
 
     def _present(
         self,
         pattern: tuple[bool, ...],
-        saved: tuple[torch.Tensor, ...],
-        grad_outputs: tuple[torch.Tensor, ...],
-        context: Any,
+        saved: Sequence[TensorMeta],
+        grad_outputs: Sequence[TensorMeta],
     ) -> tuple[bool, ...]:
         """Which inputs get a gradient (not None) for ``pattern``, learnt by running the
-        user's gradient once, as Python, on real zeros shaped like the fake tensors: a graph
-        must know at capture time which gradients are None (NOTE [opaque backward])."""
-        known = self._fake_present.get(pattern)
-        if known is None:
+        user's gradient once, as Python, on real zeros shaped like the traced tensors, with
+        the call context the backward op serves every call with: a graph must know at capture
+        time which gradients are None (NOTE [opaque backward]). Asked by a capture here, or
+        by one in the compile worker (``engines._op_contracts``)."""
+        answer = self._fake_present.get(pattern)
+        if answer is None:
             with disable_dispatch_modes(), no_frame(), torch.no_grad():
                 real = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in saved]
                 ones = [torch.ones(g.shape, dtype=g.dtype, device=g.device) for g in grad_outputs]
@@ -309,33 +304,13 @@ class CompiledCall:
                 outputs = tuple(real[self.n_inputs :])
                 full = iter(pattern)
                 needs = tuple(next(full) if s is TENSOR else False for s in self.template)
-                grads = self.function.gradients(inputs, outputs, tuple(ones), needs, context)
+                grads = self.function.gradients(
+                    inputs, outputs, tuple(ones), needs, self._backward_context
+                )
             tensor_grads = [g for g, slot in zip(grads, self.template) if slot is TENSOR]
-            known = tuple(need and g is not None for g, need in zip(tensor_grads, pattern))
-            self._fake_present[pattern] = known
-        return known
-
-    def _define_backward_op(self) -> Any:
-        """The backward as an op of its own, ``<name>_bwd(saved, grad_outputs, pattern)``.
-
-        Graph capture (torch.compile's AOTAutograd) traces the autograd formula with fake
-        tensors, but a :class:`LazyBackward` compiles on real ones: the captured graph calls
-        this op instead, which runs the lazy backward on the real tensors when the graph runs.
-        Gradients the backward leaves None come back as zeros (an op returns tensors only);
-        the autograd formula drops them again (:meth:`_present`).
-        Defined with the forward op: code that torch.compile cached on disk may call it
-        without tracing the formula again. See NOTE [opaque backward].
-        """
-        name = f"{self.op_name}_bwd"
-        self._library.define(
-            f"{name}(Tensor[] saved, Tensor[] grad_outputs, bool[] pattern) -> Tensor[]",
-            tags=backward_tags(),
-        )
-        self._library.impl(name, _weak(self._backward_impl), "CompositeExplicitAutograd")
-        torch.library.register_fake(
-            f"phi_torch_jit::{name}", _weak(self._backward_fake), lib=self._library
-        )
-        return getattr(torch.ops.phi_torch_jit, name).default
+            answer = tuple(need and g is not None for g, need in zip(tensor_grads, pattern))
+            self._fake_present[pattern] = answer
+        return answer
 
     def _backward_impl(
         self, saved: list[torch.Tensor], grad_outputs: list[torch.Tensor], pattern: list[bool]
@@ -345,35 +320,8 @@ class CompiledCall:
         kept = unaliased(grads, (*saved, *grad_outputs))
         return [torch.zeros_like(x) if g is None else g for g, x in zip(kept, inputs)]
 
-    def _backward_fake(
-        self, saved: list[torch.Tensor], grad_outputs: list[torch.Tensor], pattern: list[bool]
-    ) -> list[torch.Tensor]:
-        return [torch.empty_like(x) for x in saved[: self.n_inputs]]
-
     def __repr__(self) -> str:
         return f"<compiled call phi_torch_jit::{self.op_name} of {self.function.label}>"
-
-
-@dataclass(frozen=True)
-class _Meta:
-    """Shape, strides, dtype and device of a recorded output (not the tensor: it is freed)."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> _Meta:
-        return cls(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device)
-
-    def empty(self) -> torch.Tensor:
-        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
-
-
-def _is_fake(tensor: Any) -> bool:
-    """Whether autograd is being traced by graph capture (fake or functional tensors)."""
-    return isinstance(tensor, torch.Tensor) and is_fake(tensor)
 
 
 class NestedCalls:

@@ -120,6 +120,47 @@ def test_engine_auto_says_its_program_was_compiled_in_the_worker(cache_dir: Path
     torch.testing.assert_close(jitted(u), heat(u)[0] * 2)
 
 
+def _scaled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * w
+
+
+SCALED = ptj.custom_gradient(_scaled, lambda i, o, g: (g[0] * i[1], None), name="scaled")
+"""A custom function whose second input gets no gradient (None)."""
+
+
+@pytest.mark.slow
+def test_a_graph_calling_a_custom_functions_op_compiles_in_the_worker(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker defines the op as a stand-in from its contract and asks this process which
+    gradients are present; the program loaded here computes eager's values and gradients."""
+    asked: list[tuple[Any, ...]] = []
+    answer = _compile_process._answer
+    monkeypatch.setattr(
+        _compile_process, "_answer", lambda *question: asked.append(question) or answer(*question)
+    )
+
+    def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = SCALED(torch.sin(x), w)
+        return (y * y).sum()
+
+    x = torch.randn(32, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(32, dtype=torch.float64)
+    jitted = ptj.jit(step, engine="auto", fallback="off")
+    for _ in range(3):
+        jitted(x, w)
+    misses = _inductor_counter("fxgraph_cache_miss")
+    assert jitted.wait_compiled(300), jitted.explain()
+    program = program_of(jitted)
+    assert program.tier == "inductor" and program.in_worker, jitted.explain()
+    assert "phi_torch_jit.scaled_" in program.target.graph.code
+    assert _inductor_counter("fxgraph_cache_miss") == misses  # loaded here, not compiled
+    assert [question[1] for question in asked] == [(True, False)]
+    (grad,) = torch.autograd.grad(jitted(x, w), [x])
+    (expected,) = torch.autograd.grad(step(x, w), [x])
+    torch.testing.assert_close(grad, expected)
+
+
 def _registered_op() -> Any:
     library = torch.library.Library("ptj_test_process", "FRAGMENT")
     library.define("twice(Tensor x) -> Tensor")
@@ -131,11 +172,11 @@ def _registered_op() -> Any:
 _LIBRARY = _registered_op()
 
 
-def test_only_inductor_compiles_of_cpu_graphs_of_torchs_own_ops_go_to_the_worker(
+def test_only_inductor_compiles_of_cpu_graphs_of_torchs_and_our_ops_go_to_the_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A graph calling another op (ours, a library's) needs that op registered, which only the
-    caller's process has; other backends keep nothing on disk to load; the switch is off."""
+    """A graph calling a library's op needs that op registered, which only the caller's
+    process has; other backends keep nothing on disk to load; the switch is off."""
     asked: list[bytes] = []
     monkeypatch.setattr(_compile_process._WORKER, "compile", lambda request: asked.append(request))
     u = torch.randn(8)

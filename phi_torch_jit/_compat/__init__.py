@@ -80,7 +80,6 @@ from ._inductor import (
     inductor_cache_dir,
     inductor_caches_on,
     mode_options,
-    only_torchs_ops,
     process_compile_settings,
 )
 from ._inductor import inductor_has_setting as inductor_has_setting
@@ -129,7 +128,6 @@ from ._version import TESTED_TORCH, TORCHSCRIPT_NOTICE, VALUE_OUT_OF_GRAPH
 __all__ = [
     "backward_compiled_with_forward",
     "mode_options",
-    "only_torchs_ops",
     "process_compile_settings",
     "TESTED_TORCH",
     "TracerWarning",

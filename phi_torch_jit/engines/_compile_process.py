@@ -18,13 +18,15 @@ caches (0.2-1 s) instead of the compile. The graph travels node for node
 not the original: inductor's cache keys hash the module, and both processes then compile the
 same one.
 
-Sent there only: inductor compiles of CPU graphs of torch's own ops (a graph calling our
-``phi_torch_jit::`` ops or a library's needs those ops registered, which only the caller's
-process has), inductor's caches on, not known to be in them already (a warm start loads at
-once), on POSIX systems, and not with ``PHI_TORCH_JIT_COMPILE_PROCESS=0``. Anything that
-goes wrong there (a graph that does not pickle, a worker that cannot start or dies, a compile
-that fails) only means the compile thread compiles in-process, as without a worker; at
-interpreter exit the worker is stopped and nothing compiles in-process any more.
+Sent there only: inductor compiles of CPU graphs of torch's own ops and of our custom functions'
+ops (a library's ops would need registering there; ours are defined there as stand-ins from
+their contracts, ``_op_contracts``, and the compile asks this process the one thing only the
+user's code can say: which gradients are None), inductor's caches on, not known to be in them
+already (a warm start loads at once), on POSIX systems, and not with
+``PHI_TORCH_JIT_COMPILE_PROCESS=0``. Anything that goes wrong there (a graph that does not
+pickle, a worker that cannot start or dies, a compile that fails) only means the compile thread
+compiles in-process, as without a worker; at interpreter exit the worker is stopped and nothing
+compiles in-process any more.
 
 The worker starts when the first program whose compile goes there gets its fast tier
 (:func:`start_worker_for`; importing torch and inductor takes 3-5 s, while the caller goes
@@ -52,10 +54,10 @@ import torch
 from .._compat import (
     inductor_cache_dir,
     inductor_caches_on,
-    only_torchs_ops,
     process_compile_settings,
 )
 from ._graph_pickle import graph_bytes, graph_from
+from ._op_contracts import contracts_in, present
 from ._warm_starts import CompileTarget, remembered
 
 __all__ = [
@@ -88,6 +90,7 @@ def compile_ahead(target: CompileTarget) -> bool:
     if not _ours(target):
         return False
     known = remembered(target)  # its fingerprint is the original graph's, kept on the target
+    ops = contracts_in(target.graph)
     try:
         graph = graph_bytes(target.graph)
         as_sent = graph_from(graph)
@@ -98,6 +101,7 @@ def compile_ahead(target: CompileTarget) -> bool:
                 "settings": process_compile_settings(),
                 "cache_dir": inductor_cache_dir(),
                 "threads": torch.get_num_threads(),  # inductor's CPU kernels are made for it
+                "ops": ops,
             },
             protocol=pickle.HIGHEST_PROTOCOL,
         )
@@ -130,7 +134,17 @@ def _ours(target: CompileTarget) -> bool:
         return False
     if any(torch.device(meta[3]).type != "cpu" for meta in target.metas):
         return False
-    return only_torchs_ops(target.graph)  # a graph calling modules does not pickle either
+    # a graph calling modules does not pickle; one calling a library's ops needs them defined
+    return contracts_in(target.graph) is not None
+
+
+def _answer(name: str, *question: Any) -> dict[str, Any]:
+    """The worker's question about the op ``name`` (which gradients are present), answered
+    by the op of this process; an error (the worker's compile fails then) if it cannot be."""
+    try:
+        return {"present": present(name, *question)}
+    except Exception as error:  # the op is gone, or the user's gradient raised: compile here
+        return {"error": f"{type(error).__name__}: {error}"}
 
 
 def _without_graph(target: CompileTarget) -> Any:
@@ -211,13 +225,18 @@ class _Worker:
 
     @staticmethod
     def _exchange(process: subprocess.Popen[bytes], request: bytes) -> dict[str, Any] | None:
-        """Send one request and wait for its reply; None if the worker ended meanwhile."""
+        """Send one request and wait for its reply, answering the compile's questions about
+        our ops meanwhile; None if the worker ended."""
         assert process.stdin is not None and process.stdout is not None
         try:
-            process.stdin.write(len(request).to_bytes(8, "little"))
-            process.stdin.write(request)
-            process.stdin.flush()
-            reply = pickle.load(process.stdout)
+            while True:
+                process.stdin.write(len(request).to_bytes(8, "little"))
+                process.stdin.write(request)
+                process.stdin.flush()
+                reply = pickle.load(process.stdout)
+                if not isinstance(reply, dict) or "ask" not in reply:
+                    break
+                request = pickle.dumps(_answer(*reply["ask"]), protocol=pickle.HIGHEST_PROTOCOL)
         except (OSError, EOFError, pickle.UnpicklingError) as error:
             _logger.debug("phi_torch_jit: the compile worker ended: %s", error)
             return None

@@ -1,13 +1,17 @@
 """The worker process of :mod:`._compile_process`: compiles captured graphs into inductor's
 on-disk caches for the process that started it.
 
-Started as ``python -c`` by that process, with its ``sys.path`` (JSON) as an argument.
-Each request is a length (8 bytes, little-endian) and a pickled dict: ``target`` (a
-``Compilable``), ``settings`` (inductor's and AOTAutograd's, from
-``_compat.process_compile_settings``), ``cache_dir`` (inductor's cache directory there) and
-``threads`` (torch's intra-op threads there: inductor's CPU kernels are generated for them).
-Each reply, on stdout, is a pickled dict: ``error`` None, or why the compile failed. The
-compiled program itself stays here: only inductor's caches carry it back.
+Started as ``python -c`` by that process, with its ``sys.path`` (JSON) as an argument. Each
+request is a length (8 bytes, little-endian) and a pickled dict: ``target`` (a ``Compilable``),
+``settings`` (inductor's and AOTAutograd's, from ``_compat.process_compile_settings``),
+``cache_dir`` (inductor's cache directory there), ``threads`` (torch's intra-op threads there:
+inductor's CPU kernels are generated for them), ``ops`` (the contracts of the custom-function
+ops the graph calls, ``_op_contracts``: defined here as stand-ins) and the graph. Each reply, on
+stdout, is a pickled dict: ``error`` None, or why the compile failed. Before it, a compile may
+ask the caller which gradients of one of its ops are present: ``{"ask": (name, pattern, saved,
+grad_outputs)}``, answered on stdin (length-prefixed like a request) by ``{"present": ...}`` or
+``{"error": ...}``. The compiled program itself stays here: only inductor's caches carry it
+back.
 
 Stdin and stdout carry nothing else: the process's own file descriptors 0 and 1 are pointed
 elsewhere at start (inductor's C++ compiler writes to them). It ends when its stdin closes
@@ -50,8 +54,31 @@ def serve(idle_exit_s: float) -> None:
         request = _read(requests)
         if request is None:
             return
-        pickle.dump({"error": _compile(request)}, replies)
-        replies.flush()
+        _send(replies, {"error": _compile(request, _Asking(requests, replies))})
+
+
+def _send(stream: BinaryIO, message: dict[str, Any]) -> None:
+    pickle.dump(message, stream)
+    stream.flush()
+
+
+class _Asking:
+    """Asks the caller a compile's question about one of its ops (which gradients of a
+    custom function are present, ``_op_contracts``) while the compile waits."""
+
+    def __init__(self, requests: BinaryIO, replies: BinaryIO) -> None:
+        self.requests = requests
+        self.replies = replies
+
+    def __call__(self, name: str, *question: Any) -> tuple[bool, ...]:
+        _send(self.replies, {"ask": (name, *question)})
+        answer = _read(self.requests)
+        if answer is None:
+            raise EOFError("the caller's process ended")
+        reply: dict[str, Any] = pickle.loads(answer)
+        if reply.get("error") is not None:
+            raise RuntimeError(f"the caller could not answer for the op {name}: {reply['error']}")
+        return tuple(reply["present"])
 
 
 def _read(stream: BinaryIO) -> bytes | None:
@@ -70,15 +97,17 @@ def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _compile(pickled: bytes) -> str | None:
+def _compile(pickled: bytes, ask: _Asking) -> str | None:
     """Compile one request's target into the caches; None, or why it failed."""
     try:
         import torch
 
         from .._compat import adopt_compile_settings
         from ._graph_pickle import graph_from
+        from ._op_contracts import stand_ins
 
         request: dict[str, Any] = pickle.loads(pickled)
+        stand_ins(request.get("ops", ()), ask)  # before the graph: its nodes name them
         target = request["target"]
         target.graph = graph_from(request["graph"])
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request["cache_dir"]

@@ -8,7 +8,7 @@ or with ``torchscript=True`` ``torchscript-graph`` (a TorchScript trace of the c
 faithful: no user Python is in it) where TorchScript works and the graph only calls ops.
 
 Meanwhile the backend (inductor by default) compiles the same graph on a background thread
-(``engines/_background.py``; a cold inductor compile of a graph of torch's own ops runs in a
+(``engines/_background.py``; a cold inductor compile of a graph of torch's ops and ours runs in a
 worker process and is then loaded, ``engines/_compile_process.py``), called on the graph
 directly: no dynamo, no run of the program, the backward compiled with the forward. When it is
 ready, one attribute assignment switches the specialization to it, so a call runs entirely on
