@@ -190,7 +190,7 @@ def contracts_in(graph: torch.fx.GraphModule) -> list[OpContract] | None:
         if namespace != NAMESPACE:
             return None
         with _KNOWN_LOCK:
-            entry = _KNOWN.get(node.target._schema.name.partition("::")[2])
+            entry = _KNOWN.get(node.target.name().partition("::")[2].partition(".")[0])
         if entry is None:
             return None
         found[entry[0].name] = entry[0]
