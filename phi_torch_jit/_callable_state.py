@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["PRIMITIVES", "NOT_STATEFUL", "plain_attributes"]
+from ._reads._records import enum_attributes
+
+__all__ = ["PRIMITIVES", "NOT_STATEFUL", "plain_attributes", "enum_key"]
 
 PRIMITIVES = frozenset(
     {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout}
@@ -43,6 +45,16 @@ def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
             type(value) is list and len(value) <= 64 and all(map(_plain, value))
         ):  # by repr(): 2 and 2.0, -0.0 and 0.0, 1 and True are == alike
             keyed.append((name, repr(value)))
+    return tuple(keyed)
+
+
+def enum_key(member: enum.Enum) -> tuple[tuple[str, Any], ...]:
+    """(name, key) of an enum member's own attributes (:func:`enum_attributes`): plain values
+    by ``repr()``, others by identity (what they hold is guarded where the step reads it)."""
+    keyed = []
+    for name in enum_attributes(member):
+        value = getattr(member, name)
+        keyed.append((name, repr(value) if _plain(value) else ("object", id(value))))
     return tuple(keyed)
 
 

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._callable_state import NOT_STATEFUL, PRIMITIVES, plain_attributes
+from ._callable_state import NOT_STATEFUL, PRIMITIVES, enum_key, plain_attributes
 from .errors import OutputError, SignatureError
 from .extend import value_type_of
 
@@ -89,8 +89,10 @@ class _Unsupported(Exception):
 
 def _static_leaf(obj: Any) -> Spec:
     cls = type(obj)
-    if cls in PRIMITIVES or isinstance(obj, enum.Enum):
+    if cls in PRIMITIVES:
         return ("S", cls, obj)
+    if isinstance(obj, enum.Enum):  # the member, and the attributes it holds (``.factor``)
+        return ("S", cls, obj, enum_key(obj))
     if cls.__hash__ is None:
         raise _Unsupported(obj, f"unhashable static value of type {cls.__qualname__}")
     hash_impl: object = cls.__hash__

@@ -334,6 +334,27 @@ def test_small_numpy_arrays_are_guarded_by_content() -> None:
     assert jitted.num_traces == 2
 
 
+BIG_TABLE = np.ones(5000, dtype=np.float32)
+
+
+def _big_lookup(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.from_numpy(BIG_TABLE)[: x.shape[0]]
+
+
+@pytest.mark.filterwarnings("ignore:torch.from_numpy results are registered as constants")
+def test_a_big_numpy_array_guarded_by_identity_only_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over 4096 elements an array is not compared at every call: a change in place is not
+    seen, and the trace says so (logged, and listed by explain()), never silently."""
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        jitted = ptj.jit(_big_lookup)
+        assert torch.equal(jitted(torch.ones(3)), _big_lookup(torch.ones(3)))
+    assert any("reads global BIG_TABLE (at " in r.message and "5000 elements" in r.message
+               for r in caplog.records)  # fmt: skip
+    assert re.search(r"not guarded: 5000 elements", jitted.explain())
+
+
 class Masked(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -525,6 +525,51 @@ def test_enum_values_context_variables_thread_locals_and_weak_proxies_are_guarde
     assert jitted.num_traces == 6
 
 
+class Material(enum.Enum):
+    """Members with attributes of their own: set by ``__init__``, and one set later."""
+
+    STEEL = (1, 2.0)
+
+    def __init__(self, code: int, stiffness: float) -> None:
+        self.stiffness = stiffness
+
+
+Material.STEEL.damping = 0.5  # type: ignore[attr-defined]
+
+
+def _material(x: torch.Tensor) -> torch.Tensor:
+    return x * Material.STEEL.stiffness + Material.STEEL.damping  # type: ignore[attr-defined]
+
+
+def test_the_attributes_an_enum_member_holds_are_guarded() -> None:
+    """A member was compared as one object, by identity: an attribute changed on it kept the
+    traced value. Its attributes are state like any object's."""
+    jitted = ptj.jit(_material)
+    changes = [lambda: setattr(Material.STEEL, "stiffness", 3.0),
+               lambda: setattr(Material.STEEL, "damping", -1.0)]  # fmt: skip
+    try:
+        _like_eager(jitted, _material, (torch.ones(2),), changes)
+    finally:
+        Material.STEEL.stiffness = 2.0
+        Material.STEEL.damping = 0.5  # type: ignore[attr-defined]
+    assert jitted.num_traces == 3
+
+
+def test_an_enum_member_argument_is_keyed_by_the_attributes_it_holds() -> None:
+    def step(x: torch.Tensor, material: Material) -> torch.Tensor:
+        return x * material.stiffness
+
+    jitted = ptj.jit(step)
+    x = torch.ones(2)
+    try:
+        _like_eager(
+            jitted, step, (x, Material.STEEL), [lambda: setattr(Material.STEEL, "stiffness", 4.0)]
+        )
+    finally:
+        Material.STEEL.stiffness = 2.0
+    assert jitted.num_traces == 2
+
+
 def test_a_context_variable_read_under_each_calls_own_context_is_that_contexts_value() -> None:
     jitted = ptj.jit(_scoped)
     x = torch.ones(2)

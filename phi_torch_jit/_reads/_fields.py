@@ -25,7 +25,7 @@ from torch import nn
 
 from .._signature import NAMESPACES
 from ._code_walk import callbacks_held, user_class
-from ._records import LENGTH, LISTED, Step
+from ._records import LENGTH, LISTED, Step, enum_attributes
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
            "VIEWS", "shows_content"]  # fmt: skip
@@ -83,8 +83,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [(Step(True, "registry"), LENGTH)] if isinstance(registry, Mapping) else []
     if isinstance(value, nn.Module):
         return []  # the module guard
-    if isinstance(value, enum.Enum):  # a member whose value holds a list (immutable ones
-        return [Step(True, "value")]  # are compared by value)
+    if isinstance(value, enum.Enum):  # a member whose value holds a list, or with attributes
+        return [Step(True, "value"), *(Step(True, n) for n in enum_attributes(value))]
     if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context
         return [Step(True, "get", call=True)]
     if isinstance(value, weakref.ref):  # the object it refers to (None once that is gone)

@@ -122,6 +122,15 @@ def _kind(value: Any) -> Kind | None:
     return Kind.IDENTITY
 
 
+def _big_array(value: Any) -> bool:
+    """A NumPy-like array of numbers too big to compare at every call (by identity only)."""
+    return (
+        has_attribute(value, "__array_interface__")
+        and getattr(value, "size", 0) > _MAX_ARRAY
+        and not getattr(getattr(value, "dtype", None), "hasobject", True)
+    )
+
+
 def _add_chains(
     reads: dict[Any, Read], key: Any, source: Source, chains: set[tuple[Step, ...]]
 ) -> None:
@@ -372,6 +381,10 @@ def _add(
         for module in value.modules():
             _add_attributes(reads, module)
     if kind is not Kind.IDENTITY:
+        return
+    if _big_array(value):  # say so (explain): its content is not compared at every call
+        where = f"{value.size} elements (arrays of up to {_MAX_ARRAY} are compared)"
+        reads[key] = replace(reads[key], unguarded=where)
         return
     level = depth(source.path)
     first = next((d for t, d in lineage if t is type(value)), None)

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 __all__ = ["Kind", "Source", "Step", "LENGTH", "LISTED", "canonical", "Read", "GONE",
-           "PRIMITIVES", "same_value", "immutable", "tensor_meta", "array_copy",
-           "same_array"]  # fmt: skip
+           "PRIMITIVES", "same_value", "immutable", "enum_attributes", "tensor_meta",
+           "array_copy", "same_array"]  # fmt: skip
 
 PRIMITIVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 """Values guarded by value."""
@@ -290,13 +290,27 @@ def tensor_meta(value: Any) -> Any:
     return (tuple(value.shape), value.dtype, value.device, value.requires_grad)
 
 
+_ENUM_OWN = frozenset({"_value_", "_name_", "_sort_order_"})
+
+
+def enum_attributes(member: enum.Enum) -> list[str]:
+    """The attributes an enum member holds beyond its value and name: set by the class's
+    ``__init__`` or later (``Mode.A.factor = 2.0``), state like any object's."""
+    return [
+        name
+        for name in getattr(member, "__dict__", {})
+        if name not in _ENUM_OWN and name.isidentifier()
+        and not (name.startswith("__") and name.endswith("__"))
+    ]  # fmt: skip
+
+
 def immutable(value: Any) -> bool:
     """Whether a value can be guarded by value: numbers, strings, None, enums, dtypes,
     devices, and tuples or frozensets of these."""
     if isinstance(value, PRIMITIVES):
         return True
-    if isinstance(value, enum.Enum):  # a member is one object, but its value may hold a list
-        return immutable(value.value)
+    if isinstance(value, enum.Enum):  # a member is one object, but its value may hold a list,
+        return immutable(value.value) and not enum_attributes(value)  # and it may hold state
     if type(value) in (tuple, frozenset):
         return all(immutable(v) for v in value)
     return False
