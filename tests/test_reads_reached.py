@@ -1027,6 +1027,21 @@ def test_code_of_yours_held_by_a_librarys_object_is_walked(
     assert jitted.num_traces == 3
 
 
+def test_tensors_held_by_a_librarys_object_are_read_at_every_call() -> None:
+    """``torch.distributions.Normal(loc, scale)`` keeps its tensors as attributes of a
+    library's object, which is guarded by identity: they were constants of the program, and a
+    change in place, or another tensor put there, kept the traced values."""
+    normal = torch.distributions.Normal(torch.tensor(0.0), torch.tensor(1.0))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return normal.log_prob(x)
+
+    jitted = ptj.jit(step)
+    changes = [lambda: normal.loc.fill_(2.0), lambda: setattr(normal, "loc", torch.tensor(-3.0)),
+               lambda: normal.scale.mul_(4.0)]  # fmt: skip
+    _like_eager(jitted, step, (torch.arange(4.0),), changes)
+
+
 WARMUP = 0.5
 
 

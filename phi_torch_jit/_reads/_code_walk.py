@@ -19,6 +19,7 @@ import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from .._sources import is_user_file
@@ -370,6 +371,16 @@ def callbacks_held(obj: Any) -> dict[str, Any]:
         if any(_users_code(item) for item in items):
             found[name] = value
     return found
+
+
+def tensors_held(obj: Any) -> list[str]:
+    """The attributes of a library's object that hold tensors (``Normal(loc, scale).loc``),
+    by name; the first 64 attributes are looked at."""
+    try:
+        namespace = vars(obj)
+    except TypeError:  # no __dict__ (slots, builtins)
+        return []
+    return [n for n, v in list(namespace.items())[:64] if isinstance(v, torch.Tensor)]
 
 
 def _users_code(value: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 from torch import nn
 
 from .._signature import NAMESPACES
-from ._code_walk import callbacks_held, user_class
+from ._code_walk import callbacks_held, tensors_held, user_class
 from ._records import LENGTH, LISTED, Step, enum_attributes
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
@@ -94,8 +94,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value)]
     klass = _class_of(value)
     plain = _bag(klass) or user_class(klass)  # a library's objects: by identity, and the
-    if not plain:  # code of yours they hold (``integrator.rhs = my_rhs``)
-        return [Step(True, n) for n in callbacks_held(value)]
+    if not plain:  # code of yours they hold (``integrator.rhs = my_rhs``), and tensors
+        return [Step(True, n) for n in (*callbacks_held(value), *tensors_held(value))]
     if has_attribute(value, "__dict__"):
         names = [n for n in vars(value) if n.isidentifier() and not _dunder(n)]
     else:  # a class with __slots__ (a dataclass with slots=True): its set slots
