@@ -203,6 +203,34 @@ def test_the_vector_instruction_probe_runs_once_per_machine(
         assert _vec_isa.vec_isa_settings() == {}
 
 
+def test_inductors_further_probes_are_kept_per_machine(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AVX-512's BF16 and VNNI checks (``VecISA.check_build``) were built and loaded in a
+    child Python in every process: each answer is kept, keyed by the program and the set."""
+    from torch._inductor.cpu_vec_isa import VecAVX2, VecISA
+
+    built: list[str] = []
+
+    def check_build(isa: Any, code: str) -> bool:  # inductor's, as a stand-in
+        built.append(code)
+        return code != "int fails;"
+
+    monkeypatch.setattr(VecISA, "check_build", check_build)
+    _vec_isa._keep_builds()
+    isa = VecAVX2()
+    assert isa.check_build("int a;") and not isa.check_build("int fails;")
+    assert isa.check_build("int a;") and built == ["int a;", "int fails;"]
+    monkeypatch.setattr(_vec_isa, "_BUILDS", {})  # a new process: the record answers
+    assert isa.check_build("int a;") and not isa.check_build("int fails;")
+    assert built == ["int a;", "int fails;"]
+    assert isa.check_build("int b;") and built[-1] == "int b;"  # another program: built
+    (record,) = (cache_dir / "phi_torch_jit").glob("vec_isa_builds-*.json")
+    record.write_text("not json")  # unreadable: built again
+    monkeypatch.setattr(_vec_isa, "_BUILDS", {})
+    assert isa.check_build("int a;") and built[-1] == "int a;"
+
+
 def _vec_isa_applies() -> bool:
     import platform
     import sys

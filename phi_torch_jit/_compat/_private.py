@@ -320,6 +320,12 @@ VEC_ISA_LIST = _api(
     "(about a second): probed once per machine, and the answer kept (no public API)",
     "_compat._vec_isa",
 )
+VEC_ISA = _api(
+    "torch._inductor.cpu_vec_isa.VecISA",
+    "its check_build builds and loads a probe program (AVX-512 BF16, VNNI, AMX) in every "
+    "process: the answers are kept per machine (no public API)",
+    "_compat._vec_isa",
+)
 INDUCTOR_CACHE_DIR = _api(
     "torch._inductor.runtime.cache_dir_utils.cache_dir",
     "inductor's cache directory (TORCHINDUCTOR_CACHE_DIR or its default), where the probe's "
@@ -386,6 +392,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     EAGER_FUNCTIONS,
     PYTREE,
     CPP_BUILD,
+    VEC_ISA,
     VEC_ISA_LIST,
     INDUCTOR_CACHE_DIR,
     INDUCTOR_CONFIG_SAVE,

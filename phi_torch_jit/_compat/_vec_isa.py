@@ -10,6 +10,12 @@ directory, keyed by those. Where every claimed set built and loaded, later compi
 inductor's ``cpp.vec_isa_ok`` set, which skips the probe and picks the same sets; where one
 failed, nothing is set and inductor probes in every process, as it does without us.
 
+The set inductor picks is then probed further in every process: whether AVX-512's BF16 and
+VNNI extensions (or AMX) build, each a small C++ program built once and loaded in a child
+Python every time (0.28 s of a 0.73 s warm load, bench-peers (a)). Their answers depend on
+the same things and on the program's code: :func:`_keep_builds` keeps each per machine too,
+in a second record beside the first (``VecISA.check_build``, a private API).
+
 ``cpp.vec_isa_ok`` is one of the settings inductor's cache keys hash: compiles get it from the
 first one on (the probe runs before it), so every process of a machine compiles with the same
 settings and finds the programs earlier ones cached.
@@ -30,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ._private import INDUCTOR_CACHE_DIR, VEC_ISA_LIST
+from ._private import INDUCTOR_CACHE_DIR, VEC_ISA, VEC_ISA_LIST
 
 __all__ = ["vec_isa_settings", "VEC_ISA_SETTING"]
 
@@ -59,6 +65,7 @@ def vec_isa_settings() -> dict[str, Any]:
     except OSError:  # no cache directory can be made: inductor probes, as without us
         return {}
     path = folder / f"vec_isa-{_fingerprint()}.json"
+    _keep_builds()
     with _LOCK:
         known = _KNOWN.get(str(path))
         if known is None:
@@ -68,6 +75,57 @@ def vec_isa_settings() -> dict[str, Any]:
             _write(path, known)
         _KNOWN[str(path)] = known
     return {VEC_ISA_SETTING: True} if known else {}
+
+
+_BUILDS: dict[str, dict[str, bool]] = {}
+"""Record path -> (probe key -> whether it built and loaded), for this process."""
+_BUILDS_LOCK = threading.Lock()
+
+
+def _keep_builds() -> None:
+    """Make inductor's ``VecISA.check_build(code)`` answer from this machine's record of
+    builds (in the cache directory of the moment) where it has one (wrapped once per
+    process); a new answer is added to the record."""
+    with _BUILDS_LOCK:
+        isa_class = VEC_ISA.find()
+        check = isa_class.check_build
+        if getattr(check, "_phi_torch_jit_kept", False):
+            return
+
+        def kept(isa: Any, code: str) -> bool:
+            try:
+                folder = Path(INDUCTOR_CACHE_DIR.find()()) / "phi_torch_jit"
+            except OSError:  # no cache directory: inductor's own check, as without us
+                return bool(check(isa, code))
+            path = folder / f"vec_isa_builds-{_fingerprint()}.json"
+            key = hashlib.sha256(
+                repr((type(isa).__qualname__, str(isa), isa.build_arch_flags(), code)).encode()
+            ).hexdigest()[:24]
+            with _BUILDS_LOCK:
+                record = _BUILDS.get(str(path))
+                if record is None:
+                    record = _BUILDS[str(path)] = _read_builds(path)
+                known = record.get(key)
+            if known is None:
+                known = bool(check(isa, code))
+                with _BUILDS_LOCK:
+                    record[key] = known
+                    _write_record(path, dict(record))
+            return known
+
+        kept._phi_torch_jit_kept = True  # type: ignore[attr-defined]
+        kept.__wrapped__ = check  # type: ignore[attr-defined]
+        isa_class.check_build = kept
+
+
+def _read_builds(path: Path) -> dict[str, bool]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {k: v for k, v in record.items() if isinstance(k, str) and isinstance(v, bool)}
 
 
 def _probe() -> bool:
@@ -97,12 +155,16 @@ def _read(path: Path) -> bool | None:
 
 
 def _write(path: Path, all_built: bool) -> None:
-    """Write the record atomically (processes may probe at once: the last write wins, and both
-    wrote the same answer); a cache directory that cannot be written only costs the probe."""
+    _write_record(path, {"all_built": all_built})
+
+
+def _write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write a record atomically (processes may probe at once: the last write wins, and both
+    wrote the same answers); a cache directory that cannot be written only costs the probe."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        partial.write_text(json.dumps({"all_built": all_built}))
+        partial.write_text(json.dumps(record))
         os.replace(partial, path)
     except OSError as error:
         _logger.debug("phi_torch_jit: could not keep the vector instruction probe: %s", error)
