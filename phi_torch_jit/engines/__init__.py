@@ -11,10 +11,10 @@ An engine turns two kinds of targets into callables:
   forward replays the user function on flat tensors.
 
 Engines are registered by name (:func:`register_engine`) and looked up with
-:func:`get_engine`; those are the only ways to reach the registry. Built in:
-``"torchscript"`` (default), ``"compile"`` (torch.compile, any backend) and
-``"eager"`` (nothing compiled) and ``"auto"`` (the captured graph at once, the backend's
-compile of it from a background thread when ready).
+:func:`get_engine`; those are the only ways to reach the registry. Built in: ``"auto"`` (the
+default: the captured graph at once, the backend's compile of it from a background thread
+when ready; no TorchScript), ``"compile"`` (torch.compile's backends, any of them),
+``"eager"`` (nothing compiled) and ``"torchscript"`` (legacy: TorchScript is deprecated).
 """
 
 from __future__ import annotations
