@@ -113,22 +113,21 @@ def _kind(value: Any) -> Kind | None:
         return Kind.VALUE
     if plain_container(value):
         return Kind.CONTENT
-    if (
-        has_attribute(value, "__array_interface__")
-        and getattr(value, "size", _MAX_ARRAY + 1) <= _MAX_ARRAY
-        and not value.dtype.hasobject  # objects: by identity, each walked (fields)
-    ):
+    if _numbers_array(value) and getattr(value, "size", _MAX_ARRAY + 1) <= _MAX_ARRAY:
         return Kind.ARRAY
     return Kind.IDENTITY
 
 
-def _big_array(value: Any) -> bool:
-    """A NumPy-like array of numbers too big to compare at every call (by identity only)."""
-    return (
-        has_attribute(value, "__array_interface__")
-        and getattr(value, "size", 0) > _MAX_ARRAY
-        and not getattr(getattr(value, "dtype", None), "hasobject", True)
+def _numbers_array(value: Any) -> bool:
+    """A NumPy-like array of numbers (one of objects is by identity, each walked: fields)."""
+    return has_attribute(value, "__array_interface__") and not getattr(
+        getattr(value, "dtype", None), "hasobject", True
     )
+
+
+def _big_array(value: Any) -> bool:
+    """An array of numbers too big to compare at every call (by identity only)."""
+    return _numbers_array(value) and getattr(value, "size", 0) > _MAX_ARRAY
 
 
 def _add_chains(

@@ -51,11 +51,7 @@ from typing import Any
 
 import torch
 
-from .._compat import (
-    inductor_cache_dir,
-    inductor_caches_on,
-    process_compile_settings,
-)
+from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
 from ._graph_pickle import graph_bytes, graph_from
 from ._op_contracts import contracts_in, present
 from ._warm_starts import CompileTarget, remembered
@@ -134,7 +130,7 @@ def _ours(target: CompileTarget) -> bool:
         return False
     if any(torch.device(meta[3]).type != "cpu" for meta in target.metas):
         return False
-    # a graph calling modules does not pickle; one calling a library's ops needs them defined
+    # a graph calling modules is not sent; one calling a library's ops needs them defined
     return contracts_in(target.graph) is not None
 
 

@@ -179,9 +179,12 @@ def known(contract: OpContract, present: Present) -> Callable[[], None]:
 
 def contracts_in(graph: torch.fx.GraphModule) -> list[OpContract] | None:
     """The contracts of the custom-function ops ``graph`` calls (each once), or None when it
-    calls another op that is not torch's own (a library's), or one of ours no longer known."""
+    calls another op that is not torch's own (a library's), one of ours no longer known, or
+    a module or method (such a graph is not sent node for node)."""
     found: dict[str, OpContract] = {}
     for node in graph.graph.nodes:
+        if node.op in ("call_module", "call_method"):
+            return None
         if node.op != "call_function":
             continue
         namespace = getattr(node.target, "namespace", "aten")
