@@ -80,7 +80,7 @@ def test_a_remembered_program_is_loaded_after_the_first_call_and_serves_the_seco
     if remembered:  # queued by the first call, awaited by the second, which it served
         assert backend.compiles == 1 and backend.calls == 1
         assert program.tier == "counting" and program.switched_after_calls == 0
-        assert "loaded from inductor's caches" in jitted.explain()
+        assert "expected in inductor's caches (a warm start)" in jitted.explain()
     else:  # the fast tier served it; the compile is queued at the next call, as before
         assert backend.compiles == 0 and backend.calls == 0
         assert program.tier == "straight-line"
@@ -177,6 +177,41 @@ def test_a_second_jit_of_the_same_step_is_served_by_inductor_from_its_second_cal
     assert program_of(warm).warm_start, warm.explain()
     torch.testing.assert_close(warm(u), heat(u), rtol=1e-5, atol=1e-6)
     assert program_of(warm).tier == "inductor" and program_of(warm).switched_after_calls == 0
+
+
+@pytest.mark.slow
+def test_a_remembered_program_whose_cache_was_emptied_is_compiled_without_the_header(
+    cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fingerprint that predicts a load wrongly (inductor's caches emptied, our markers
+    kept): the compile expected to load skips the precompiled header (_compat/_warm_load.py),
+    so its C++ is built without it; the program is still correct and becomes the tier."""
+    import shutil
+
+    import torch._inductor.utils as inductor_utils
+
+    def wave(u: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            u = u + 0.2 * (torch.roll(u, 2) - u).sin()
+        return u * u
+
+    monkeypatch.setattr(_warm_starts, "WARM_WAIT_S", 600.0)
+    u = torch.randn(48)
+    cold = ptj.jit(wave, engine="auto", compile_on="caller")
+    cold(u)
+    cold(u)
+    assert program_of(cold).tier == "inductor", cold.explain()
+    emptied = tmp_path_factory.mktemp("emptied")
+    shutil.copytree(cache_dir / "phi_torch_jit", emptied / "phi_torch_jit")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(emptied))
+    inductor_utils.clear_caches()  # nor in this process's memory: as a new process
+    warm = ptj.jit(wave, engine="auto")
+    torch.testing.assert_close(warm(u), wave(u))
+    assert program_of(warm).warm_start, warm.explain()
+    torch.testing.assert_close(warm(u), wave(u), rtol=1e-5, atol=1e-6)
+    assert warm.wait_compiled(300) and program_of(warm).tier == "inductor", warm.explain()
+    torch.testing.assert_close(warm(u), wave(u), rtol=1e-5, atol=1e-6)
+    assert list(emptied.glob("**/*.so")), "the program's C++ was built again"
 
 
 def test_the_vector_instruction_probe_runs_once_per_machine(

@@ -23,6 +23,8 @@ The rest of the package imports everything from here; the submodules hold:
   inductor's decompositions and settings, torch.compile's backend names;
 * ``_vec_isa``: inductor's probe of the CPU's vector instruction sets, kept on disk (once per
   machine instead of once per process);
+* ``_warm_load``: inductor's hash of torch's sources kept per installation, and its
+  precompiled header skipped while a compile is expected to load from its caches;
 * ``_builds``: :func:`around_cpp_builds` (inductor's C++ compiler subprocess run inside a
   context of ours: engine auto lends its tracing lock there);
 * this ``__init__``: the re-exports, and :func:`torchscript_available` (kept here because

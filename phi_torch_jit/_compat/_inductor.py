@@ -33,6 +33,7 @@ from ._private import (
     SHAPE_ENV,
 )
 from ._vec_isa import vec_isa_settings
+from ._warm_load import headers_skipped, keep_torch_key
 
 _logger = logging.getLogger("phi_torch_jit")
 
@@ -53,18 +54,25 @@ def import_inductor() -> None:
 
 
 def compile_captured(
-    backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
+    backend: Any,
+    graph: torch.fx.GraphModule,
+    inputs: list[torch.Tensor],
+    patches: dict[str, Any],
+    cached: bool = False,
 ) -> Callable[..., Any]:
     """Compile a captured graph with a torch.compile backend, without dynamo and without
     running it; the backward is compiled now too (not at the first backward).
 
     ``backend``: ``"inductor"`` (``patches`` are inductor settings), another registered name,
-    or a callable ``(gm, example_inputs) -> callable``.
+    or a callable ``(gm, example_inputs) -> callable``. ``cached``: inductor's caches are
+    expected to hold the program (a warm start, or a compile the worker process did), so its
+    C++ header is not precompiled (``_warm_load``); a wrong expectation only slows a build.
     """
     _rng_kept_off_this_thread()
     _COMPILING.active = True
     try:
-        with backward_compiled_with_forward():
+        loading = headers_skipped() if cached else contextlib.nullcontext()
+        with backward_compiled_with_forward(), loading:
             return _compile_now(backend, graph, inputs, patches)
     finally:
         _COMPILING.active = False
@@ -83,6 +91,7 @@ def _compile_now(
     backend: Any, graph: torch.fx.GraphModule, inputs: list[torch.Tensor], patches: dict[str, Any]
 ) -> Callable[..., Any]:
     if backend == "inductor":
+        keep_torch_key()  # inductor's hash of torch's sources, once per machine
         wrap_cpp_builds()  # its C++ compiler runs inside our hook (engine auto lends its lock)
         # Inductor's on-disk caches (FX graph, AOTAutograd) need a fake mode with a shape
         # environment, as dynamo would give; without one they are bypassed ("No shape env").

@@ -332,6 +332,19 @@ INDUCTOR_CACHE_DIR = _api(
     "answer is kept beside inductor's own caches",
     "_compat._vec_isa",
 )
+TORCH_KEY = _api(
+    "torch._inductor.codecache.torch_key",
+    "inductor's hash of torch's sources (0.12-0.17 s per process, part of its cache keys): "
+    "kept per installation and set with its set(), as inductor's compile workers do",
+    "_compat._warm_load",
+)
+PRECOMPILE_HEADER = _api(
+    "torch._inductor.codecache._precompile_header",
+    "preprocesses a C++ header before inductor looks whether a library is on disk: skipped "
+    "while a compile is expected to load (no public setting skips it without changing the "
+    "cache keys)",
+    "_compat._warm_load",
+)
 INDUCTOR_CONFIG_SAVE = _api(
     "torch._inductor.config.save_config",
     "inductor's settings of this process, pickled, for a compile in a worker process whose "
@@ -395,6 +408,8 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     VEC_ISA,
     VEC_ISA_LIST,
     INDUCTOR_CACHE_DIR,
+    TORCH_KEY,
+    PRECOMPILE_HEADER,
     INDUCTOR_CONFIG_SAVE,
     FUNCTORCH_CONFIG_SAVE,
 )

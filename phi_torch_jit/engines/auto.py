@@ -435,7 +435,7 @@ class TieredProgram:
                 f"background ({waited:.1f} s so far, {self.calls} call(s) served meanwhile)",
             )
         where = "the caller's thread" if self.on_caller else "a background thread"
-        where += ", loaded from inductor's caches" if self.warm_start else ""
+        where += ", expected in inductor's caches (a warm start)" if self.warm_start else ""
         where += " (compiled in a worker process, then loaded)" if self.in_worker else ""
         lines: tuple[str, ...] = (
             f"tier: {self.tier} (compiled in {self.compile_s:.1f} s on {where}; "

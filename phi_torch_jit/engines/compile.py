@@ -60,7 +60,7 @@ from ._generic_sizes import fake_inputs_for, sizes_left_dynamic
 from ._graph_bodies import GraphBodies
 from ._looped import faster, with_captured_loops
 from ._twice import TwiceDifferentiable, needs_twice
-from ._warm_starts import remember
+from ._warm_starts import remember, remembered
 from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
 from .torchscript import TorchScriptEngine
 
@@ -232,12 +232,9 @@ class Compilable:
     (no tensor data is kept), the grad mode it was captured in, the backend and settings."""
 
     def __init__(
-        self,
-        graph: torch.fx.GraphModule,
-        inputs: tuple[torch.Tensor, ...],
-        engine: CompileEngine,
+        self, graph: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...], engine: CompileEngine,
         n_arguments: int,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.graph = graph
         self.backend = engine.backend
         self.settings = engine.backend_settings()
@@ -264,7 +261,8 @@ class Compilable:
             graph = lstms_unrolled(self.graph) if self.grad_enabled else self.graph
             graph = for_inductor(graph) if self.backend == "inductor" else graph
             fakes = None if self.backend == "inductor" else fake_inputs_for(graph, inputs)
-            compiled = compile_captured(self.backend, graph, fakes or inputs, dict(self.settings))
+            settings, loads = dict(self.settings), remembered(self)  # warm, or the worker's
+            compiled = compile_captured(self.backend, graph, fakes or inputs, settings, loads)
         remember(self)  # inductor's caches hold it now: a later process loads it (warm start)
         if needs_twice(self.grad_enabled, [t.requires_grad for t in inputs[: self.n_arguments]]):
             compiled = TwiceDifferentiable(compiled, self.graph)
