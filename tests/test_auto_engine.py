@@ -391,6 +391,38 @@ def test_exit_while_a_compile_runs_neither_hangs_nor_crashes() -> None:
     assert done.stdout.strip() == "done"
 
 
+def test_exit_stops_a_compile_running_python_and_torch_ops() -> None:
+    """A compile that runs Python calling torch's ops (as inductor's does) is stopped at exit:
+    left running inside an op that released the GIL while the interpreter shut down, it
+    aborted the process ("terminate called without an active exception", exit code 134; a
+    script running a few steps of bench-peers (c) did so 3 times in 5)."""
+    script = textwrap.dedent(
+        """
+        import torch, phi_torch_jit as ptj
+        def busy(gm, example_inputs):
+            def lower(t):
+                return torch.ops.aten.mul.Tensor(t, 1.0000001)
+            t = torch.ones(2048)
+            try:
+                while True:
+                    for _ in range(100):
+                        t = lower(t)
+                    print("compiling", flush=True)
+            finally:
+                print("stopped", flush=True)
+        f = ptj.jit(lambda x: x + 1, engine="auto", backend=busy)
+        f(torch.ones(2)); f(torch.ones(2))
+        assert not f.wait_compiled(0.5)
+        print("done", flush=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    assert "compiling" in lines and "done" in lines and lines[-1] == "stopped", done.stdout[-200:]
+
+
 def test_disable_and_autocast_keep_the_fast_tier() -> None:
     disabled = ptj.jit(lambda x: x.exp(), engine="auto", backend="aot_eager", disable=True)
     x = torch.randn(4)

@@ -38,17 +38,29 @@ _YIELD_S = 0.0002
 _calls_since_yield = 0
 
 
+class Abandoned(BaseException):
+    """Raised inside a compile on the compile thread once the interpreter exits (NOTE
+    [background compile at exit]); a BaseException, so that no ``except Exception`` of a
+    backend takes it for a failure to recover from."""
+
+
 def _yield_now_and_then(frame: Any, event: str, arg: Any) -> None:
     """Profile hook of the compile thread: a short sleep every 1000 Python calls hands the GIL
     to the caller's thread. Without it, every op of the caller that released the GIL waited up
     to a switch interval (5 ms) to get it back: steps ran 10-180x slower while inductor
-    compiled, 2-5x with it (the compile takes 3-4x longer instead; docs/engines.md)."""
+    compiled, 2-5x with it (the compile takes 3-4x longer instead; docs/engines.md).
+
+    Once the interpreter exits, the next of those points raises :class:`Abandoned` into the
+    compile (Python then removes the hook): the compile unwinds in milliseconds instead of
+    being left running inside torch while the interpreter shuts down."""
     global _calls_since_yield
     if event != "call":
         return
     _calls_since_yield += 1
     if _calls_since_yield >= _YIELD_EVERY_CALLS:
         _calls_since_yield = 0
+        if _WORKER.closing:
+            raise Abandoned("the interpreter is exiting: the compile is stopped")
         time.sleep(_YIELD_S)
 
 
@@ -89,6 +101,8 @@ class _Worker:
             try:
                 if program is not None and not self.closing:
                     program.upgrade()
+            except Abandoned:  # at exit: the program stays on its fast tier
+                pass
             finally:
                 del program
                 with self._lock:
@@ -104,9 +118,11 @@ class _Worker:
         return thread is not None and thread.is_alive()
 
     def close(self) -> None:
-        """At interpreter exit: no new compile starts; a running one gets ``EXIT_WAIT_S`` to
-        finish. Abandoned inside inductor, it aborted the process ("terminate called without
-        an active exception", exit code 134, found by ``bench_fallback.py``)."""
+        """At interpreter exit: no new compile starts, and a running one is stopped (raised
+        into at its next Python call, :func:`_yield_now_and_then`); wait ``EXIT_WAIT_S`` at
+        most for it to unwind. Left running inside torch while the interpreter shut down, a
+        compile aborted the process ("terminate called without an active exception", exit
+        code 134)."""
         with self._lock:
             self.closing = True
             self._settled.wait_for(lambda: self._pending == 0, EXIT_WAIT_S)
