@@ -146,14 +146,19 @@ class _WatchedModule(types.ModuleType):
     """The class a user module has while a record pass runs: its attribute reads are noted."""
 
     def __getattribute__(self, name: str) -> Any:
-        value = super().__getattribute__(name)
+        try:
+            value = super().__getattribute__(name)
+        except AttributeError:  # getattr(module, "SCALE", 1.0): it must stay undefined
+            if not name.startswith("__") and current_frame() is not None:
+                _note_read(sys._getframe(1), super().__getattribute__("__name__"), (name,))
+            raise
         if (name.startswith("__") and name != "__dict__") or current_frame() is None:
             return value
         caller = sys._getframe(1)
-        if name == "__dict__":  # vars(module)["GRAVITY"]: the reading code's constants
+        if name == "__dict__":  # vars(module)["GRAVITY"], .get("K", 1.0): the code's constants
             if is_user_file(caller.f_code.co_filename):
                 own = super().__getattribute__("__name__")
-                _note_read(caller, own, [c for c in _constants(caller.f_code) if c in value])
+                _note_read(caller, own, [c for c in _constants(caller.f_code) if c.isidentifier()])
         else:
             _note_read(caller, super().__getattribute__("__name__"), (name,))
         return value

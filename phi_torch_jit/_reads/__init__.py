@@ -40,6 +40,9 @@ a user module imported by a computed name    its public data, as a global's    `
 an attribute of a user module read by a       as a global (noted in the record  ``_modules_seen``
 name built at run time (``sys.modules[        pass); functions read there are   (record phase)
 __name__].X``, ``eval`` of built source)      walked
+a name looked for and not found when traced   that the namespace still does     ``_python``,
+(``except NameError``, ``globals().get(K)``,  not define it (one C call per     ``_modules_seen``
+``getattr(settings, K, 1.0)``, a builtin)     namespace)
 small containers whose ``==`` hides what a    a canonical form (``marshal``):    ``_content``
 program reads (a dict's order, ``2`` vs      types, float bits, order
 ``2.0``, ``-0.0``, ``1`` vs ``True``)

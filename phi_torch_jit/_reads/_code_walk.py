@@ -120,20 +120,24 @@ def added_builtins(name: str) -> dict[str, Any] | None:
 
 
 class Shadowing:
-    """Python's builtins that a module's code reads as globals (``round``, ``abs``): whether
-    the module defines none of them still. A global set after the trace (``round = my_round``)
-    shadows the builtin the program baked in."""
+    """Names a module's code reads as globals that its globals do not define when traced:
+    Python's builtins (``round``, ``abs``), names set on ``builtins``, and names defined
+    nowhere yet (read under ``try: ... except NameError``, through ``globals().get("K")``,
+    ``getattr(settings, "K", 1.0)`` on a module): whether the namespace defines none of them
+    still. One defined after the trace (``round = my_round``, ``K = 5.0``) replaces what the
+    program baked in."""
 
-    def __init__(self, namespace: dict[str, Any]) -> None:
+    def __init__(self, namespace: dict[str, Any], label: str = "globals") -> None:
         self.namespace = namespace
+        self.label = label
         self.names: set[str] = set()
 
     def source(self) -> Source:
         """Where the guard reads it (True when traced): ``keys().isdisjoint(names)`` of the
-        module's globals, called through a partial, so that the check is C calls only."""
-        label = f"globals shadowing builtins ({', '.join(sorted(self.names)[:3])}...)"
+        namespace, called through a partial, so that the check is C calls only."""
+        label = f"{self.label} not defining {', '.join(sorted(self.names)[:3])}..."
         check = functools.partial(self.namespace.keys().isdisjoint, frozenset(self.names))
-        return Source(label, "module globals", holder=check, path=(_CALL,))
+        return Source(label, "names undefined when traced", holder=check, path=(_CALL,))
 
 
 _CALL = Step(True, "__call__", call=True)

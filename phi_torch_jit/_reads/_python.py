@@ -191,8 +191,8 @@ def collect_reads(
     roots = [fn, *arguments] if fn is not None else list(arguments)
     for key, source in [h for root in roots for h in held_objects(root)]:
         _add(reads, key, source)
-    reached = _add_module_reads(reads, module_reads or {})
     shadowing: dict[int, Shadowing] = {}
+    reached = _add_module_reads(reads, module_reads or {}, shadowing)
     for function in user_functions([*roots, *modules, *reached]):
         code = function.__code__
         _add_defaults(reads, function)
@@ -202,8 +202,10 @@ def collect_reads(
         chains = attribute_chains(code)
         for name, line in globals_read.items():
             space = namespace if name in namespace else added_builtins(name)
-            if space is None and name in vars(builtins):  # Python's builtin, unless shadowed later
-                shadowing.setdefault(id(namespace), Shadowing(namespace)).names.add(name)
+            if space is not namespace:  # a builtin, or undefined: until the module defines it
+                _undefined(shadowing, namespace, name)
+            if space is None and name not in vars(builtins) and name.isidentifier():
+                _undefined(shadowing, vars(builtins), name, "builtins")  # nor builtins.K = 5
             if space is not None:  # a global, or a name set on builtins (builtins.SETTING)
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", space, name)
                 _add(reads, (id(space), name), source)
@@ -242,16 +244,28 @@ def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
             _add(reads, (id(namespace), attribute), source)
 
 
+def _undefined(
+    shadowing: dict[int, Shadowing], namespace: dict[str, Any], name: str, label: str = "globals"
+) -> None:
+    """Guard that ``namespace`` does not define ``name`` (as when traced)."""
+    shadowing.setdefault(id(namespace), Shadowing(namespace, label)).names.add(name)
+
+
 def _add_module_reads(
-    reads: dict[Any, Read], module_reads: Mapping[tuple[str, str], str]
-) -> list[Any]:
+    reads: dict[Any, Read], module_reads: Mapping[tuple[str, str], str],
+    shadowing: dict[int, Shadowing],
+) -> list[Any]:  # fmt: skip
     """The attributes of the user's modules the record pass saw read (reached by a computed
-    name, ``sys.modules[__name__].SCALE``), each guarded like a global; returns the code among
-    them (functions, classes), for the walk."""
+    name, ``sys.modules[__name__].SCALE``), each guarded like a global, and those it looked
+    for and did not find (``getattr(settings, "SCALE", 1.0)``), guarded to stay undefined;
+    returns the code among them (functions, classes), for the walk."""
     reached = []
     for (name, attribute), where in module_reads.items():
         module = sys.modules.get(name)
-        if module is None or not user_module(module) or attribute not in vars(module):
+        if module is None or not user_module(module):
+            continue
+        if attribute not in vars(module):
+            _undefined(shadowing, vars(module), attribute, f"module {name}")
             continue
         namespace = vars(module)
         _add(reads, (id(namespace), attribute), Source(f"{name}.{attribute}", where, namespace,
