@@ -13,13 +13,17 @@ compares with the recorded values (:class:`ValueGuard`). On a mismatch the
 jitted function retraces for the new branch, runs eagerly, or raises,
 depending on ``jit(on_guard_failure=...)``.
 
-Conversions made inside torch's own Python (shape checks such as
-BatchNorm's batch-size test) are not guarded: shapes are part of the cache
-key. Functions without conversions pay nothing. See NOTE [value guards].
+Conversions made inside torch's private packages and tracing machinery are
+not guarded; those torch's public Python makes for the user's call (BatchNorm's
+``1 / float(num_batches_tracked)`` with ``momentum=None``) are, placed at the
+user's line (:func:`_in_torchs_library`). Functions without conversions pay
+nothing. See NOTE [value guards].
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +44,7 @@ from ._compat import (
 from ._context import Phase, current_frame
 from ._patches import RefCounted
 from ._reads._records import same_value
-from ._sources import user_location
+from ._sources import OWN_DIR, TORCH_DIR, user_location
 from ._static_shapes import sized_op, static_form
 from ._tensor_reads import PASS, watching
 from ._value_sized import note_sized, note_sized_node, propagate_sized, stop_watching
@@ -173,10 +177,38 @@ def _guard_read(kind: str, tensor: torch.Tensor, args: tuple[Any, ...], read: An
     if kind == "numpy":  # a copy: the array shares the tensor's memory
         value = value.copy()
     # who read the tensor (past the patched method; for numpy past torch's Tensor.__array__)
-    location = user_location(2, skip_torch=kind == "numpy")
+    location = user_location(2, skip_torch=kind == "numpy") or _in_torchs_library(2)
     if location is not None and not _from_shapes(tensor):
         frame.conversions.append(Conversion(tensor, kind, value, location))
     return value
+
+
+def _in_torchs_library(depth: int) -> str | None:
+    """Where a read that torch's public Python made (``torch.nn``, ``torch.distributions``:
+    BatchNorm's ``1 / float(num_batches_tracked)`` with ``momentum=None``) is guarded: the
+    user's line that called into torch, or torch's own line; None for torch's private
+    packages (``torch._refs``, ``torch.fx``...: the tracing machinery's checks) and ours.
+    Such reads were taken for shape checks and baked silently, though shapes are the only
+    values that a specialization's key fixes (and those are ints while a graph is captured)."""
+    frame: Any = sys._getframe(depth + 1)
+    inside = frame.f_code.co_filename
+    if not inside.startswith(TORCH_DIR) or inside[len(TORCH_DIR) :].startswith("_"):
+        return None
+    if any(part.startswith("_") for part in inside[len(TORCH_DIR) :].split(os.sep)[:-1]):
+        return None  # torch/utils/_pytree..., torch/nn/utils/_... helpers of the machinery
+    if inside[len(TORCH_DIR) :].split(os.sep)[0] in _MACHINERY:
+        return None
+    here = f"{inside}:{frame.f_lineno}"
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
+        frame = frame.f_back
+    user = user_location(0) if frame is None else None
+    if frame is not None and not frame.f_code.co_filename.startswith(OWN_DIR):
+        user = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return f"{user} (in {here})" if user else here
+
+
+_MACHINERY = frozenset(("fx", "export", "jit", "onnx", "autograd", "testing", "compiler"))
+"""torch's packages whose Python belongs to tracing and compiling, not to a user's step."""
 
 
 _READS_IN_OPS = ("aten.item.default", "aten._local_scalar_dense.default")

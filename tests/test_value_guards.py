@@ -165,3 +165,30 @@ def test_values_read_inside_torch_ops_are_guarded(jit_engine: str) -> None:
     # graph capture: (0.5, 2), (2.0, 2), (0.5, 3), unequal inputs; TorchScript: (un)equal
     assert step.num_traces == (2 if jit_engine == "torchscript" else 4)
     assert not [s for s in step.specializations if s.eager_reason]
+
+
+def test_a_value_torchs_own_module_reads_is_guarded_like_a_users() -> None:
+    """BatchNorm with ``momentum=None`` averages with ``1 / float(num_batches_tracked)``, a
+    value read in torch's Python: it was taken for a shape check and baked, so every later
+    call overwrote the running statistics instead of averaging them (found by a probe)."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 3)
+    jitted_bn, eager_bn = nn.BatchNorm1d(3, momentum=None), nn.BatchNorm1d(3, momentum=None)
+    step = ptj.jit(lambda t: jitted_bn(t) * 2)
+    with pytest.warns(ptj.JitWarning, match="batchnorm.py"):  # a new value on every call
+        for i in range(6):
+            torch.testing.assert_close(step(x + i), eager_bn(x + i) * 2)
+    torch.testing.assert_close(jitted_bn.running_mean, eager_bn.running_mean)
+    torch.testing.assert_close(jitted_bn.running_var, eager_bn.running_var)
+    assert step.num_traces >= 2
+
+
+def test_a_value_torchs_module_reads_that_stays_the_same_keeps_the_program() -> None:
+    """The same read where it does not change (evaluation mode: running statistics, no
+    count): one trace, no guard; in training with a fixed momentum nothing is read either."""
+    bn = nn.BatchNorm1d(3, momentum=None).eval()
+    step = ptj.jit(bn)
+    x = torch.randn(8, 3)
+    for _ in range(3):
+        torch.testing.assert_close(step(x), bn(x))
+    assert step.num_traces == 1 and step.specializations[0].value_guards == ()
