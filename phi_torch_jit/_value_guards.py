@@ -184,31 +184,52 @@ def _guard_read(kind: str, tensor: torch.Tensor, args: tuple[Any, ...], read: An
 
 
 def _in_torchs_library(depth: int) -> str | None:
-    """Where a read that torch's public Python made (``torch.nn``, ``torch.distributions``:
-    BatchNorm's ``1 / float(num_batches_tracked)`` with ``momentum=None``) is guarded: the
-    user's line that called into torch, or torch's own line; None for torch's private
-    packages (``torch._refs``, ``torch.fx``...: the tracing machinery's checks) and ours.
-    Such reads were taken for shape checks and baked silently, though shapes are the only
-    values that a specialization's key fixes (and those are ints while a graph is captured)."""
+    """Where a read that torch's Python made is guarded; None where it is not guarded.
+
+    * By torch's public Python for the user's call (``torch.nn``, ``torch.distributions``:
+      BatchNorm's ``1 / float(num_batches_tracked)`` with ``momentum=None``): the user's line
+      that called into torch, and torch's. Such reads were taken for shape checks and baked,
+      though sizes are ints while a graph is captured.
+    * Relayed by a torch-function mode (``torch.set_default_device``: its
+      ``__torch_function__`` calls every op, conversions included, once more): None, the
+      outer read is the one recorded (or not).
+    * By torch's private packages and tracing machinery (``torch._refs``, ``torch.fx``...), or
+      for our own code: None, as before.
+    """
     frame: Any = sys._getframe(depth + 1)
-    inside = frame.f_code.co_filename
-    if not inside.startswith(TORCH_DIR) or inside[len(TORCH_DIR) :].startswith("_"):
+    if frame.f_code.co_name == "__torch_function__":
         return None
-    if any(part.startswith("_") for part in inside[len(TORCH_DIR) :].split(os.sep)[:-1]):
-        return None  # torch/utils/_pytree..., torch/nn/utils/_... helpers of the machinery
-    if inside[len(TORCH_DIR) :].split(os.sep)[0] in _MACHINERY:
-        return None
-    here = f"{inside}:{frame.f_lineno}"
-    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
+    here = None
+    while frame is not None and frame.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
+        name, code = frame.f_code.co_filename, frame.f_code.co_name
+        if name.startswith(OWN_DIR):
+            if name != _RELAY:  # our own code read it (or called torch that did)
+                return None
+        elif code != "__torch_function__" and here is None:
+            if _machinery(name[len(TORCH_DIR) :]):
+                return None
+            here = f"{name}:{frame.f_lineno}"
         frame = frame.f_back
-    user = user_location(0) if frame is None else None
-    if frame is not None and not frame.f_code.co_filename.startswith(OWN_DIR):
-        user = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    user = None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    if here is None:  # only relays: not torch's own read
+        return None
     return f"{user} (in {here})" if user else here
 
 
+_RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tensor_reads.py")
+"""Our patched conversion methods (:mod:`._tensor_reads`): they relay a read, own none."""
+
 _MACHINERY = frozenset(("fx", "export", "jit", "onnx", "autograd", "testing", "compiler"))
 """torch's packages whose Python belongs to tracing and compiling, not to a user's step."""
+
+
+def _machinery(relative: str) -> bool:
+    parts = relative.split(os.sep)
+    return (
+        any(p.startswith("_") for p in parts[:-1])
+        or relative.startswith("_")
+        or (parts[0] in _MACHINERY)
+    )
 
 
 _READS_IN_OPS = ("aten.item.default", "aten._local_scalar_dense.default")

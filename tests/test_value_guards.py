@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from helpers import Counter
@@ -167,10 +169,17 @@ def test_values_read_inside_torch_ops_are_guarded(jit_engine: str) -> None:
     assert not [s for s in step.specializations if s.eager_reason]
 
 
-def test_a_value_torchs_own_module_reads_is_guarded_like_a_users() -> None:
+@pytest.mark.parametrize("device_mode", [False, True], ids=["plain", "default-device"])
+def test_a_value_torchs_own_module_reads_is_guarded_like_a_users(device_mode: bool) -> None:
     """BatchNorm with ``momentum=None`` averages with ``1 / float(num_batches_tracked)``, a
     value read in torch's Python: it was taken for a shape check and baked, so every later
-    call overwrote the running statistics instead of averaging them (found by a probe)."""
+    call overwrote the running statistics instead of averaging them (found by a probe). Also
+    under ``with torch.device(...)``, a torch-function mode that relays every op."""
+    with torch.device("cpu") if device_mode else contextlib.nullcontext():
+        _batchnorm_without_momentum_like_eager()
+
+
+def _batchnorm_without_momentum_like_eager() -> None:
     torch.manual_seed(0)
     x = torch.randn(8, 3)
     jitted_bn, eager_bn = nn.BatchNorm1d(3, momentum=None), nn.BatchNorm1d(3, momentum=None)
@@ -192,3 +201,14 @@ def test_a_value_torchs_module_reads_that_stays_the_same_keeps_the_program() -> 
     for _ in range(3):
         torch.testing.assert_close(step(x), bn(x))
     assert step.num_traces == 1 and step.specializations[0].value_guards == ()
+
+
+def test_a_read_relayed_by_a_torch_function_mode_is_guarded_once_at_the_users_line() -> None:
+    """``torch.set_default_device`` / ``with torch.device(...)``: the mode's
+    ``__torch_function__`` calls the conversion once more, from torch's file."""
+    step = ptj.jit(branchy, on_guard_failure="error")
+    with torch.device("cpu"):
+        step(torch.ones(2))
+        assert len(step.specializations[0].value_guards) == 1
+        with pytest.raises(ptj.GuardError, match=r"at .*test_value_guards.py:\d+: True -> False"):
+            step(-torch.ones(2))
