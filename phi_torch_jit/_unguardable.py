@@ -58,7 +58,8 @@ class Unguardable:
     functorch: list[str] = field(default_factory=list)
     """Places where a torch.func transform (vmap, grad...) was applied."""
     data: list[str] = field(default_factory=list)
-    """Places where user code reads or writes ``Tensor.data`` (outside autograd's view)."""
+    """Places where user code reads or writes ``Tensor.data`` (outside autograd's view) or
+    calls ``Tensor.as_subclass`` (an alias a trace does not follow: it bakes it)."""
     autograd: list[str] = field(default_factory=list)
     """Places where ``backward()`` ran inside the function (it writes ``.grad``)."""
     gradients: list[str] = field(default_factory=list)
@@ -114,9 +115,9 @@ class Unguardable:
             )
         if self.data:
             reasons.append(
-                f"it uses Tensor.data ({', '.join(self.data[:3])}), which traces do not "
-                "follow (write `with torch.no_grad(): p.clamp_(...)` instead, compiled by "
-                "engine 'compile')"
+                f"it uses Tensor.data or Tensor.as_subclass ({', '.join(self.data[:3])}), "
+                "aliases made without an op, which traces do not follow (write `with "
+                "torch.no_grad(): p.clamp_(...)` instead of .data, compiled by engine 'compile')"
             )
         if self.autograd:
             reasons.append(
@@ -229,6 +230,8 @@ def _targets() -> list[tuple[Any, str, str, str]]:
         targets += [(owner, n, "random", f"torch.{n}") for n in _TORCH_RNG if hasattr(owner, n)]
     targets.append((*grad_mode_setter(), "grad_mode", ""))
     targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
+    # a new alias made without an op, as .data is: a trace would bake it as a constant
+    targets.append((torch.Tensor, "as_subclass", "data", "Tensor.as_subclass"))
     # Tensor.backward calls torch.autograd.backward
     targets.append((torch.autograd, "grad", "gradients", "torch.autograd.grad"))
     targets.append((torch.autograd, "backward", "autograd", "torch.autograd.backward"))

@@ -414,3 +414,25 @@ def test_what_a_walk_leaves_unguarded_is_said(caplog: pytest.LogCaptureFixture) 
                for r in caplog.records)  # fmt: skip
     assert "global HUGE at" in jitted.explain()
     assert re.search(r"not guarded: \d+ of its 3000 fields", jitted.explain())
+
+
+class _Marked(torch.Tensor):
+    """A plain tensor subclass (no ``__torch_function__`` of its own)."""
+
+
+def test_an_alias_made_by_as_subclass_runs_eagerly_never_baked() -> None:
+    """``(t * G).as_subclass(torch.Tensor)`` makes a new tensor without an op: a graph
+    capture held it as a constant, the first call's value (found by a probe: a global
+    subclass tensor changed in place or rebound was never seen)."""
+    weight = torch.ones(3).as_subclass(_Marked)
+
+    def step(t: torch.Tensor) -> torch.Tensor:
+        return (t * weight).as_subclass(torch.Tensor) + 1
+
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="as_subclass"):
+        for i in range(3):
+            x = torch.full((3,), float(i))
+            torch.testing.assert_close(jitted(x), step(x))
+    weight.mul_(3)
+    torch.testing.assert_close(jitted(torch.ones(3)), step(torch.ones(3)))
