@@ -166,12 +166,17 @@ class ModuleGuard:
         ]  # one C call per module
         self._attribute_values = self._attribute_snapshot()
         self._initial = {(id(d), name): d[name] for d, name, _ in self._attributes}
-        self._instance_dicts = tuple(m.__dict__ for m in self.modules)
+        self._instance_dicts = tuple(  # each module's attributes, parameters, buffers, children
+            d for m in self.modules
+            for d in (m.__dict__, m.__dict__["_parameters"], m.__dict__["_buffers"],
+                      m.__dict__["_modules"])
+        )  # fmt: skip
         self._instance_sizes = self._sizes_of_instance_dicts()
 
     def _sizes_of_instance_dicts(self) -> tuple[int, ...]:
-        """How many attributes each module holds: one added later (``net.forward = other``,
-        shadowing a method of the class) retraces."""
+        """How many attributes, parameters, buffers and submodules each module holds: one added
+        later (``net.forward = other``, shadowing a method of the class; a buffer registered
+        after the trace and read as ``getattr(self, "offset", None)``) retraces."""
         return tuple(map(len, self._instance_dicts))
 
     def _training_flags(self) -> tuple[bool, ...]:
@@ -256,6 +261,12 @@ class ModuleGuard:
                 "a parameter's requires_grad changed, and the function's Python reads "
                 f"requires_grad (at {self.grads_read[0]})"
             )
+        kinds = ("attributes", "parameters", "buffers", "submodules")
+        sizes = zip(self._instance_sizes, self._sizes_of_instance_dicts(), strict=True)
+        for i, (traced, now) in enumerate(sizes):
+            if traced != now:
+                module_name, kind = self.names[i // 4], kinds[i % 4]
+                return f"module {module_name} holds {now} {kind}, {traced} when traced"
         if self._tensor_meta() != self._tensor_metas:
             return (
                 "parameters or buffers changed dtype, device, shape or requires_grad "
@@ -265,10 +276,6 @@ class ModuleGuard:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
             if value != old or type(value) is not type(old):
                 return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
-        sizes = zip(self.names, self._instance_sizes, self._sizes_of_instance_dicts())
-        for module_name, traced, now in sizes:
-            if traced != now:
-                return f"module {module_name} holds {now} attributes, {traced} when traced"
         for owner, name, old_type, ident in self._child_names:
             module = next(m for n, m in zip(self.names, self.modules) if n == owner)
             child = module._modules.get(name)

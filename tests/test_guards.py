@@ -95,3 +95,60 @@ def test_has_backward_hooks() -> None:
     handle.remove()
     handle = net[0].register_full_backward_pre_hook(lambda m, go: None)
     assert has_backward_hooks(net.modules())
+
+
+class _Optional(nn.Module):
+    """Reads what may be registered later: a buffer, a parameter, a submodule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        out = self.lin(t)
+        offset = getattr(self, "offset", None)  # a buffer, if registered
+        if offset is not None:
+            out = out + offset
+        if "gain" in self._parameters:
+            out = out * self._parameters["gain"]
+        extra = getattr(self, "extra", None)  # a submodule, if added
+        return extra(out) if extra is not None else out
+
+
+def test_a_buffer_parameter_or_submodule_registered_later_is_noticed_and_described() -> None:
+    """Registered after the trace and read with a default: the traced program took the other
+    branch (found by a probe: ``register_buffer`` later stayed unseen)."""
+    module = _Optional()
+    guard = ModuleGuard([module])
+    assert guard.holds()
+    module.register_buffer("offset", torch.ones(3), persistent=False)
+    assert not guard.holds()
+    assert guard.describe_change() == "module _Optional holds 1 buffers, 0 when traced"
+    guard = ModuleGuard([module])
+    module.register_parameter("gain", nn.Parameter(torch.full((3,), 2.0)))
+    assert not guard.holds() and "1 parameters, 0 when traced" in guard.describe_change()
+    guard = ModuleGuard([module])
+    module.add_module("extra", nn.Tanh())
+    assert not guard.holds() and "2 submodules, 1 when traced" in guard.describe_change()
+    guard = ModuleGuard([module])
+    del module.offset  # removed again
+    assert not guard.holds() and "0 buffers, 1 when traced" in guard.describe_change()
+
+
+def test_registrations_after_the_trace_retrace_and_match_eager() -> None:
+    import phi_torch_jit as ptj
+
+    module = _Optional()
+    jitted = ptj.jit(module)
+    x = torch.randn(2, 3)
+    changes = [
+        lambda: module.register_buffer("offset", torch.full((3,), 2.0), persistent=False),
+        lambda: module.register_parameter("gain", nn.Parameter(torch.full((3,), -1.0))),
+        lambda: module.add_module("extra", nn.Tanh()),
+    ]
+    with torch.no_grad():
+        for change in [lambda: None, *changes]:
+            change()
+            for _ in range(2):
+                torch.testing.assert_close(jitted(x), module(x))
+    assert jitted.num_traces == 4
