@@ -141,10 +141,11 @@ def test_library_modules_are_not_guarded() -> None:
 
     step = lambda x: torch.sin(x) * functools.reduce(max, [1, 2])  # noqa: E731
     reads = collect_reads(step, [])
-    # the lambda's own code, and its module not shadowing the builtin max: nothing of torch
-    # or functools
+    # the lambda's own code and attributes, and its module not shadowing the builtin max:
+    # nothing of torch or functools
     assert [r.source.label for r in reads] == [
         f"{step.__qualname__}.__code__",
+        f"{step.__qualname__} attributes",
         "globals not defining max...",
     ]
 

@@ -145,3 +145,30 @@ def test_an_attribute_of_the_users_module_read_with_a_default_is_guarded(
     finally:
         for stale in ("ptj_settings_mod", name):
             sys.modules.pop(stale, None)
+
+
+def _boost_of(x: torch.Tensor) -> torch.Tensor:
+    return x * getattr(_boost_of, "boost", 1.0)
+
+
+def _flagged(x: torch.Tensor) -> torch.Tensor:
+    return x * 2.0 if hasattr(_flagged, "flag") else x
+
+
+@pytest.mark.parametrize("helper", [_boost_of, _flagged], ids=lambda f: f.__name__)
+def test_an_attribute_set_on_a_function_later_or_deleted_retraces(
+    helper: Callable[..., Any],
+) -> None:
+    """``f.boost`` read with a default (or ``hasattr``) by a function the step calls: added
+    after the trace, then deleted again (found by a probe)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return helper(x) + 1.0
+
+    name = "boost" if helper is _boost_of else "flag"
+    jitted = ptj.jit(step)
+    try:
+        _like_eager_then_retraced(jitted, step, lambda: setattr(helper, name, 4.0))
+        _like_eager_then_retraced(jitted, step, lambda: delattr(helper, name), traces=2)
+    finally:
+        helper.__dict__.pop(name, None)

@@ -27,7 +27,7 @@ from ._records import PRIMITIVES, Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
            "user_module", "user_class", "modules_imported", "names_in_user_code", "callbacks_held",
-           "MAX_DEPTH", "added_builtins", "Shadowing"]  # fmt: skip
+           "MAX_DEPTH", "added_builtins", "Shadowing", "names_environment"]  # fmt: skip
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -70,6 +70,19 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
                         cells_read.setdefault(name, line or inner.co_firstlineno)
         found = _NAMES[code] = (globals_read, cells_read)
     return found
+
+
+_ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb"))
+"""Names through which code reads the process environment (``os.environ[...]``,
+``os.getenv(...)``, ``from os import environ``)."""
+
+
+def names_environment(code: types.CodeType) -> bool:
+    """Whether ``code`` or code nested in it (a lambda, a comprehension) names the
+    environment."""
+    if not _ENVIRONMENT_NAMES.isdisjoint(code.co_names):
+        return True
+    return any(isinstance(c, types.CodeType) and names_environment(c) for c in code.co_consts)
 
 
 def _names_in_source(text: str) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ from ._code_walk import (
     describe_callable,
     held_objects,
     modules_imported,
+    names_environment,
     names_in_user_code,
     names_read,
     user_class,
@@ -275,29 +276,16 @@ def _add_module_reads(
     return reached
 
 
-_ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb"))
-"""Names through which code reads the process environment (``os.environ[...]``,
-``os.getenv(...)``, ``from os import environ``)."""
-
-
 def _add_environment(reads: dict[Any, Read], code: types.CodeType) -> None:
     """The process environment, where a function's code names it: its whole content (a dict
     of a few dozen byte strings: copied and compared in about a microsecond), so a variable
     exported between calls (``os.environ["SIM_SCALE"] = "3"``) retraces. Shown shortened in
     logs (``<dict object>``), never with its values."""
-    if not _names_environment(code):
+    if not names_environment(code):
         return
     where = f"{code.co_filename}:{code.co_firstlineno}"
     source = Source("the environment (os.environ)", where, vars(os.environ), "_data")
     _add(reads, ("environment",), source)
-
-
-def _names_environment(code: types.CodeType) -> bool:
-    """Whether ``code`` or code nested in it (a lambda, a comprehension) names the
-    environment."""
-    if not _ENVIRONMENT_NAMES.isdisjoint(code.co_names):
-        return True
-    return any(isinstance(c, types.CodeType) and _names_environment(c) for c in code.co_consts)
 
 
 def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
@@ -318,9 +306,10 @@ def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
 
 
 def _add_code(reads: dict[Any, Read], function: types.FunctionType) -> None:
-    """What a function runs, as its own attributes: its code by identity and its defaults
-    (``f.__code__ = g.__code__``, ``f.__defaults__ = (0.5,)`` retrace). Defaults only where
-    it has some: a read costs about 0.1 us on every call."""
+    """What a function runs and holds, as its own attributes: its code by identity, its
+    defaults (``f.__code__ = g.__code__``, ``f.__defaults__ = (0.5,)`` retrace; only where it
+    has some: a read costs about 0.1 us on every call), and the attributes set on it
+    (``f.scale = 2.0``; one added or deleted later changes their count)."""
     code = function.__code__
     where = f"{code.co_filename}:{code.co_firstlineno}"
     for attribute in ("__code__", "__defaults__", "__kwdefaults__"):
@@ -329,6 +318,10 @@ def _add_code(reads: dict[Any, Read], function: types.FunctionType) -> None:
         label = f"{function.__qualname__}.{attribute}"
         source = Source(label, where, holder=function, path=(Step(True, attribute),))
         _add(reads, (id(function), attribute), source)
+    own = [n for n in function.__dict__ if not n.startswith("__")][:_MAX_FIELDS]
+    for path in [(INSTANCE_DICT, LENGTH), *((Step(True, n),) for n in own)]:  # f.scale: each,
+        label = function.__qualname__ + (f".{path[0].key}" if len(path) == 1 else " attributes")
+        _add(reads, (id(function), path), Source(label, where, holder=function, path=path))
 
 
 _MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"training"}
