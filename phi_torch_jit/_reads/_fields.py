@@ -56,7 +56,7 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     order and of NumPy object arrays, how many a weak registry holds, the object of a bound
     method, the arguments a ``functools.partial`` binds.
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
-    if type(value) in (dict, collections.OrderedDict, collections.defaultdict):
+    if type(value) in (dict, collections.OrderedDict, collections.defaultdict, _PROXY):
         return [Step(False, k) for k in value if type(k) in (str, int)]
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
@@ -66,6 +66,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "_sections"), Step(True, "_defaults")]
     if isinstance(value, configparser.SectionProxy):  # CP["solver"] held: its parser
         return [Step(True, "parser")]
+    if isinstance(value, weakref.WeakKeyDictionary):  # how many; the values it holds
+        return [LENGTH, *_listed_values(len(value))]
     if isinstance(value, _WEAK):  # a registry: what is registered (members are not held)
         return [LENGTH]
     if getattr(getattr(value, "dtype", None), "hasobject", False) and hasattr(value, "flat"):
@@ -74,13 +76,16 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "data")]  # the dict or list it wraps
     if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
         return [Step(True, "__self__")]
-    if isinstance(value, functools.partial):  # the arguments it binds, what it calls
-        return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]
+    if isinstance(value, (functools.partial, functools.partialmethod)):  # what it binds
+        return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]  # and calls
     if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read)
         return [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
     if isinstance(value, types.FunctionType):  # code, walked by user_functions; a single-
-        registry = value.__dict__.get("registry")  # dispatch function: what is registered
-        return [(Step(True, "registry"), LENGTH)] if isinstance(registry, Mapping) else []
+        registry = value.__dict__.get("registry")  # dispatch function: what is registered,
+        if not isinstance(registry, Mapping):  # how many and each implementation (replaced
+            return []  # by a later register() of the same type)
+        held = [(Step(True, "registry"), *path) for path in _listed_values(len(registry))]
+        return [(Step(True, "registry"), LENGTH), *held]
     if isinstance(value, nn.Module):
         return []  # the module guard
     if isinstance(value, enum.Enum):  # a member whose value holds a list, or with attributes
@@ -111,6 +116,14 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
 
 
 _WEAK = (weakref.WeakSet, weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
+_PROXY = types.MappingProxyType
+
+
+def _listed_values(n: int) -> list[tuple[Step, ...]]:
+    """Paths to a mapping's values by position (``tuple(m.values())[i]``: keys that are not
+    names or numbers, such as types or objects)."""
+    return [(Step(True, "values", call=True), LISTED, Step(False, i)) for i in range(n)]
+
 
 VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
 

@@ -376,7 +376,7 @@ def _add(
     reads[key] = Read(source, kind, expected)
     if kind is Kind.IDENTITY and isinstance(value, memoryview) and value.nbytes <= _MAX_VIEW:
         _add(reads, (key, "bytes"), source.child(_TOBYTES), budget)  # what it shows now
-    if kind is Kind.IDENTITY and isinstance(value, (list, dict, set)):  # an append changes it
+    if kind is Kind.IDENTITY and isinstance(value, (list, dict, set, types.MappingProxyType)):
         _add(reads, (key, LENGTH), source.child(LENGTH), budget)
     if kind is Kind.IDENTITY and shows_content(value):  # d.values() held, class T(dict)
         copied = source.child(Step(True, "mapping")) if isinstance(value, VIEWS) else source

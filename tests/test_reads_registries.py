@@ -1,0 +1,130 @@
+"""What registries and binders hold, walked by the guard stage (_reads._fields): a
+single-dispatch function's implementations, what a ``functools.partialmethod`` binds, a
+``types.MappingProxyType``'s entries, a ``WeakKeyDictionary``'s values. Each case was found
+silently wrong by a probe of state-change programs: the program kept what it had traced."""
+
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _like_eager_after(step: Callable[..., Any], change: Callable[[], None]) -> None:
+    """Three calls, ``change()``, three calls: each like eager, no JitWarning, one retrace."""
+    jitted = ptj.jit(step)
+    x = torch.linspace(0.5, 1.5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for each in (lambda: None, change):
+            each()
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), step(x))
+            jitted.wait_compiled()
+    assert jitted.num_traces == 2, jitted.explain()
+
+
+@functools.singledispatch
+def _coefficient(v: Any) -> float:
+    return 1.0
+
+
+@_coefficient.register(float)
+def _(v: float) -> float:
+    return v * 2
+
+
+def test_a_single_dispatch_implementation_replaced_for_the_same_type_retraces() -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * _coefficient(1.5)
+
+    before = _coefficient.dispatch(float)
+    try:
+        _like_eager_after(step, lambda: _coefficient.register(float, lambda v: v * 7))
+    finally:
+        _coefficient.register(float, before)
+
+
+class _Knob:
+    def __init__(self) -> None:
+        self.v = 2.0
+
+
+class _Bound:
+    knob = _Knob()
+
+    def _scaled(self, t: torch.Tensor, k: _Knob, extra: list[float]) -> torch.Tensor:
+        return t * k.v + extra[0]
+
+    scaled = functools.partialmethod(_scaled, k=knob, extra=[0.0])
+
+
+@pytest.mark.parametrize("change", ["attribute", "in place"])
+def test_what_a_partialmethod_binds_is_guarded(change: str) -> None:
+    holder = _Bound()
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return holder.scaled(x)
+
+    method = _Bound.__dict__["scaled"]
+    before = (method.keywords["k"].v, list(method.keywords["extra"]))
+    try:
+        if change == "attribute":
+            _like_eager_after(step, lambda: setattr(method.keywords["k"], "v", -3.0))
+        else:
+            _like_eager_after(step, lambda: method.keywords["extra"].__setitem__(0, 5.0))
+    finally:
+        method.keywords["k"].v, method.keywords["extra"][:] = before[0], before[1]
+
+
+_BEHIND: dict[str, float] = {"a": 1.0}
+_PROXY = types.MappingProxyType(_BEHIND)
+
+
+@pytest.mark.parametrize("change", ["key added", "value changed"])
+def test_a_mapping_proxy_sees_the_dict_behind_it(change: str) -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * _PROXY["a"] + _PROXY.get("b", 0.0)
+
+    try:
+        if change == "key added":
+            _like_eager_after(step, lambda: _BEHIND.__setitem__("b", 2.0))
+        else:
+            _like_eager_after(step, lambda: _BEHIND.__setitem__("a", 3.0))
+    finally:
+        _BEHIND.clear()
+        _BEHIND["a"] = 1.0
+
+
+class _Key:
+    pass
+
+
+class _Settings:
+    def __init__(self, gain: float) -> None:
+        self.gain = gain
+
+
+@pytest.mark.parametrize("change", ["attribute", "replaced"])
+def test_the_values_a_weak_key_dictionary_holds_are_guarded(change: str) -> None:
+    key = _Key()
+    table: weakref.WeakKeyDictionary[_Key, _Settings] = weakref.WeakKeyDictionary()
+    table[key] = _Settings(2.0)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * table[key].gain
+
+    if change == "attribute":
+        _like_eager_after(step, lambda: setattr(table[key], "gain", 9.0))
+    else:
+        _like_eager_after(step, lambda: table.__setitem__(key, _Settings(6.0)))
