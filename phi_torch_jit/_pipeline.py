@@ -94,7 +94,10 @@ def specialize(
     changed = before.changes() if target.options.side_effects == "eager" else []
     callables = callables_in(key[0])
     imported = recording.unguardable.imports, recording.unguardable.module_reads
-    reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported)
+    customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
+               for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip
+    reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
+                          customs=customs)  # fmt: skip
     hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
     reads += hooks_read
     target.report.unguarded(reads)
@@ -125,7 +128,8 @@ def specialize(
             eager_reason = _cannot_trace(target, f"engine {target.options.engine.name!r} could not "
                                          f"trace it: {describe_error(error)}")  # fmt: skip
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
-        reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported)
+        reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
+                              customs=customs)  # fmt: skip
         guard = PythonGuard([*reads, *hooks_read])
     if guard is not None and hooks_read:  # what a hook changed in the trace pass is its own
         guard = PythonGuard(held_by_hooks(guard.reads, hooks_read))

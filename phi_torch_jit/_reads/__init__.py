@@ -56,7 +56,8 @@ lives and how it is guarded; plain data, a leaf); ``_code_walk`` the static walk
 (names and attribute chains each code object reads, the functions a call can reach);
 ``_python`` turns those reads into ``Read`` records and checks them (``PythonGuard``);
 ``_content`` how a container of plain values is compared;
-``_hooks`` what the modules' hooks read;
+``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
+compiled body holds as constants (guarded by identity too);
 ``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.
 docs/guarded.md is the user's version of this table (NOTE [Python reads], NOTE [attribute
 paths] in docs/design.md).

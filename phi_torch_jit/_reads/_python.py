@@ -48,6 +48,7 @@ from ._code_walk import (
     user_module,
 )
 from ._content import plain_container, snapshot, strict
+from ._custom_bodies import held_by_identity, roots_read_by
 from ._fields import (
     INSTANCE_DICT,
     TREE_DEPTH,
@@ -168,6 +169,7 @@ def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
     module_reads: Mapping[tuple[str, str], str] | None = None, role: str = "an argument",
+    customs: Sequence[Any] = (),
 ) -> list[Read]:  # fmt: skip
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring). ``arguments``: callable
@@ -175,7 +177,9 @@ def collect_reads(
     specialization holds them): their state is walked like the jitted callable's.
     ``imported``: the user's modules the record pass saw imported -> where (by any name);
     ``module_reads``: (module, attribute) the record pass saw read -> where. ``fn`` None:
-    only ``arguments`` are walked, named ``role`` (the hooks of :mod:`._hooks`)."""
+    only ``arguments`` are walked, named ``role`` (the hooks of :mod:`._hooks`).
+    ``customs``: the custom functions' callables the record pass saw called: tensors their
+    code reads are guarded by identity too (:mod:`._custom_bodies`)."""
     reads: dict[Any, Read] = {}
     for module in modules:
         _add_attributes(reads, module)
@@ -223,6 +227,8 @@ def collect_reads(
     for ident, holder in shadowing.items():
         _add(reads, (ident, "shadowing"), holder.source())
     _add_imported(reads, imported or {})
+    if customs:
+        held_by_identity(reads, roots_read_by(customs))
     return list(reads.values())
 
 
