@@ -82,7 +82,8 @@ def specialize(
     (the eager result, None) when the engine cannot compile without making the caller wait."""
     if converts_natives(key[0]):  # the record pass must see what the trace sees
         args, kwargs = unflatten_arguments(key[0], tensors)
-    before = snapshot(target.fn, modules_in(key[0]))
+    callables = callables_in(key[0])
+    before = snapshot(target.fn, modules_in(key[0]), callables)
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     written_before = versions(tensors)
     as_called = _as_called(tensors)
@@ -92,7 +93,6 @@ def specialize(
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
     changed = before.changes() if target.options.side_effects == "eager" else []
-    callables = callables_in(key[0])
     imported = recording.unguardable.imports, recording.unguardable.module_reads
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
                for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip

@@ -54,7 +54,9 @@ Python reading ``requires_grad``             the module guard checks it
 Modules: ``_records`` the records (``Source``, ``Step``, ``Kind``, ``Read``: where a read value
 lives and how it is guarded; plain data, a leaf); ``_code_walk`` the static walk over user code
 (names and attribute chains each code object reads, the functions a call can reach);
-``_python`` turns those reads into ``Read`` records and checks them (``PythonGuard``);
+``_held`` what a jitted callable holds besides code (a partial's arguments, a method's
+``self`` or ``cls``); ``_python`` turns those reads into ``Read`` records and checks them
+(``PythonGuard``);
 ``_content`` how a container of plain values is compared;
 ``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
 compiled body holds as constants (guarded by identity too);

@@ -3,9 +3,9 @@
 Bytecode is read, nothing is run: the globals and free variables each code object loads
 (:func:`names_read`), the attribute and constant-subscript chains it spells out from them
 (:func:`attribute_chains`), the user functions reachable from the jitted callable through closures,
-globals, classes, bound methods and the user's own modules (:func:`user_functions`), and
-the objects the callable holds besides code (:func:`held_objects`: a partial's arguments, a
-method's ``self``, the jitted module). Only the user's files count (:mod:`._sources`). See
+globals, classes, bound methods and the user's own modules (:func:`user_functions`); what a
+jitted callable holds besides code is :mod:`._held`'s. Only the user's files count
+(:mod:`._sources`). See
 NOTE [Python reads] and NOTE [attribute paths] in docs/design.md.
 """
 
@@ -20,14 +20,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from .._sources import is_user_file
 from ._records import PRIMITIVES, Source, Step
 
-__all__ = ["names_read", "attribute_chains", "user_functions", "held_objects", "describe_callable",
-           "user_module", "user_class", "modules_imported", "names_in_user_code", "callbacks_held",
-           "MAX_DEPTH", "added_builtins", "Shadowing", "names_environment"]  # fmt: skip
+__all__ = ["names_read", "attribute_chains", "user_functions", "user_module", "user_class",
+           "modules_imported", "names_in_user_code", "callbacks_held", "MAX_DEPTH",
+           "added_builtins", "Shadowing", "names_environment"]  # fmt: skip
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -220,50 +219,6 @@ def _chains_of(
 
 
 _NO_KEY = object()
-
-
-def held_objects(fn: Any) -> list[tuple[Any, Source]]:
-    """The objects a jitted callable holds besides code: the arguments and keywords of a
-    ``functools.partial`` (``partial(relax, cfg=cfg)``), a bound method's ``self``, the
-    jitted module or callable object itself; their attributes are read through parameters,
-    not names, so they are guarded as roots of their own (NOTE [attribute paths])."""
-    found: list[tuple[Any, Source]] = []
-    pending, seen = [fn], 0
-    while pending and seen < MAX_DEPTH:
-        obj, seen = pending.pop(), seen + 1
-        where = describe_callable(obj)
-        if isinstance(obj, functools.partial):
-            for i, value in enumerate(obj.args):
-                found.append(((id(obj), i), Source(f"partial argument {i}", where, holder=value)))
-            for name in obj.keywords:
-                source = Source(f"partial keyword {name}", where, obj.keywords, name)
-                found.append(((id(obj), name), source))
-            pending.append(obj.func)
-        elif isinstance(obj, types.MethodType):
-            owner = obj.__self__
-            if not isinstance(owner, type):
-                label = f"{type(owner).__name__} object (self of {obj.__name__})"
-                found.append(((id(owner), "self"), Source(label, where, holder=owner)))
-        elif isinstance(obj, nn.Module):
-            label = f"{type(obj).__name__} object (the jitted module)"
-            found.append(((id(obj), "self"), Source(label, where, holder=obj)))
-        elif not isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type)):
-            label = f"{type(obj).__name__} object (the jitted callable)"  # its __call__'s self
-            found.append(((id(obj), "self"), Source(label, where, holder=obj)))
-    return found
-
-
-def describe_callable(obj: Any) -> str:
-    """``file:line`` of a callable's code, or its type's name."""
-    if isinstance(obj, functools.partial):
-        target = obj.func
-    else:
-        target = obj.__func__ if isinstance(obj, types.MethodType) else obj
-    target = getattr(target, "forward", target) if isinstance(target, nn.Module) else target
-    code = getattr(target, "__code__", None)
-    if code is not None:
-        return f"{code.co_filename}:{code.co_firstlineno}"
-    return type(obj).__name__
 
 
 def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:

@@ -70,7 +70,7 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [LENGTH, *_listed_values(len(value))]
     if isinstance(value, _WEAK):  # a registry: what is registered (members are not held)
         return [LENGTH]
-    if getattr(getattr(value, "dtype", None), "hasobject", False) and hasattr(value, "flat"):
+    if getattr(_attribute(value, "dtype"), "hasobject", False) and has_attribute(value, "flat"):
         return [(Step(True, "flat"), Step(False, i)) for i in range(value.size)]  # objects
     if isinstance(value, (collections.UserDict, collections.UserList)):
         return [Step(True, "data")]  # the dict or list it wraps
@@ -150,6 +150,15 @@ object; the whole tree shares ``_MAX_FIELDS`` reads."""
 
 def depth(path: tuple[Step, ...]) -> int:
     return sum(1 for step in path if not (step.attribute and step.key in _STRUCTURE))
+
+
+def _attribute(value: Any, name: str) -> Any:
+    """``getattr(value, name, None)`` that survives a ``__getattr__`` raising something else
+    than AttributeError (a config class looking names up in a dict: KeyError)."""
+    try:
+        return getattr(value, name, None)
+    except Exception:
+        return None
 
 
 def has_attribute(value: Any, name: str) -> bool:

@@ -128,9 +128,13 @@ class Snapshot:
         return changed
 
 
-def snapshot(fn: Callable[..., Any], modules: Sequence[nn.Module]) -> Snapshot:
-    """The user state ``fn`` may change, before it runs (a static walk: no Python of ``fn``)."""
-    reads = tuple(collect_reads(fn, modules))
+def snapshot(
+    fn: Callable[..., Any], modules: Sequence[nn.Module], callables: Sequence[Any] = ()
+) -> Snapshot:
+    """The user state ``fn`` may change, before it runs (a static walk: no Python of ``fn``);
+    ``callables``: objects passed as arguments whose state its call may change too (a loader
+    object's counter)."""
+    reads = tuple(collect_reads(fn, modules, callables))
     modules = tuple(modules_known_before(fn, reads, modules))
     return Snapshot(reads, tuple(map(_safe_fingerprint, reads)), modules,
                     _module_attributes(modules))  # fmt: skip

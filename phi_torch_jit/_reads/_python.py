@@ -37,8 +37,6 @@ from ._code_walk import (
     Shadowing,
     added_builtins,
     attribute_chains,
-    describe_callable,
-    held_objects,
     modules_imported,
     names_environment,
     names_in_user_code,
@@ -60,6 +58,7 @@ from ._fields import (
     shows_content,
 )
 from ._guard import PythonGuard
+from ._held import describe_callable, held_objects
 from ._records import (
     GONE,
     LENGTH,
@@ -324,8 +323,8 @@ def _add_code(reads: dict[Any, Read], function: types.FunctionType) -> None:
         label = f"{function.__qualname__}.{attribute}"
         source = Source(label, where, holder=function, path=(Step(True, attribute),))
         _add(reads, (id(function), attribute), source)
-    own = [n for n in function.__dict__ if not n.startswith("__")][:_MAX_FIELDS]
-    for path in [(INSTANCE_DICT, LENGTH), *((Step(True, n),) for n in own)]:  # f.scale: each,
+    own = [n for n in function.__dict__ if not n.startswith("__") or n == "__wrapped__"]
+    for path in [(INSTANCE_DICT, LENGTH), *((Step(True, n),) for n in own[:_MAX_FIELDS])]:
         label = function.__qualname__ + (f".{path[0].key}" if len(path) == 1 else " attributes")
         _add(reads, (id(function), path), Source(label, where, holder=function, path=path))
 

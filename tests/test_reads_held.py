@@ -1,0 +1,134 @@
+"""What a jitted callable holds and what its arguments change (_reads._held, _reads._fields,
+_reads._mutations): the class of a jitted classmethod, a keyword added to a jitted partial, a
+config object answering through ``__getattr__``, a ``functools.wraps`` wrapper's
+``__wrapped__``, a callable argument that changes its own state. Each was found silently
+wrong by a probe (the program kept what it had traced, or repeated a side effect)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _like_eager_after(jitted: Any, eager: Callable[..., Any], change: Callable[[], None]) -> None:
+    """Three calls, ``change()``, three calls: each like eager, no JitWarning, one retrace."""
+    x = torch.linspace(0.5, 1.5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for each in (lambda: None, change):
+            each()
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), eager(x))
+            jitted.wait_compiled()
+    assert jitted.num_traces == 2, jitted.explain()
+
+
+class _Base:
+    K = 1.0
+
+
+class _Sim(_Base):
+    @classmethod
+    def step(cls, x: torch.Tensor) -> torch.Tensor:
+        return x * cls.K
+
+
+def test_a_jitted_classmethod_sees_its_class_attributes() -> None:
+    try:
+        _like_eager_after(ptj.jit(_Sim.step), _Sim.step, lambda: setattr(_Sim, "K", 4.0))
+    finally:
+        del _Sim.K
+    try:  # inherited, changed on the base
+        _like_eager_after(ptj.jit(_Sim.step), _Sim.step, lambda: setattr(_Base, "K", 3.0))
+    finally:
+        _Base.K = 1.0
+
+
+def _shifted(x: torch.Tensor, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    return x * scale + shift
+
+
+def test_a_keyword_added_to_a_jitted_partial_retraces() -> None:
+    bound = functools.partial(_shifted, scale=2.0)
+    _like_eager_after(ptj.jit(bound), bound, lambda: bound.keywords.__setitem__("shift", 5.0))
+
+
+class _LookedUp:
+    """A config whose values live in a dict, answered by ``__getattr__`` (a KeyError for a
+    missing name, not an AttributeError)."""
+
+    def __init__(self) -> None:
+        self.__dict__["_values"] = {"alpha": 1.0}
+
+    def __getattr__(self, name: str) -> Any:
+        return self.__dict__["_values"][name]
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.cfg = _LookedUp()
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cfg.alpha
+
+
+def test_a_config_answering_through_getattr_is_walked() -> None:
+    holder = _Holder()
+    change = lambda: holder.cfg._values.__setitem__("alpha", 9.0)  # noqa: E731
+    _like_eager_after(ptj.jit(holder.step), holder.step, change)
+
+
+def _decorated(f: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(f)
+    def wrapper(x: torch.Tensor) -> torch.Tensor:
+        return wrapper.__wrapped__(x) + 1.0  # type: ignore[attr-defined]
+
+    return wrapper
+
+
+@_decorated
+def _tripled(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+def test_a_wrappers_wrapped_function_swapped_retraces() -> None:
+    original = _tripled.__wrapped__  # type: ignore[attr-defined]
+    try:
+        change = lambda: setattr(_tripled, "__wrapped__", lambda x: x * 9)  # noqa: E731
+        _like_eager_after(ptj.jit(_tripled), _tripled, change)
+    finally:
+        _tripled.__wrapped__ = original  # type: ignore[attr-defined]
+
+
+class _Loader:
+    def __init__(self) -> None:
+        self.data = [float(k) for k in range(10)]
+        self.k = 0
+
+    def __call__(self) -> float:
+        self.k += 1
+        return self.data[self.k - 1]
+
+
+def test_a_callable_argument_that_changes_its_state_runs_once_per_call() -> None:
+    """Its counter is part of the key, so each call specialized again; the record and trace
+    passes both ran it: every call advanced it twice, silently."""
+
+    def step(x: torch.Tensor, loader: _Loader) -> torch.Tensor:
+        return x * loader()
+
+    jitted, mine, theirs = ptj.jit(step), _Loader(), _Loader()
+    x = torch.ones(2)
+    with pytest.warns(ptj.JitWarning, match="changes Python state"):
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x, mine), step(x, theirs))
+    assert mine.k == theirs.k == 3
