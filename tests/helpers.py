@@ -190,3 +190,22 @@ def program_of(jitted: Any) -> TieredProgram:
     program = specialization.program
     assert isinstance(program, TieredProgram)
     return program
+
+
+def like_eager_then_retraced(
+    jitted: Any, eager: Any, change: Any, traces: int = 2, x: torch.Tensor | None = None
+) -> None:
+    """Three calls, ``change()``, three calls: each like eager (after ``wait_compiled`` too),
+    no JitWarning, and ``traces`` traces in all (the change retraced once)."""
+    from phi_torch_jit import JitWarning
+
+    x = torch.linspace(0.5, 1.5, 3) if x is None else x
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitWarning)
+        for each in (lambda: None, change):
+            each()
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), eager(x))
+            jitted.wait_compiled()
+            torch.testing.assert_close(jitted(x), eager(x))
+    assert jitted.num_traces == traces, jitted.explain()

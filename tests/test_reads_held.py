@@ -7,29 +7,16 @@ wrong by a probe (the program kept what it had traced, or repeated a side effect
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from helpers import like_eager_then_retraced
 
 import phi_torch_jit as ptj
 
 pytestmark = pytest.mark.all_engines
-
-
-def _like_eager_after(jitted: Any, eager: Callable[..., Any], change: Callable[[], None]) -> None:
-    """Three calls, ``change()``, three calls: each like eager, no JitWarning, one retrace."""
-    x = torch.linspace(0.5, 1.5, 3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ptj.JitWarning)
-        for each in (lambda: None, change):
-            each()
-            for _ in range(3):
-                torch.testing.assert_close(jitted(x), eager(x))
-            jitted.wait_compiled()
-    assert jitted.num_traces == 2, jitted.explain()
 
 
 class _Base:
@@ -44,11 +31,11 @@ class _Sim(_Base):
 
 def test_a_jitted_classmethod_sees_its_class_attributes() -> None:
     try:
-        _like_eager_after(ptj.jit(_Sim.step), _Sim.step, lambda: setattr(_Sim, "K", 4.0))
+        like_eager_then_retraced(ptj.jit(_Sim.step), _Sim.step, lambda: setattr(_Sim, "K", 4.0))
     finally:
         del _Sim.K
     try:  # inherited, changed on the base
-        _like_eager_after(ptj.jit(_Sim.step), _Sim.step, lambda: setattr(_Base, "K", 3.0))
+        like_eager_then_retraced(ptj.jit(_Sim.step), _Sim.step, lambda: setattr(_Base, "K", 3.0))
     finally:
         _Base.K = 1.0
 
@@ -59,7 +46,9 @@ def _shifted(x: torch.Tensor, scale: float = 1.0, shift: float = 0.0) -> torch.T
 
 def test_a_keyword_added_to_a_jitted_partial_retraces() -> None:
     bound = functools.partial(_shifted, scale=2.0)
-    _like_eager_after(ptj.jit(bound), bound, lambda: bound.keywords.__setitem__("shift", 5.0))
+    like_eager_then_retraced(
+        ptj.jit(bound), bound, lambda: bound.keywords.__setitem__("shift", 5.0)
+    )
 
 
 class _LookedUp:
@@ -84,7 +73,7 @@ class _Holder:
 def test_a_config_answering_through_getattr_is_walked() -> None:
     holder = _Holder()
     change = lambda: holder.cfg._values.__setitem__("alpha", 9.0)  # noqa: E731
-    _like_eager_after(ptj.jit(holder.step), holder.step, change)
+    like_eager_then_retraced(ptj.jit(holder.step), holder.step, change)
 
 
 def _decorated(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,7 +93,7 @@ def test_a_wrappers_wrapped_function_swapped_retraces() -> None:
     original = _tripled.__wrapped__  # type: ignore[attr-defined]
     try:
         change = lambda: setattr(_tripled, "__wrapped__", lambda x: x * 9)  # noqa: E731
-        _like_eager_after(ptj.jit(_tripled), _tripled, change)
+        like_eager_then_retraced(ptj.jit(_tripled), _tripled, change)
     finally:
         _tripled.__wrapped__ = original  # type: ignore[attr-defined]
 

@@ -7,31 +7,16 @@ from __future__ import annotations
 
 import functools
 import types
-import warnings
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from helpers import like_eager_then_retraced
 
 import phi_torch_jit as ptj
 
 pytestmark = pytest.mark.all_engines
-
-
-def _like_eager_after(step: Callable[..., Any], change: Callable[[], None]) -> None:
-    """Three calls, ``change()``, three calls: each like eager, no JitWarning, one retrace."""
-    jitted = ptj.jit(step)
-    x = torch.linspace(0.5, 1.5, 3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ptj.JitWarning)
-        for each in (lambda: None, change):
-            each()
-            for _ in range(3):
-                torch.testing.assert_close(jitted(x), step(x))
-            jitted.wait_compiled()
-    assert jitted.num_traces == 2, jitted.explain()
 
 
 @functools.singledispatch
@@ -50,7 +35,9 @@ def test_a_single_dispatch_implementation_replaced_for_the_same_type_retraces() 
 
     before = _coefficient.dispatch(float)
     try:
-        _like_eager_after(step, lambda: _coefficient.register(float, lambda v: v * 7))
+        like_eager_then_retraced(
+            ptj.jit(step), step, lambda: _coefficient.register(float, lambda v: v * 7)
+        )
     finally:
         _coefficient.register(float, before)
 
@@ -80,9 +67,13 @@ def test_what_a_partialmethod_binds_is_guarded(change: str) -> None:
     before = (method.keywords["k"].v, list(method.keywords["extra"]))
     try:
         if change == "attribute":
-            _like_eager_after(step, lambda: setattr(method.keywords["k"], "v", -3.0))
+            like_eager_then_retraced(
+                ptj.jit(step), step, lambda: setattr(method.keywords["k"], "v", -3.0)
+            )
         else:
-            _like_eager_after(step, lambda: method.keywords["extra"].__setitem__(0, 5.0))
+            like_eager_then_retraced(
+                ptj.jit(step), step, lambda: method.keywords["extra"].__setitem__(0, 5.0)
+            )
     finally:
         method.keywords["k"].v, method.keywords["extra"][:] = before[0], before[1]
 
@@ -98,9 +89,9 @@ def test_a_mapping_proxy_sees_the_dict_behind_it(change: str) -> None:
 
     try:
         if change == "key added":
-            _like_eager_after(step, lambda: _BEHIND.__setitem__("b", 2.0))
+            like_eager_then_retraced(ptj.jit(step), step, lambda: _BEHIND.__setitem__("b", 2.0))
         else:
-            _like_eager_after(step, lambda: _BEHIND.__setitem__("a", 3.0))
+            like_eager_then_retraced(ptj.jit(step), step, lambda: _BEHIND.__setitem__("a", 3.0))
     finally:
         _BEHIND.clear()
         _BEHIND["a"] = 1.0
@@ -125,6 +116,8 @@ def test_the_values_a_weak_key_dictionary_holds_are_guarded(change: str) -> None
         return x * table[key].gain
 
     if change == "attribute":
-        _like_eager_after(step, lambda: setattr(table[key], "gain", 9.0))
+        like_eager_then_retraced(ptj.jit(step), step, lambda: setattr(table[key], "gain", 9.0))
     else:
-        _like_eager_after(step, lambda: table.__setitem__(key, _Settings(6.0)))
+        like_eager_then_retraced(
+            ptj.jit(step), step, lambda: table.__setitem__(key, _Settings(6.0))
+        )

@@ -11,34 +11,17 @@ import builtins
 import functools
 import importlib
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import like_eager_then_retraced
 
 import phi_torch_jit as ptj
 
 pytestmark = pytest.mark.all_engines
-
-
-def _like_eager_then_retraced(
-    jitted: Any, eager: Callable[..., Any], define: Callable[[], None], traces: int = 2
-) -> None:
-    """Three calls, ``define()``, three calls: each like eager, no JitWarning, and the
-    definition retraced once (``traces`` in all)."""
-    x = torch.linspace(0.5, 1.5, 4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ptj.JitWarning)
-        for change in (lambda: None, define):
-            change()
-            for _ in range(3):
-                torch.testing.assert_close(jitted(x), eager(x))
-            jitted.wait_compiled()
-            torch.testing.assert_close(jitted(x), eager(x))
-    assert jitted.num_traces == traces, jitted.explain()
 
 
 @pytest.fixture
@@ -70,12 +53,12 @@ def test_a_global_defined_after_the_trace_retraces(
     step: Callable[..., Any], module_globals: dict[str, Any]
 ) -> None:
     name = {_boosted: "PTJ_BOOST", _extra: "PTJ_EXTRA", _debug_scaled: "PTJ_DEBUG"}[step]
-    _like_eager_then_retraced(ptj.jit(step), step, lambda: module_globals.update({name: 5.0}))
+    like_eager_then_retraced(ptj.jit(step), step, lambda: module_globals.update({name: 5.0}))
 
 
 def test_other_globals_defined_later_do_not_retrace(module_globals: dict[str, Any]) -> None:
     jitted = ptj.jit(_boosted)
-    _like_eager_then_retraced(jitted, _boosted, lambda: module_globals.update(PTJ_OTHER=1.0), 1)
+    like_eager_then_retraced(jitted, _boosted, lambda: module_globals.update(PTJ_OTHER=1.0), 1)
 
 
 def _helper(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -88,7 +71,7 @@ def test_a_lookup_by_a_helper_behind_a_partial_is_guarded(module_globals: dict[s
     def step(x: torch.Tensor) -> torch.Tensor:
         return helper(x) - 1.0
 
-    _like_eager_then_retraced(ptj.jit(step), step, lambda: module_globals.update(PTJ_BIAS=4.0))
+    like_eager_then_retraced(ptj.jit(step), step, lambda: module_globals.update(PTJ_BIAS=4.0))
 
 
 def _gained(x: torch.Tensor) -> torch.Tensor:
@@ -101,7 +84,7 @@ def test_a_name_on_builtins_shadowed_later_by_a_global_retraces(
     builtins.PTJ_GAIN = 1.0  # type: ignore[attr-defined]
     try:
         jitted = ptj.jit(_gained)
-        _like_eager_then_retraced(jitted, _gained, lambda: module_globals.update(PTJ_GAIN=7.0))
+        like_eager_then_retraced(jitted, _gained, lambda: module_globals.update(PTJ_GAIN=7.0))
     finally:
         del builtins.PTJ_GAIN  # type: ignore[attr-defined]
 
@@ -109,7 +92,7 @@ def test_a_name_on_builtins_shadowed_later_by_a_global_retraces(
 def test_a_name_defined_later_on_builtins_retraces() -> None:
     jitted = ptj.jit(_boosted)
     try:
-        _like_eager_then_retraced(jitted, _boosted, lambda: setattr(builtins, "PTJ_BOOST", 3.0))
+        like_eager_then_retraced(jitted, _boosted, lambda: setattr(builtins, "PTJ_BOOST", 3.0))
     finally:
         del builtins.PTJ_BOOST  # type: ignore[attr-defined]
 
@@ -141,7 +124,7 @@ def test_an_attribute_of_the_users_module_read_with_a_default_is_guarded(
     owner = module if read == "own dict" else sys.modules["ptj_settings_mod"]
     try:
         define = functools.partial(setattr, owner, "SCALE", 4.0)
-        _like_eager_then_retraced(ptj.jit(module.step), module.step, define)
+        like_eager_then_retraced(ptj.jit(module.step), module.step, define)
     finally:
         for stale in ("ptj_settings_mod", name):
             sys.modules.pop(stale, None)
@@ -168,7 +151,7 @@ def test_an_attribute_set_on_a_function_later_or_deleted_retraces(
     name = "boost" if helper is _boost_of else "flag"
     jitted = ptj.jit(step)
     try:
-        _like_eager_then_retraced(jitted, step, lambda: setattr(helper, name, 4.0))
-        _like_eager_then_retraced(jitted, step, lambda: delattr(helper, name), traces=2)
+        like_eager_then_retraced(jitted, step, lambda: setattr(helper, name, 4.0))
+        like_eager_then_retraced(jitted, step, lambda: delattr(helper, name), traces=2)
     finally:
         helper.__dict__.pop(name, None)
