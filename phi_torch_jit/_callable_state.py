@@ -32,8 +32,9 @@ where they are called: the Python guards)."""
 
 def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
     """(name, key) of the state a callable object holds: numbers, strings, enums and tuples of
-    them by value (their ``repr()``), lists of those by content, tensors by identity (a
-    rebound ``self.w``); its ``__slots__`` too, and the class attributes it reads through
+    them by value (their ``repr()``), lists and dicts of those by content, tensors and other
+    objects by identity (a rebound ``self.w``; two objects equal by their ``__eq__`` holding
+    different dicts); its ``__slots__`` too, and the class attributes it reads through
     ``self`` (the user's classes: not a library's; their names looked up once per class)."""
     found = {name: getattr(obj, name) for name in _class_names(type(obj)) if hasattr(obj, name)}
     found.update(getattr(obj, "__dict__", {}))
@@ -42,9 +43,15 @@ def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
         if isinstance(value, torch.Tensor):
             keyed.append((name, ("tensor", id(value))))
         elif _plain(value) or (
-            type(value) is list and len(value) <= 64 and all(map(_plain, value))
+            type(value) in (list, dict)
+            and len(value) <= 64
+            and all(map(_plain, value))
+            and (type(value) is list or all(map(_plain, value.values())))
         ):  # by repr(): 2 and 2.0, -0.0 and 0.0, 1 and True are == alike
             keyed.append((name, repr(value)))
+        elif not callable(value) or isinstance(value, (types.MethodType, functools.partial)):
+            keyed.append((name, ("object", id(value))))  # another object: which one (its
+            # state is guarded where the step reads it, rooted at the first object keyed)
     return tuple(keyed)
 
 

@@ -121,3 +121,54 @@ def test_a_callable_argument_that_changes_its_state_runs_once_per_call() -> None
         for _ in range(3):
             torch.testing.assert_close(jitted(x, mine), step(x, theirs))
     assert mine.k == theirs.k == 3
+
+
+class _Parent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 2.0
+        self.child = _Child(self)
+
+
+class _Child(torch.nn.Module):
+    def __init__(self, parent: _Parent) -> None:
+        super().__init__()
+        import weakref
+
+        self.parent_ref = weakref.ref(parent)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parent = self.parent_ref()
+        assert parent is not None
+        return x * parent.scale
+
+
+def test_a_jitted_module_follows_its_weak_reference_to_a_parent() -> None:
+    parent = _Parent()
+    child = parent.child
+    like_eager_then_retraced(ptj.jit(child), child, lambda: setattr(parent, "scale", 5.0))
+
+
+class _Named:
+    """Equal by name only; holds a dict its step reads."""
+
+    def __init__(self, name: str, values: dict[str, float]) -> None:
+        self.name, self.values = name, values
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Named) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+def test_arguments_equal_by_their_eq_holding_other_dicts_are_keyed_apart() -> None:
+    def step(x: torch.Tensor, cfg: _Named) -> torch.Tensor:
+        return x * cfg.values["k"]
+
+    jitted, x = ptj.jit(step), torch.ones(3)
+    a, b = _Named("a", {"k": 1.0}), _Named("a", {"k": 3.0})
+    for cfg in (a, b, a, b):
+        torch.testing.assert_close(jitted(x, cfg), step(x, cfg))
+    a.values["k"] = 6.0  # in place
+    torch.testing.assert_close(jitted(x, a), step(x, a))

@@ -121,3 +121,33 @@ def test_the_values_a_weak_key_dictionary_holds_are_guarded(change: str) -> None
         like_eager_then_retraced(
             ptj.jit(step), step, lambda: table.__setitem__(key, _Settings(6.0))
         )
+
+
+class _Stage:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+
+def test_objects_used_as_dict_keys_are_walked() -> None:
+    """``for stage in STAGES: x = x * stage.k`` with the stages as a dict's keys."""
+    first, second = _Stage(1.0), _Stage(2.0)
+    stages = {first: "a", second: "b"}
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for stage in stages:
+            x = x * stage.k
+        return x
+
+    like_eager_then_retraced(ptj.jit(step), step, lambda: setattr(first, "k", 5.0))
+
+
+def test_a_default_factorys_closure_is_guarded() -> None:
+    import collections
+
+    state = {"default": 1.0}
+    table: collections.defaultdict[str, float] = collections.defaultdict(lambda: state["default"])
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * table.get("k", table.default_factory())  # type: ignore[misc]
+
+    like_eager_then_retraced(ptj.jit(step), step, lambda: state.__setitem__("default", 4.0))

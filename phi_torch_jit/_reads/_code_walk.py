@@ -12,6 +12,7 @@ NOTE [Python reads] and NOTE [attribute paths] in docs/design.md.
 from __future__ import annotations
 
 import builtins
+import collections
 import dis
 import functools
 import sys
@@ -292,6 +293,8 @@ def _parts(obj: Any) -> list[Any]:
         return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
         return []
+    if type(obj) is collections.defaultdict and obj.default_factory is not None:
+        return [obj.default_factory, *obj.values()][:32]  # its factory (a lambda reading state)
     if type(obj) in (list, tuple, dict):  # functions kept in a registry: TERMS = [term], and
         items = obj.values() if type(obj) is dict else obj  # objects whose methods Python
         return [item for item in list(items)[:32] if _may_hold_code(item)]

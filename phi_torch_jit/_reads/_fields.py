@@ -57,7 +57,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     method, the arguments a ``functools.partial`` binds.
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
     if type(value) in (dict, collections.OrderedDict, collections.defaultdict, _PROXY):
-        return [Step(False, k) for k in value if type(k) in (str, int)]
+        keys = list(value)  # entries by name or number; objects used as keys, by position
+        objects = [(_KEYS, LISTED, Step(False, i)) for i, k in enumerate(keys) if _object_key(k)]
+        return [*(Step(False, k) for k in keys if type(k) in (str, int)), *objects]
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
     if type(value) in (set, frozenset):  # objects in a set: each member in the set's order
@@ -117,6 +119,15 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
 
 _WEAK = (weakref.WeakSet, weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
 _PROXY = types.MappingProxyType
+
+
+_KEYS = Step(True, "keys", call=True)
+
+
+def _object_key(key: Any) -> bool:
+    """A dict key that is an object with state of its own (``for st in D: st.k``), not a
+    value whose hash is its content."""
+    return not isinstance(key, (str, int, float, bytes, tuple, frozenset, type, enum.Enum))
 
 
 def _listed_values(n: int) -> list[tuple[Step, ...]]:

@@ -346,7 +346,9 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
             continue  # private state only your code names: a library base's is its own
         if isinstance(value, nn.Module) or (
             callable(value)
-            and not isinstance(value, (torch.Tensor, types.MethodType, functools.partial))
+            and not isinstance(
+                value, (torch.Tensor, types.MethodType, functools.partial, weakref.ref)
+            )  # a parent's weakref: what it refers to
         ):
             continue  # submodules: the module guard; functions: not data (a bound method's
             # object is: ``self.fn = schedule.weight`` reads ``schedule``)
