@@ -7,6 +7,7 @@ inductor twice into a fresh cache directory, as a second process of the same scr
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,6 +215,72 @@ def test_a_remembered_program_whose_cache_was_emptied_is_compiled_without_the_he
     assert list(emptied.glob("**/*.so")), "the program's C++ was built again"
 
 
+_RIPPLE = """
+import logging, sys, torch, phi_torch_jit as ptj
+logging.basicConfig(level=logging.WARNING)
+def ripple(u):
+    return torch.tanh(u * 1.5 + torch.roll(u, 1)) * u
+u = torch.randn(40)
+jitted = ptj.jit(ripple, engine="auto", compile_on="caller")
+jitted(u); out = jitted(u)
+torch.testing.assert_close(out, ripple(u), rtol=1e-5, atol=1e-6)
+print("tier", jitted.specializations[0].program.tier)
+"""
+
+
+@pytest.mark.slow
+def test_a_library_a_killed_build_left_empty_is_built_again(cache_dir: Path) -> None:
+    """A build killed mid-write (Ctrl-C, a killed job) leaves an empty library in inductor's
+    cache; inductor builds only what is missing, so every later process failed to load it
+    and served the captured graph uncompiled (found when a killed test run broke the next).
+    Two processes, as it happens (a process that loaded a library keeps its mapping)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _RIPPLE], env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+
+    first = run()
+    assert first.returncode == 0 and "tier inductor" in first.stdout, first.stderr
+    libraries = list(cache_dir.glob("**/*.so"))
+    assert libraries
+    for library in libraries:
+        library.write_bytes(b"")  # as a killed build leaves it
+    second = run()
+    assert second.returncode == 0 and "tier inductor" in second.stdout, second.stderr
+    rebuilt = re.findall(r"broken library \((\S+\.so), a build cut short\)", second.stderr)
+    assert rebuilt, second.stderr
+    assert all(Path(path).stat().st_size > 0 for path in rebuilt)  # built again
+
+
+def test_only_a_library_that_is_not_one_is_deleted(tmp_path: Path) -> None:
+    from phi_torch_jit._compat._warm_load import rebuilt_if_broken
+
+    broken, sound = tmp_path / "a.so", tmp_path / "b.so"
+    broken.write_bytes(b"")
+    sound.write_bytes(b"\x7fELF and the rest")
+    calls: list[int] = []
+
+    def failing_on(path: Path) -> Any:
+        def compile_now() -> str:
+            calls.append(1)
+            if len(calls) == 1:
+                raise ImportError(f"{path}: file too short")
+            return "compiled"
+
+        return compile_now
+
+    assert rebuilt_if_broken(failing_on(broken)) == "compiled" and not broken.exists()
+    calls.clear()
+    with pytest.raises(ImportError):  # a real library: not ours to delete; the error stands
+        rebuilt_if_broken(failing_on(sound))
+    assert sound.exists() and calls == [1]
+
+
 def test_the_vector_instruction_probe_runs_once_per_machine(
     cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,11 +358,13 @@ def test_the_kept_answer_picks_the_sets_inductors_probe_finds(cache_dir: Path) -
 def test_a_cache_directory_that_cannot_be_made_keeps_nothing_and_raises_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # made first: make_fx imports dynamo, whose import makes the cache directory (run alone,
+    # as -n 2 may place it, the test failed there, before anything of ours ran)
+    target = _target(step, torch.randn(5))
     blocker = tmp_path / "a file"
     blocker.write_text("")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(blocker / "cache"))
     monkeypatch.setattr(_vec_isa, "_KNOWN", {})
-    target = _target(step, torch.randn(5))
     _warm_starts.remember(target)
     assert not _warm_starts.remembered(target)
     assert _vec_isa.vec_isa_settings() == {}

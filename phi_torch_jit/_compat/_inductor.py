@@ -33,7 +33,7 @@ from ._private import (
     SHAPE_ENV,
 )
 from ._vec_isa import vec_isa_settings
-from ._warm_load import headers_skipped, keep_torch_key
+from ._warm_load import headers_skipped, keep_torch_key, rebuilt_if_broken
 
 _logger = logging.getLogger("phi_torch_jit")
 
@@ -113,13 +113,15 @@ def _compile_now(
         if on_cpu and _cpp_wrapper_pays(patches) and only_torchs_ops(graph):
             try:
                 with _without_shim_notices():
-                    return COMPILE_FX.find()(  # type: ignore[no-any-return]
+                    return rebuilt_if_broken(lambda: COMPILE_FX.find()(  # type: ignore[no-any-return]
                         graph, fakes, config_patches={**patches, "cpp_wrapper": True},
                         decompositions=table,
-                    )  # fmt: skip
+                    ))  # fmt: skip
             except Exception as error:  # any failure: the Python wrapper serves instead
                 _logger.info("inductor's C++ wrapper failed, its Python wrapper serves: %s", error)
-        return COMPILE_FX.find()(graph, fakes, config_patches=patches, decompositions=table)  # type: ignore[no-any-return]
+        return rebuilt_if_broken(  # type: ignore[no-any-return]
+            lambda: COMPILE_FX.find()(graph, fakes, config_patches=patches, decompositions=table)
+        )
     compiler = backend if callable(backend) else LOOKUP_BACKEND.find()(backend)
     return compiler(graph, inputs)  # type: ignore[no-any-return]
 

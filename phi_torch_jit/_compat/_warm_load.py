@@ -31,17 +31,18 @@ import hashlib
 import importlib.machinery
 import logging
 import os
+import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ._private import INDUCTOR_CACHE_DIR, PRECOMPILE_HEADER, TORCH_KEY
 
-__all__ = ["keep_torch_key", "headers_skipped"]
+__all__ = ["keep_torch_key", "headers_skipped", "rebuilt_if_broken"]
 
 _logger = logging.getLogger("phi_torch_jit")
 _LOCK = threading.Lock()
@@ -146,3 +147,46 @@ def _wrap_precompile_header() -> None:
         precompile_header._phi_torch_jit_skips = True  # type: ignore[attr-defined]
         precompile_header.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(module, original.__name__, precompile_header)
+
+
+_T = TypeVar("_T")
+_LIBRARY = re.compile(r"(/[^\s:'\"]+\.so)")
+
+
+def rebuilt_if_broken(compile_now: Callable[[], _T]) -> _T:
+    """``compile_now()``; where it failed loading a library of inductor's cache that is not
+    a shared library (an empty or cut-short file: a build killed mid-write, by Ctrl-C or a
+    killed job, leaves one, and inductor, which builds only what is missing, then fails on
+    it in every later process), that file is deleted and the compile runs once more, which
+    builds it again. Other failures propagate."""
+    try:
+        return compile_now()
+    except Exception as error:
+        path = _broken_library(error)
+        if path is None:
+            raise
+        _logger.warning(
+            "phi_torch_jit: inductor's cache held a broken library (%s, a build cut short); "
+            "it is built again", path,
+        )  # fmt: skip
+        os.unlink(path)
+        return compile_now()
+
+
+def _broken_library(error: BaseException) -> str | None:
+    """The path of a library file named by ``error`` (or what caused it) that exists and is
+    not an ELF shared object; None otherwise."""
+    seen: BaseException | None = error
+    for _ in range(6):
+        if seen is None:
+            return None
+        for path in _LIBRARY.findall(str(seen)):
+            try:
+                with open(path, "rb") as library:
+                    magic = library.read(4)
+            except OSError:
+                continue
+            if magic != b"\x7fELF":
+                return str(path)
+        seen = seen.__cause__ or seen.__context__
+    return None
