@@ -192,7 +192,7 @@ def _batchnorm_without_momentum_like_eager() -> None:
     assert step.num_traces >= 2
 
 
-def test_a_value_torchs_module_reads_that_stays_the_same_keeps_the_program() -> None:
+def test_batchnorm_without_momentum_in_eval_mode_reads_nothing_and_keeps_one_trace() -> None:
     """The same read where it does not change (evaluation mode: running statistics, no
     count): one trace, no guard; in training with a fixed momentum nothing is read either."""
     bn = nn.BatchNorm1d(3, momentum=None).eval()
