@@ -149,6 +149,7 @@ class UnguardableNotes(Protocol):
 
     per_call_functions: list[str]
     imports: dict[str, str]
+    random: list[str]
 
 
 class Recorder(Protocol):

@@ -34,7 +34,7 @@ from ._function import function_capture
 from ._modules_seen import MODULES_SEEN
 from ._patches import RefCounted
 from ._side_effects import print_capture
-from ._unguardable import UNGUARDABLE, RecordMode
+from ._unguardable import UNGUARDABLE, RecordMode, generators_watched
 from ._value_guards import conversion_capture
 from ._warnings import torchscript_notices_hidden
 
@@ -110,6 +110,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch("random, clocks, torch RNG state, grad mode, autograd, tensor hooks: calls "
           "that no compiled program repeats are noted", _RECORD,
           lambda f: UNGUARDABLE.active()),
+    Patch("Python's and NumPy's global generators: a draw however reached is noted (their "
+          "states before and after)", _RECORD, lambda f: generators_watched()),
     Patch("modules: the user's modules the step imports, and what it reads of them, join "
           "its reads", _RECORD, lambda f: MODULES_SEEN.active()),
     Patch("torch calls given a generator= object and Python reads of requires_grad are noted "

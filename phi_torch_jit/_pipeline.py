@@ -29,6 +29,7 @@ from ._guards import ModuleGuard, has_backward_hooks
 from ._meter import Meter
 from ._options import Options
 from ._reads import PythonGuard, collect_reads
+from ._reads._code_walk import user_class
 from ._reads._hooks import held_by_hooks, hook_reads
 from ._reads._mutations import modules_known_before, snapshot
 from ._reads._records import Kind, Read
@@ -37,6 +38,7 @@ from ._record import Recording, check_modules, record
 from ._signature import (
     Spec,
     callables_in,
+    classes_in,
     converts_natives,
     count_program_outputs,
     describe_spec,
@@ -45,7 +47,7 @@ from ._signature import (
     modules_in,
     unflatten_arguments,
 )
-from ._specialization import Key, Specialization, Timings
+from ._specialization import Key, Specialization, Timings, modes_around
 from ._state import rng_restored
 from ._trace import Traced, trace, trace_input
 from ._wrapper import WrapperModule, make_wrapper, module_names
@@ -82,7 +84,7 @@ def specialize(
     (the eager result, None) when the engine cannot compile without making the caller wait."""
     if converts_natives(key[0]):  # the record pass must see what the trace sees
         args, kwargs = unflatten_arguments(key[0], tensors)
-    callables = callables_in(key[0])
+    callables = [*callables_in(key[0]), *filter(user_class, classes_in(key[0]))]
     before = snapshot(target.fn, modules_in(key[0]), callables)
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     written_before = versions(tensors)
@@ -107,6 +109,9 @@ def specialize(
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
     eager_reason = _eager_reason(target, recording, changed, written, reads)
     overriding = _overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
+    if modes_around(key):
+        overriding = (f"a torch-function mode of yours is active around the call "
+                      f"({modes_around(key)}), which a captured program would not run")  # fmt: skip
     if overriding and not eager_reason:  # NOTE [eager, never a crash]
         eager_reason = _cannot_trace(target, overriding)
     traced: Traced | None = None
@@ -377,6 +382,14 @@ def _eager_reason(
         reasons.append(
             f"it reads an iterator ({', '.join(iterators[:3])}), whose next items a compiled "
             "program would not take; pass the item in as an argument to have it compiled"
+        )
+    drawn = [f"{r.source.label} (read at {r.source.location})" for r in reads
+             if r.kind is Kind.DRAWS]  # fmt: skip
+    if drawn:
+        reasons.append(
+            f"it reads a random generator or a clock ({', '.join(drawn[:3])}), whose next "
+            "values a compiled program would repeat; pass random values and times as tensor "
+            "arguments, or draw from torch's global RNG (torch.rand without generator=)"
         )
     if written is not None and written.aliased and target.options.engine.captures_graph:
         reasons.append(

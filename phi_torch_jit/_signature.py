@@ -63,6 +63,7 @@ __all__ = [
     "describe_spec",
     "modules_in",
     "callables_in",
+    "classes_in",
     "merge_traced_numbers",
     "count_program_outputs",
 ]
@@ -342,6 +343,14 @@ def callables_in(spec: Spec) -> list[Any]:
         if (callable(value) and not isinstance(value, _BY_CODE)
             and type(value) not in PRIMITIVES) or isinstance(value, (types.ModuleType, Iterator))
     ]  # fmt: skip
+
+
+def classes_in(spec: Spec) -> list[type]:
+    """The classes of static values (an enum member, a frozen dataclass), namedtuples and
+    dataclasses passed, and classes passed themselves: what their methods read is walked."""
+    found = [v if isinstance(v, type) else type(v) for v in _nodes(spec, "S", at=2)]
+    found += [*_nodes(spec, "N"), *_nodes(spec, "C")]
+    return list({id(k): k for k in found if k not in PRIMITIVES}.values())
 
 
 _BY_CODE = (types.BuiltinFunctionType, types.BuiltinMethodType, type)

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["TORCH_DIR", "OWN_DIR", "user_location", "is_user_file"]
+__all__ = ["TORCH_DIR", "OWN_DIR", "STDLIB_DIRS", "is_python_library_file", "user_location",
+           "is_user_file"]  # fmt: skip
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 """Directory of the torch package (trailing separator)."""
@@ -38,6 +39,20 @@ def user_location(depth: int, skip_torch: bool = False) -> str | None:
     if filename.startswith((TORCH_DIR, OWN_DIR)):
         return None
     return f"{filename}:{frame.f_lineno}"
+
+
+_STDLIB = os.path.dirname(os.__file__)
+STDLIB_DIRS = tuple({_STDLIB + os.sep, os.path.realpath(_STDLIB) + os.sep})
+"""Python's own library (as written and resolved): the frames of ``random``, ``uuid``...
+Packages installed under it (its ``site-packages``) are not part of it:
+:func:`is_python_library_file`."""
+
+
+def is_python_library_file(filename: str) -> bool:
+    """Whether code from ``filename`` is Python's standard library."""
+    return filename.startswith(STDLIB_DIRS) and not any(
+        os.sep + d + os.sep in filename for d in _PACKAGE_DIR_NAMES
+    )
 
 
 _PACKAGE_DIR_NAMES = ("site-packages", "dist-packages")
@@ -66,7 +81,8 @@ _INSTALLED_HERE: dict[str, frozenset[str]] = {}
 
 def is_user_file(filename: str) -> bool:
     """Whether code from ``filename`` is the user's: not torch's, not ours, not the standard
-    library's or an installed package's (and not generated: ``<string>``, ``<frozen ...>``).
+    library's or an installed package's (and not generated: ``<string>``, ``<frozen ...>``);
+    code typed in (``<stdin>``: the REPL, ``python -``; IPython's cells) is.
 
     An installed package is one under the interpreter's package folders, under any folder
     named ``site-packages`` or ``dist-packages``, or one that a distribution's ``RECORD``
@@ -74,6 +90,8 @@ def is_user_file(filename: str) -> bool:
     ``DIR`` on ``PYTHONPATH``): its state is the library's, not the user's, and is not
     walked for guards."""
     known = _USER.get(filename)
+    if known is None and filename.startswith(_INTERACTIVE):
+        known = _USER[filename] = True
     if known is None:
         path = _resolved(filename) if not filename.startswith("<") else ""
         known = _USER[filename] = (
@@ -81,6 +99,9 @@ def is_user_file(filename: str) -> bool:
         )
     return known
 
+
+_INTERACTIVE = ("<stdin>", "<console>", "<ipython-input-")
+"""Names of code typed in at a prompt (the user's: a REPL session is a script)."""
 
 _RESOLVED_DIRS: dict[str, str] = {}
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._compat import any_autocast, function_modes
+from ._compat import any_autocast, function_mode_at, function_modes
 from ._context import raised_by_check
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
@@ -27,10 +27,12 @@ from ._signature import Spec, unflatten
 from ._state import capture_rng, restore_rng
 from ._value_guards import ValueGuard
 from .errors import JitError, describe_error
+from .extend import REGISTERED
 
 __all__ = [
     "Key",
     "ambient_state",
+    "modes_around",
     "describe_ambient",
     "Timings",
     "Specialization",
@@ -62,10 +64,19 @@ def ambient_state() -> Any:
     of ``(device, dtype)`` for each device where autocast is on, ``("default dtype", dtype)``
     where ``torch.set_default_dtype`` changed it and ``("default device", device)`` where
     ``torch.set_default_device`` (or ``with torch.device(...)``) made another device than the
-    CPU the default (``torch.ones(3)`` in the step makes that dtype, on that device)."""
+    CPU the default (``torch.ones(3)`` in the step makes that dtype, on that device), and
+    ``("function modes", classes)`` where torch-function modes of the user's are active
+    around the call (``with MyMode():``): such a call runs eagerly (:func:`modes_around`),
+    and ``("PhiML settings", pairs)`` for a registered library's settings
+    (``extend.Library.ambient``: PhiML's precision)."""
     dtype = torch.get_default_dtype()
     modes = function_modes()
-    if dtype is torch.float32 and not modes and not any_autocast():
+    settings = tuple(
+        (f"{library.name} settings", value)
+        for library in REGISTERED
+        if (value := library.ambient()) is not None
+    )
+    if dtype is torch.float32 and not modes and not settings and not any_autocast():
         return None
     state: tuple[Any, ...] = tuple(
         (device, torch.get_autocast_dtype(device))
@@ -77,22 +88,43 @@ def ambient_state() -> Any:
     default = torch.get_default_device() if modes else None
     if default is not None and default.type != "cpu":
         state = (*state, ("default device", default))
-    return state or None
+    foreign = tuple(type(function_mode_at(i)) for i in range(modes)) if modes else ()
+    foreign = tuple(k for k in foreign if not k.__module__.startswith(_OWN_MODES))
+    if foreign:
+        state = (*state, (_MODES, foreign))
+    return (*state, *settings) or None
+
+
+_MODES = "function modes"
+_OWN_MODES = ("torch.", "phi_torch_jit.")
+"""Modes of torch (``with torch.device(...)``, a trace's own) and of ours (the record pass's)."""
+
+
+def modes_around(key: Key) -> str:
+    """The torch-function modes of the user's that were active around the calls of ``key``
+    (names, comma-separated), or "": their ``__torch_function__`` is Python that runs around
+    every op, which a captured program would not run (a program traced under one bakes what
+    it did then)."""
+    found = [t for d, t in key[2] or () if d == _MODES]
+    return ", ".join(k.__qualname__ for k in found[0]) if found else ""
 
 
 def describe_ambient(state: Any) -> str:
     """``"autocast cuda float16, default dtype float64, default device cuda:0"``, or
     ``"none"``."""
-    if not state:
-        return "none"
-    return ", ".join(
-        f"autocast {d} {str(t).replace('torch.', '')}" if d not in _DEFAULTS
-        else f"{d} {str(t).replace('torch.', '')}"
-        for d, t in state
-    )  # fmt: skip
+    return ", ".join(_described(d, t) for d, t in state) if state else "none"
 
 
-_DEFAULTS = ("default dtype", "default device")
+def _described(what: str, value: Any) -> str:
+    if what == _MODES:
+        return f"torch-function modes {', '.join(k.__qualname__ for k in value)}"
+    if what.endswith(" settings"):  # a library's: "PhiML precision 64, default backend torch"
+        return f"{what.removesuffix(' settings')} " + ", ".join(f"{k} {v}" for k, v in value)
+    text = str(value).replace("torch.", "")
+    return f"{what} {text}" if what in _DEFAULTS else f"autocast {what} {text}"
+
+
+_DEFAULTS = ("default dtype", "default device", _MODES)
 
 
 @dataclass(frozen=True)
@@ -204,8 +236,13 @@ class Specialization:
         )
         try:
             flat = self._execute(tensors)
-        except BaseException:
+        except BaseException as error:
             self._undo(before, tensors)
+            if self.value_guards and isinstance(error, Exception):  # a value it was traced for
+                return GuardFailure(  # changed (a nonzero's count): no guard was checked yet
+                    f"the program raised {type(error).__name__} ({str(error)[:80]}) before its "
+                    "value guards were checked"
+                )
             raise
         for guard, tensor in zip(self.value_guards, flat[self.n_outputs :]):
             if not guard.holds(tensor):

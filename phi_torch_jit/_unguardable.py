@@ -24,12 +24,14 @@ from __future__ import annotations
 import builtins
 import functools
 import io
+import os
 import pathlib
 import random
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +41,9 @@ from torch.overrides import TorchFunctionMode
 from ._compat import grad_mode_setter
 from ._context import Phase, current_frame
 from ._patches import RefCounted
-from ._sources import OWN_DIR, TORCH_DIR, is_user_file
+from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
 
-__all__ = ["Unguardable", "UNGUARDABLE", "RecordMode", "note_unguardable"]
+__all__ = ["Unguardable", "UNGUARDABLE", "RecordMode", "note_unguardable", "generators_watched"]
 
 
 @dataclass
@@ -159,6 +161,19 @@ def _from_user(frame: types.FrameType | None) -> bool:
     return frame is not None and is_user_file(frame.f_code.co_filename)
 
 
+def _from_user_via_python(frame: types.FrameType | None) -> bool:
+    """Whether the nearest frame outside torch and Python's own library at or above
+    ``frame`` is user code: ``secrets.randbelow``, ``uuid.uuid4`` or a ``SystemRandom`` the
+    user calls reach ``os.urandom`` through the standard library (a package's ``uuid4``, as
+    PhiML names its solves, is the package's own)."""
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(TORCH_DIR)
+        or is_python_library_file(frame.f_code.co_filename)
+    ):
+        frame = frame.f_back
+    return frame is not None and is_user_file(frame.f_code.co_filename)
+
+
 def _where(frame: types.FrameType | None) -> str:
     """``file:line`` of the nearest user frame at or above ``frame``."""
     while frame is not None and not is_user_file(frame.f_code.co_filename):
@@ -181,7 +196,8 @@ _ANYWHERE = frozenset({"autograd", "gradients"})
 def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """``original``, noting calls from user code (any code, for :data:`_ANYWHERE` kinds) in
     this thread's record pass."""
-    caller_counts = _from_anyone if kind in _ANYWHERE else _from_user
+    caller_counts = {"random": _from_user_via_python}.get(kind, _from_user)
+    caller_counts = _from_anyone if kind in _ANYWHERE else caller_counts
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -221,6 +237,9 @@ def _targets() -> list[tuple[Any, str, str, str]]:
     ]
     clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
     targets += [(time, n, "random", f"time.{n}") for n in clocks]
+    # entropy: uuid4, secrets, SystemRandom (which calls random's own name for it)
+    targets += [(os, "urandom", "random", "os.urandom"),
+                (random, "_urandom", "random", "os.urandom")]  # fmt: skip
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         legacy = [n for n in dir(numpy.random) if n[0].islower() and n not in _NUMPY_KEEP]
@@ -242,7 +261,7 @@ def _targets() -> list[tuple[Any, str, str, str]]:
 
 
 _NUMPY_KEEP = frozenset(("default_rng", "get_state", "bit_generator", "test"))
-_TORCH_RNG = ("manual_seed", "seed", "set_rng_state")
+_TORCH_RNG = ("manual_seed", "seed", "set_rng_state", "initial_seed", "get_rng_state")
 _TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")
 
 
@@ -335,6 +354,29 @@ def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
 
 
 _DATA = property(_get_data, _set_data, doc=_BASE_DATA.__doc__)
+
+
+def _generator_states() -> tuple[Any, ...]:
+    """The states of Python's and NumPy's global generators (a few microseconds)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is None:
+        return (random.getstate(),)
+    name, key, *rest = numpy_random.get_state()
+    return random.getstate(), name, key.tobytes(), *rest
+
+
+@contextmanager
+def generators_watched() -> Iterator[None]:
+    """Note a draw from Python's or NumPy's global generator during the record pass however
+    it was reached: through a name bound before the watch's patches (a library's
+    ``from random import shuffle``), by a library's code, or by the user's."""
+    before = _generator_states()
+    yield
+    if _generator_states() != before:
+        frame = current_frame()
+        if frame is not None and frame.recording is not None:
+            if not frame.recording.unguardable.random:  # else named where it happened
+                _note("random", "a draw from Python's or NumPy's global generator")
 
 
 _WATCH = _Watch()

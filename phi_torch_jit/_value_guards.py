@@ -193,6 +193,8 @@ def _in_torchs_library(depth: int) -> str | None:
     * Relayed by a torch-function mode (``torch.set_default_device``: its
       ``__torch_function__`` calls every op, conversions included, once more): None, the
       outer read is the one recorded (or not).
+    * By torch's public Python when the jitted callable is torch's own module
+      (``jit(nn.Sequential(..., nn.BatchNorm1d(8, momentum=None)))``): torch's line.
     * By torch's private packages and tracing machinery (``torch._refs``, ``torch.fx``...), or
       for our own code: None, as before.
     """
@@ -202,6 +204,8 @@ def _in_torchs_library(depth: int) -> str | None:
     here = None
     while frame is not None and frame.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
         name, code = frame.f_code.co_filename, frame.f_code.co_name
+        if name == _WRAPPER:  # the jitted callable is torch's own (jit(nn.BatchNorm1d(...)))
+            break
         if name.startswith(OWN_DIR):
             if name != _RELAY:  # our own code read it (or called torch that did)
                 return None
@@ -210,12 +214,16 @@ def _in_torchs_library(depth: int) -> str | None:
                 return None
             here = f"{name}:{frame.f_lineno}"
         frame = frame.f_back
-    user = None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    user = None
+    if frame is not None and frame.f_code.co_filename != _WRAPPER:
+        user = f"{frame.f_code.co_filename}:{frame.f_lineno}"
     if here is None:  # only relays: not torch's own read
         return None
     return f"{user} (in {here})" if user else here
 
 
+_WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_wrapper.py")
+"""The wrapper module that calls the jitted callable in the trace (:mod:`._wrapper`)."""
 _RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tensor_reads.py")
 """Our patched conversion methods (:mod:`._tensor_reads`): they relay a read, own none."""
 

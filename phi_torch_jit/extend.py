@@ -153,6 +153,14 @@ class Library:
         """A new hook object for one specialization's passes, or None."""
         return None
 
+    def ambient(self) -> tuple[tuple[str, Any], ...] | None:
+        """The library's global settings that a traced program bakes in (PhiML's precision
+        and default backend), as ``(name, value)`` pairs, or None where they are as usual.
+        Part of every jitted call's cache key, as torch's default dtype is: a change
+        retraces, and the programs of both settings stay cached. Asked on every call: it
+        must cost well under a microsecond."""
+        return None
+
     def custom_forward(self, cls: type) -> Callable[..., Any] | None:
         """The forward to run for the ``autograd.Function`` subclass ``cls`` in place of its
         own (asked once per class), or None: its own."""
@@ -189,6 +197,9 @@ class Library:
 
 
 _LIBRARIES: list[Library] = []
+REGISTERED: Sequence[Library] = _LIBRARIES
+"""The registered libraries, live (read-only; the cache key reads it on every call without a
+function call: :func:`libraries` copies it)."""
 
 
 def register_library(library: Library) -> None:

@@ -152,3 +152,74 @@ def test_registrations_after_the_trace_retrace_and_match_eager() -> None:
             for _ in range(2):
                 torch.testing.assert_close(jitted(x), module(x))
     assert jitted.num_traces == 4
+
+
+class _Act(nn.Module):
+    SCALE = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * type(self).SCALE
+
+
+class _Tripled(_Act):
+    SCALE = 3.0
+
+
+class _Sigmoid(_Act):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x)
+
+
+def test_a_module_given_another_class_is_noticed_and_described() -> None:
+    """``module.__class__ = Other`` keeps every dict the other checks read (found by a
+    probe: the program kept the old class's forward and constants)."""
+    net = nn.Sequential(nn.Linear(2, 2), _Act())
+    guard = ModuleGuard([net])
+    net[1].__class__ = _Tripled
+    assert not guard.holds()
+    assert guard.describe_change() == "module Sequential.1 is of class _Tripled, _Act when traced"
+    net[1].__class__ = _Act
+    assert guard.holds()
+
+
+def test_a_deletion_that_rebuilds_the_submodule_dict_is_noticed() -> None:
+    """``del net[i]`` on a Sequential or ModuleList builds a new ``_modules`` dict; a guard
+    that kept the old one saw the modules traced with forever (found by a probe)."""
+    net = nn.Sequential(nn.Linear(2, 2), nn.Tanh(), nn.Linear(2, 2))
+    net.append(nn.Sigmoid())
+    guard = ModuleGuard([net])
+    del net[3]
+    assert not guard.holds()
+    assert guard.describe_change() == (
+        "module Sequential holds its submodules, parameters or buffers in a new dict (del net[i]?)"
+    )
+
+
+def test_class_swaps_and_rebuilt_submodule_dicts_retrace_and_match_eager() -> None:
+    import phi_torch_jit as ptj
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), _Act(), nn.Linear(4, 4))
+    step = ptj.jit(lambda x: net(x).pow(2).sum())
+    x = torch.randn(3, 4)
+
+    def replace_first() -> None:
+        net[0] = nn.Linear(4, 4)
+
+    def scale_first() -> None:
+        with torch.no_grad():
+            net[0].weight.mul_(2)
+
+    changes = [
+        lambda: setattr(net[1], "__class__", _Tripled),
+        lambda: setattr(net[1], "__class__", _Sigmoid),
+        lambda: net.append(nn.Sigmoid()),
+        lambda: net.__delitem__(3),
+        replace_first,
+        scale_first,
+    ]
+    with torch.no_grad():
+        for change in [lambda: None, *changes]:
+            change()
+            for _ in range(2):
+                torch.testing.assert_close(step(x), net(x).pow(2).sum())

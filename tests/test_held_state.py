@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import collections
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -23,6 +24,7 @@ import torch
 from helpers import seeded
 from test_state_paths import _Counting
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 import phi_torch_jit as ptj
 
@@ -539,6 +541,33 @@ def test_the_default_dtype_is_part_of_the_cache_key() -> None:
         torch.set_default_dtype(torch.float32)
     assert jitted.num_traces == 2
     assert "default dtype float64" in jitted.explain()
+
+
+class _TimesTen(TorchFunctionMode):
+    """A torch-function mode of the user's: every product times ten."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        return out * 10 if func is torch.Tensor.mul else out
+
+
+def test_a_torch_function_mode_of_the_users_around_the_call_runs_it_eagerly() -> None:
+    """Traced without the mode, called under it, and the other way round: the mode's Python
+    was dropped or baked (found by a probe). It is part of the key; under it the call runs
+    eagerly, warned, and without it the program is compiled."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * 2.0
+
+    for first_under_mode in (False, True):
+        jitted, x = ptj.jit(step), torch.ones(2)
+        with pytest.warns(ptj.JitWarning, match="torch-function mode of yours .*_TimesTen"):
+            for under_mode in (first_under_mode, not first_under_mode, first_under_mode):
+                with _TimesTen() if under_mode else contextlib.nullcontext():
+                    for _ in range(2):
+                        torch.testing.assert_close(jitted(x), step(x))
+        assert jitted.num_traces == 2
+        assert "torch-function modes _TimesTen" in jitted.explain()
 
 
 def test_the_default_device_is_part_of_the_cache_key(device: torch.device) -> None:

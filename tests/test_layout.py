@@ -181,12 +181,15 @@ def test_the_core_names_no_library() -> None:
 
 
 def _modules_crossed(call: Any) -> set[str]:
+    """The package's modules whose Python ``call`` runs, as paths without the suffix
+    (``_jit``, ``engines/auto``, ``adapters/phiml/__init__``)."""
     crossed: set[str] = set()
     root = str(PACKAGE)
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(root):
-            crossed.add(Path(frame.f_code.co_filename).stem)
+            path = Path(frame.f_code.co_filename).relative_to(PACKAGE).with_suffix("")
+            crossed.add(path.as_posix())
 
     sys.setprofile(profile)
     try:
@@ -199,8 +202,10 @@ def _modules_crossed(call: Any) -> set[str]:
 def test_a_cache_hit_crosses_at_most_six_modules() -> None:
     """Core modules a cache hit runs Python of, beside the engine's own (engine "auto", the
     default: its tiered program and the parameters' requires_grad check; "torchscript": its
-    unoptimized call of a differentiable program)."""
-    engine_files = {p.stem for p in (PACKAGE / "engines").glob("*.py")}
+    unoptimized call of a differentiable program), and at most one module of a library's
+    adapter (PhiML's precision, read for the cache key: ``extend.Library.ambient``)."""
+    engine_files = {f"engines/{p.stem}" for p in (PACKAGE / "engines").glob("*.py")}
+    adapters = {"adapters/phiml/__init__"}
     net = torch.nn.Linear(4, 4)
 
     @ptj.jit
@@ -212,14 +217,15 @@ def test_a_cache_hit_crosses_at_most_six_modules() -> None:
     step(x)  # engine "auto" (compiling on the caller in tests) switches in its second call
     step(x)  # and its second compiled call queues the loops a backward captured (none here)
     measuring = _modules_crossed(lambda: step(x))  # its first calls are timed: one more
-    assert len(measuring - engine_files) <= 7 and "_meter" in measuring, sorted(measuring)
+    assert len(measuring - engine_files - adapters) <= 7 and "_meter" in measuring, measuring
     assert len(measuring & engine_files) <= 2, sorted(measuring)
     kept = ptj.jit(step.__wrapped__, fallback="off")  # compiled, whatever the machine measures
     for _ in range(3):
         kept(x)
     crossed = _modules_crossed(lambda: kept(x))
-    assert len(crossed - engine_files) <= 6, sorted(crossed)
+    assert len(crossed - engine_files - adapters) <= 6, sorted(crossed)
     assert len(crossed & engine_files) <= 2, sorted(crossed)
+    assert {c for c in crossed if c.startswith("adapters/")} <= adapters, sorted(crossed)
     assert {"_jit", "_signature", "_specialization"} <= crossed
 
 

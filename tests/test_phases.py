@@ -51,7 +51,7 @@ _NONE = dict.fromkeys(
 
 def test_the_table_names_each_patch_once_with_its_phases() -> None:
     names = [p.name for p in PATCHES]
-    assert len(set(names)) == len(names) == 9
+    assert len(set(names)) == len(names) == 10
     assert all(p.phases and p.phases <= set(Phase) for p in PATCHES)
 
 

@@ -172,3 +172,59 @@ def test_arguments_equal_by_their_eq_holding_other_dicts_are_keyed_apart() -> No
         torch.testing.assert_close(jitted(x, cfg), step(x, cfg))
     a.values["k"] = 6.0  # in place
     torch.testing.assert_close(jitted(x, a), step(x, a))
+
+
+class _Counting:
+    """A callable object a module holds, whose ``__call__`` changes its own state."""
+
+    def __init__(self) -> None:
+        self.k = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.k += 1
+        return x * self.k
+
+
+class _HoldsCounter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = _Counting()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.counter(x)
+
+
+class _CountsOnItsClass(torch.nn.Module):
+    K = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).K += 1
+        return x * type(self).K
+
+
+@pytest.mark.parametrize("jitted_as", ["module", "step"])
+def test_a_callable_object_a_module_holds_that_changes_its_state_runs_once_per_call(
+    jitted_as: str,
+) -> None:
+    """Module attributes that were callable were skipped as code: the counter went 1, 2, 2, 2
+    where eager counts on (found by a probe)."""
+    mine, theirs = _HoldsCounter(), _HoldsCounter()
+    jitted = ptj.jit(mine) if jitted_as == "module" else ptj.jit(lambda x: mine(x) + 0)
+    x = torch.ones(2)
+    with pytest.warns(ptj.JitWarning, match="counter.k"):
+        for _ in range(4):
+            torch.testing.assert_close(jitted(x) + 0, theirs(x))
+    assert mine.counter.k == theirs.counter.k == 4
+
+
+def test_a_forward_that_changes_its_class_attribute_runs_once_per_call() -> None:
+    """``type(self).K += 1`` in the jitted module's own forward: its class was walked only for
+    modules passed as arguments, so the record and trace passes both ran it (1, 3, 5, 7)."""
+    jitted, before = ptj.jit(_CountsOnItsClass()), _CountsOnItsClass.K
+    try:
+        with pytest.warns(ptj.JitWarning, match="K"):
+            results = [float(jitted(torch.ones(1))) for _ in range(4)]
+        assert results == [before + 1.0, before + 2.0, before + 3.0, before + 4.0]
+        assert _CountsOnItsClass.K == before + 4
+    finally:
+        _CountsOnItsClass.K = 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -144,3 +146,33 @@ def test_files_are_resolved_through_links_with_each_folder_resolved_once(
         assert is_user_file(str(many / f"m{n}.py"))
     assert resolved.count(str(many)) == 1
     assert not [path for path in resolved if path.startswith(str(many) + os.sep)]
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import torch, warnings, phi_torch_jit as ptj
+    K = 2.0
+    def step(x):
+        return x * K
+    f = ptj.jit(step)
+    x = torch.ones(2)
+    warnings.simplefilter("error", ptj.JitWarning)
+    f(x); f(x)
+    K = 3.0
+    print(float(f(x)[0]), float(step(x)[0]), f.num_traces)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_a_step_typed_in_or_given_to_python_c_has_its_globals_guarded(how: str) -> None:
+    """Code from ``<stdin>`` (a REPL, ``python -``) and ``python -c``'s ``<string>`` had been
+    taken for generated code: its globals were not guarded (found by a probe)."""
+    command = [sys.executable, "-"] if how == "stdin" else [sys.executable, "-c", _SCRIPT]
+    root = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "PHI_TORCH_JIT_ENGINE"}  # the default
+    env["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(command, input=_SCRIPT if how == "stdin" else None, text=True,
+                          capture_output=True, env=env, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3.0", "3.0", "2"]

@@ -271,3 +271,19 @@ def test_count_nonzero_is_not_taken_for_a_value_dependent_size() -> None:
     assert data_dependent_shape(graph) == ""
     graph = make_fx(lambda x: torch.nonzero(x))(torch.ones(3))
     assert data_dependent_shape(graph) == "aten.nonzero.default"
+
+
+def test_a_program_that_raises_for_another_size_retraces_never_crashes() -> None:
+    """``nn.AdaptiveLogSoftmaxWithLoss``: traced with every target in the head cluster, the
+    program's static ``nonzero`` form indexes with its fill value when a later call's
+    targets fall elsewhere, and ``index_copy_`` raised an IndexError before the size's value
+    guard was checked (found by a probe). A program with value guards that raises is taken
+    as a failed guard: nothing it wrote is kept, and the call is traced anew."""
+    torch.manual_seed(0)
+    head_only, spread = torch.tensor([0, 1, 2, 3, 4, 0]), torch.tensor([0, 7, 12, 3, 19, 8])
+    model = torch.nn.AdaptiveLogSoftmaxWithLoss(8, 20, cutoffs=[5, 10], div_value=2.0)
+    step = ptj.jit(lambda x, t: model(x, t).loss)
+    x = torch.randn(6, 8)
+    for target in (head_only, spread, head_only, spread):
+        torch.testing.assert_close(step(x, target), model(x, target).loss)
+    assert step.num_traces >= 2

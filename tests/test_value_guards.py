@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -190,6 +191,23 @@ def _batchnorm_without_momentum_like_eager() -> None:
     torch.testing.assert_close(jitted_bn.running_mean, eager_bn.running_mean)
     torch.testing.assert_close(jitted_bn.running_var, eager_bn.running_var)
     assert step.num_traces >= 2
+
+
+def test_a_value_torchs_module_reads_is_guarded_when_that_module_is_the_jitted_one() -> None:
+    """``jit(nn.Sequential(..., nn.BatchNorm1d(8, momentum=None)))``: no user line calls into
+    torch (our wrapper does), and the read was taken for our own and baked: the running
+    statistics drifted from eager's (found by a probe)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3, momentum=None))
+    reference = copy.deepcopy(net)
+    step = ptj.jit(net)
+    with pytest.warns(ptj.JitWarning, match="batchnorm.py"):  # a new value on every call
+        for i in range(6):
+            x = torch.randn(8, 3) + i
+            torch.testing.assert_close(step(x), reference(x))
+    torch.testing.assert_close(net[1].running_mean, reference[1].running_mean)
+    torch.testing.assert_close(net[1].running_var, reference[1].running_var)
+    assert step.num_traces >= 2 and "batchnorm.py:" in step.explain()
 
 
 def test_batchnorm_without_momentum_in_eval_mode_reads_nothing_and_keeps_one_trace() -> None:

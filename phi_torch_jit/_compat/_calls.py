@@ -17,6 +17,7 @@ from ._private import (
     BACKWARD_HOOK_FUNCTION,
     DISABLE_MODES,
     EAGER_FUNCTIONS,
+    FUNCTION_MODE_AT,
     FUNCTION_MODES,
     FUNCTORCH_STACK,
     GLOBAL_HOOKS,
@@ -68,6 +69,8 @@ any_autocast: Callable[[], bool] = _now_or_lazy(ANY_AUTOCAST)
 """Whether autocast is enabled for some device (read on every jitted call)."""
 function_modes: Callable[[], int] = _now_or_lazy(FUNCTION_MODES)
 """How many torch-function modes are active (0: factories make tensors on the CPU)."""
+function_mode_at: Callable[[int], Any] = _Lazy(FUNCTION_MODE_AT)
+"""The torch-function mode at a depth of this thread's stack (0: the outermost)."""
 set_tracing_state: Callable[[Any], None] = _now_or_lazy(SET_TRACING_STATE)
 """Install a tracing state (None pauses the trace)."""
 value_trace: Callable[[torch.Tensor], Any] = _now_or_lazy(VALUE_TRACE)

@@ -229,6 +229,12 @@ FUNCTION_MODES = _api(
     "microseconds",
     "_specialization",
 )
+FUNCTION_MODE_AT = _api(
+    "torch._C._get_function_stack_at",
+    "which torch-function modes are active around a jitted call (a mode of the user's makes "
+    "it run eagerly); read only where FUNCTION_MODES says one is, no public query",
+    "_specialization",
+)
 TRACER_WARNING = _api(
     "torch.jit.TracerWarning torch.jit._trace.TracerWarning",
     "the warning torch.jit.trace gives where it bakes a value; documented, but torch.jit does "
@@ -391,6 +397,8 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     SET_GRAD_ENABLED,
     FUNCTORCH_STACK,
     ANY_AUTOCAST,
+    FUNCTION_MODES,
+    FUNCTION_MODE_AT,
     FUNCTORCH_CONFIG,
     KEEP_GRAPH,
     COMPILE_FX,

@@ -24,6 +24,9 @@ the process environment (``os.environ``,      by content, where user code       
 ``os.getenv``)                               names ``environ`` or ``getenv``
 an iterator or generator the step advances   eager, one warning (its items     ``_python``
 (``next(forcing)``)                          change every call)
+a random generator or a clock under any      eager, one warning (a new value   ``_kinds``
+name (``from random import random``,         on every call)
+``rng.normal``, ``from time import time``)
 what the step changes (counters, appended    snapshot before/after the record  ``_mutations``
 lists, attributes of held objects)           pass; repeated after compiled
                                              calls or eager with a warning
@@ -56,7 +59,7 @@ lives and how it is guarded; plain data, a leaf); ``_code_walk`` the static walk
 (names and attribute chains each code object reads, the functions a call can reach);
 ``_held`` what a jitted callable holds besides code (a partial's arguments, a method's
 ``self`` or ``cls``); ``_python`` turns those reads into ``Read`` records and checks them
-(``PythonGuard``);
+(``PythonGuard``); ``_kinds`` how each value is guarded (and which values draw anew);
 ``_content`` how a container of plain values is compared;
 ``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
 compiled body holds as constants (guarded by identity too);

@@ -77,12 +77,14 @@ _ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb"))
 ``os.getenv(...)``, ``from os import environ``)."""
 
 
-def names_environment(code: types.CodeType) -> bool:
+def names_environment(code: types.CodeType, names: frozenset[str] = _ENVIRONMENT_NAMES) -> bool:
     """Whether ``code`` or code nested in it (a lambda, a comprehension) names the
-    environment."""
-    if not _ENVIRONMENT_NAMES.isdisjoint(code.co_names):
+    environment (or one of ``names``: ``argv``)."""
+    if not names.isdisjoint(code.co_names):
         return True
-    return any(isinstance(c, types.CodeType) and names_environment(c) for c in code.co_consts)
+    return any(
+        isinstance(c, types.CodeType) and names_environment(c, names) for c in code.co_consts
+    )
 
 
 def _names_in_source(text: str) -> tuple[str, ...]:
@@ -239,7 +241,7 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
             except Exception:  # a user __getattr__ raising KeyError: no code found there
                 pass
             continue
-        if not is_user_file(obj.__code__.co_filename):
+        if not user_function(obj):
             pending.extend(_wrapped_by(obj))  # @torch.no_grad() on a function of yours
             continue
         found += 1
@@ -302,12 +304,16 @@ def _parts(obj: Any) -> list[Any]:
     wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
     cls = obj if isinstance(obj, type) else type(obj)
     parts: list[Any] = [wrapped] if wrapped is not None else []
+    if isinstance(obj, type) and user_class(type(obj)):  # a metaclass of yours: its __call__
+        parts.append(type(obj))
     for klass in cls.__mro__:
         if klass.__module__ in ("builtins",) or not user_class(klass):
             continue
         for member in vars(klass).values():
             if isinstance(member, (staticmethod, classmethod)):
                 member = member.__func__
+            elif isinstance(member, functools.singledispatchmethod):  # what is registered
+                parts.append(member.dispatcher)
             elif isinstance(member, property):
                 member = member.fget
             if isinstance(member, types.FunctionType):
@@ -364,14 +370,29 @@ def _users_code(value: Any) -> bool:
     code = value.func if isinstance(value, functools.partial) else value
     code = code.__func__ if isinstance(code, types.MethodType) else code
     if isinstance(code, types.FunctionType):
-        return is_user_file(code.__code__.co_filename)
+        return user_function(code)
     return not isinstance(value, type) and user_class(type(value))
 
 
 def user_class(klass: type) -> bool:
+    """Whether a class is the user's: defined in a module of the user's (a file, or a module
+    made at run time: ``__main__`` of ``python -c``, a ``types.ModuleType``)."""
     module = sys.modules.get(klass.__module__)
-    filename = getattr(module, "__file__", None)
-    return isinstance(filename, str) and is_user_file(filename)
+    return module is not None and user_module(module)
+
+
+def user_function(function: types.FunctionType) -> bool:
+    """Whether a function is the user's: from a file of the user's, or compiled from a string
+    in a module of the user's (``python -c``, an ``exec`` of the user's: into a bare dict
+    too; a dataclass's generated ``__init__``, which calls its ``default_factory``)."""
+    filename = function.__code__.co_filename
+    if not filename.startswith("<"):
+        return is_user_file(filename)
+    if filename != "<string>":
+        return is_user_file(filename)  # <stdin>, <console>: the user's; other generated code
+    name = function.__module__
+    module = sys.modules.get(name) if name is not None else None
+    return name is None or (module is not None and user_module(module))
 
 
 def user_module(module: types.ModuleType) -> bool:

@@ -15,6 +15,8 @@ import configparser
 import contextvars
 import enum
 import functools
+import os
+import sys
 import threading
 import types
 import weakref
@@ -25,10 +27,10 @@ from torch import nn
 
 from .._signature import NAMESPACES
 from ._code_walk import callbacks_held, tensors_held, user_class
-from ._records import LENGTH, LISTED, Step, enum_attributes
+from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
-           "VIEWS", "shows_content"]  # fmt: skip
+           "VIEWS", "shows_content", "masked"]  # fmt: skip
 
 
 def _class_of(value: Any) -> type:
@@ -78,6 +80,16 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "data")]  # the dict or list it wraps
     if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
         return [Step(True, "__self__")]
+    if isinstance(value, _BUILTIN_BOUND) and _holds_state(getattr(value, "__self__", None)):
+        return [Step(True, "__self__")]  # TABLE.get, ARR.sum held: the dict or array it reads
+    if isinstance(value, collections.ChainMap):  # every map, a lower one too (c.get("k"))
+        return [Step(True, "maps")]
+    if isinstance(value, contextvars.Context):  # CTX[var] after CTX.run(var.set, 4.0)
+        return [LENGTH, *_listed_values(len(value))]
+    if type(value) is type(os.environ):  # os.environ under another name: what it holds
+        return [Step(True, "_data")]
+    if masked(value):  # a NumPy masked array: what is masked, besides the data
+        return [Step(True, "data"), Step(True, "mask")]
     if isinstance(value, (functools.partial, functools.partialmethod)):  # what it binds
         return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]  # and calls
     if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read)
@@ -92,13 +104,16 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return []  # the module guard
     if isinstance(value, enum.Enum):  # a member whose value holds a list, or with attributes
         return [Step(True, "value"), *(Step(True, n) for n in enum_attributes(value))]
-    if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context
-        return [Step(True, "get", call=True)]
+    if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context,
+        return [Step(True, "get", call=True, argument=UNSET)]  # or that it holds nothing
     if isinstance(value, weakref.ref):  # the object it refers to (None once that is gone)
         return [Step(True, "__call__", call=True)]
-    if isinstance(value, type):  # its data, then its methods (replaced on the class)
-        klasses = [k for k in value.__mro__ if k is not object and user_class(k)]
-        return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value)]
+    if isinstance(value, type):  # its data, then its methods (replaced on the class), and
+        klasses = [k for k in value.__mro__ if k is not object and user_class(k)]  # a
+        meta = [Step(True, "__class__")] if user_class(type(value)) else []  # metaclass of yours
+        return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value), *meta]
+    if isinstance(value, functools.singledispatchmethod):  # what is registered on it
+        return [Step(True, "dispatcher")]
     klass = _class_of(value)
     plain = _bag(klass) or user_class(klass)  # a library's objects: by identity, and the
     if not plain:  # code of yours they hold (``integrator.rhs = my_rhs``), and tensors
@@ -115,6 +130,21 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     elif isinstance(value, list):
         steps += [Step(False, i) for i in range(len(value))]
     return [*steps, Step(True, "__class__")] if user_class(klass) else steps
+
+
+_BUILTIN_BOUND = (types.BuiltinMethodType, types.MethodWrapperType)
+
+
+def _holds_state(owner: Any) -> bool:
+    """Whether a builtin method's object is state of the user's (not a module, a class or
+    None: ``math.sqrt``, ``dict.fromkeys``)."""
+    return owner is not None and not isinstance(owner, (types.ModuleType, type))
+
+
+def masked(value: Any) -> bool:
+    """A NumPy masked array (its mask is state besides its data)."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(value, ma.MaskedArray)
 
 
 _WEAK = (weakref.WeakSet, weakref.WeakValueDictionary, weakref.WeakKeyDictionary)

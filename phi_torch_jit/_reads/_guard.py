@@ -45,7 +45,7 @@ class PythonGuard:
 
     def __init__(self, reads: list[Read]) -> None:
         order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ITERATOR: 1,
-                 Kind.ARRAY: 2, Kind.TENSOR: 3}  # fmt: skip
+                 Kind.DRAWS: 1, Kind.ARRAY: 2, Kind.TENSOR: 3}  # fmt: skip
         self.reads = tuple(sorted(reads, key=lambda r: order[r.kind]))
         """Every guarded read: values and contents, then identities, then tensors."""
         self.tensors = tuple(r for r in self.reads if r.kind is Kind.TENSOR)

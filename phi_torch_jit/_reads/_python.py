@@ -18,13 +18,10 @@ What no compiled program can repeat is noted while the record pass runs by
 from __future__ import annotations
 
 import builtins
-import collections
-import collections.abc
 import functools
 import os
 import sys
 import types
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -53,12 +50,12 @@ from ._fields import (
     VIEWS,
     depth,
     fields,
-    has_attribute,
     has_attributes,
     shows_content,
 )
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
+from ._kinds import MAX_ARRAY, big_array, kind_of
 from ._records import (
     GONE,
     LENGTH,
@@ -76,8 +73,6 @@ from ._records import (
 __all__ = ["Read", "Kind", "Source", "PythonGuard", "collect_reads", "same_value", "immutable",
            "user_module", "describe_callable"]  # fmt: skip
 
-_MAX_ARRAY = 4096
-"""NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
 _MAX_FIELDS = 512
 """Attribute-path reads under one global or closure object, its whole tree (a list of a
 hundred stage objects iterated by the step fits; a guard of 413 reads took 46 us here)."""
@@ -90,45 +85,6 @@ _LISTED_SUBCLASSES = Step(True, "__subclasses__", call=True)
 _MAX_VIEW = 1 << 16
 """A ``memoryview`` of up to this many bytes is guarded by what it shows (``tobytes()``)."""
 _TOBYTES = Step(True, "tobytes", call=True)
-
-_BOUND = (types.BuiltinMethodType, types.MethodWrapperType, types.MethodType)
-
-
-def _kind(value: Any) -> Kind | None:
-    """How to guard ``value``; None: not worth guarding (libraries' modules, Python's builtins).
-    Other builtin functions (``torch.tanh`` held in a dict or a global) by identity."""
-    if isinstance(value, torch.Tensor):
-        return Kind.TENSOR
-    if isinstance(value, types.ModuleType):
-        return Kind.IDENTITY if user_module(value) else None
-    if isinstance(value, _BOUND) and value.__name__ in ("__next__", "send"):  # it.__next__
-        if isinstance(value.__self__, collections.abc.Iterator):
-            return Kind.ITERATOR
-    if isinstance(value, types.BuiltinFunctionType):  # Python's own (len, min): never rebound
-        return None if value.__self__ is builtins else Kind.IDENTITY  # torch.tanh in a dict
-    if isinstance(value, weakref.ProxyTypes):  # forwards __next__ whatever its object is
-        return Kind.IDENTITY
-    if isinstance(value, collections.abc.Iterator):
-        return Kind.ITERATOR
-    if immutable(value):
-        return Kind.VALUE
-    if plain_container(value):
-        return Kind.CONTENT
-    if _numbers_array(value) and getattr(value, "size", _MAX_ARRAY + 1) <= _MAX_ARRAY:
-        return Kind.ARRAY
-    return Kind.IDENTITY
-
-
-def _numbers_array(value: Any) -> bool:
-    """A NumPy-like array of numbers (one of objects is by identity, each walked: fields)."""
-    return has_attribute(value, "__array_interface__") and not getattr(
-        getattr(value, "dtype", None), "hasobject", True
-    )
-
-
-def _big_array(value: Any) -> bool:
-    """An array of numbers too big to compare at every call (by identity only)."""
-    return _numbers_array(value) and getattr(value, "size", 0) > _MAX_ARRAY
 
 
 def _add_chains(
@@ -180,11 +136,7 @@ def collect_reads(
     ``customs``: the custom functions' callables the record pass saw called: tensors their
     code reads are guarded by identity too (:mod:`._custom_bodies`)."""
     reads: dict[Any, Read] = {}
-    for module in modules:
-        _add_attributes(reads, module)
-    for klass in {id(type(m)): type(m) for m in modules if user_class(type(m))}.values():
-        label = f"class {klass.__qualname__}"  # its methods (Net.forward = other) and data
-        _add(reads, ("class", id(klass)), Source(label, klass.__module__, holder=klass))
+    _add_modules(reads, modules)
     for argument in arguments:
         if isinstance(argument, types.ModuleType):  # your configuration module, passed in
             _add_imported(reads, {argument.__name__: "a module (an argument)"})
@@ -285,12 +237,18 @@ def _add_environment(reads: dict[Any, Read], code: types.CodeType) -> None:
     """The process environment, where a function's code names it: its whole content (a dict
     of a few dozen byte strings: copied and compared in about a microsecond), so a variable
     exported between calls (``os.environ["SIM_SCALE"] = "3"``) retraces. Shown shortened in
-    logs (``<dict object>``), never with its values."""
+    logs (``<dict object>``), never with its values. Likewise ``sys.argv``, where the code
+    names ``argv``."""
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    if names_environment(code, _ARGV):  # sys.argv, changed in place (a list of strings)
+        _add(reads, ("argv",), Source("sys.argv", where, vars(sys), "argv"))
     if not names_environment(code):
         return
-    where = f"{code.co_filename}:{code.co_firstlineno}"
     source = Source("the environment (os.environ)", where, vars(os.environ), "_data")
     _add(reads, ("environment",), source)
+
+
+_ARGV = frozenset(("argv",))
 
 
 def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
@@ -329,8 +287,22 @@ def _add_code(reads: dict[Any, Read], function: types.FunctionType) -> None:
         _add(reads, (id(function), path), Source(label, where, holder=function, path=path))
 
 
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, type)
+"""What a module attribute holds that is code, not data (a class: its data is walked where
+code names it)."""
+
 _MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"training"}
 """What ``nn.Module.__init__`` sets (parameters, buffers, hooks): the module guard's."""
+
+
+def _add_modules(reads: dict[Any, Read], modules: Sequence[nn.Module]) -> None:
+    """The plain attributes of ``modules``, and their classes of yours: their methods
+    (``Net.forward = other``) and data (``type(self).K``, which a forward may change)."""
+    for module in modules:
+        _add_attributes(reads, module)
+    for klass in {id(type(m)): type(m) for m in modules if user_class(type(m))}.values():
+        label = f"class {klass.__qualname__}"
+        _add(reads, ("class", id(klass)), Source(label, klass.__module__, holder=klass))
 
 
 def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
@@ -344,14 +316,10 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
             continue
         if name.startswith("_") and name not in names_in_user_code(type(module)):
             continue  # private state only your code names: a library base's is its own
-        if isinstance(value, nn.Module) or (
-            callable(value)
-            and not isinstance(
-                value, (torch.Tensor, types.MethodType, functools.partial, weakref.ref)
-            )  # a parent's weakref: what it refers to
-        ):
+        if isinstance(value, (nn.Module, *_CODE)):
             continue  # submodules: the module guard; functions: not data (a bound method's
-            # object is: ``self.fn = schedule.weight`` reads ``schedule``)
+            # object is: ``self.fn = schedule.weight`` reads ``schedule``; so is a callable
+            # object's: ``self.counter = Counter()``, its ``__call__`` changing ``self.k``)
         label = f"attribute {type(module).__name__}.{name}"
         _add(reads, (id(namespace), name), Source(label, where, namespace, name))
 
@@ -371,7 +339,7 @@ def _add(
         value = source.get()
     except GONE:  # an empty cell: not read after all
         return
-    kind = _kind(value)
+    kind = kind_of(value)
     if kind is None:
         return
     if strict(kind, value):  # in canonical form: types, signs and order count
@@ -391,12 +359,11 @@ def _add(
         if plain_container(copied.get()):  # compared whole; else entries (fields), by identity
             _add(reads, (key, "content"), copied, budget)
     if kind is Kind.IDENTITY and isinstance(value, nn.Module):  # called or a container only
-        for module in value.modules():
-            _add_attributes(reads, module)
+        _add_modules(reads, list(value.modules()))
     if kind is not Kind.IDENTITY:
         return
-    if _big_array(value):  # say so (explain): its content is not compared at every call
-        where = f"{value.size} elements (arrays of up to {_MAX_ARRAY} are compared)"
+    if big_array(value):  # say so (explain): its content is not compared at every call
+        where = f"{value.size} elements (arrays of up to {MAX_ARRAY} are compared)"
         reads[key] = replace(reads[key], unguarded=where)
         return
     level = depth(source.path)

@@ -45,6 +45,10 @@ class Kind(enum.Enum):
     ITERATOR = "iterator"
     """An iterator or generator (``next(forcing)``): each call takes new items, which no
     compiled program repeats; a specialization that reads one runs eagerly."""
+    DRAWS = "draws"
+    """A random generator, a method bound to one, or a clock (``from random import random``,
+    ``rng.normal``, ``from time import perf_counter``): each call draws anew, which no compiled
+    program repeats; a specialization that reads one runs eagerly."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,8 @@ class Source:
                 value = tuple(value)
             else:
                 value = getattr(value, step.key) if step.attribute else value[step.key]
-                value = value() if step.call else value
+                if step.call:
+                    value = value() if step.argument is None else value(step.argument)
         return value
 
     def _root(self) -> Any:
@@ -128,7 +133,7 @@ class Source:
             label = f"list({self.label})"
         else:
             label = self.label + (f".{step.key}" if step.attribute else f"[{step.key!r}]")
-            label += "()" if step.call else ""
+            label += _called(step)
         return Source(label, self.location, self.namespace, self.name, self.cell,
                       (*self.path, step), self.holder)  # fmt: skip
 
@@ -143,7 +148,7 @@ class Source:
                 root = f"tuple({root})"
             else:
                 root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
-                root += "()" if step.call else ""
+                root += _called(step)
         return root
 
 
@@ -159,6 +164,8 @@ class Step:
     """``len()`` of the value instead (a list's or dict's length: an append is a change)."""
     call: bool = False
     """Call the attribute (``var.get()`` of a ``contextvars.ContextVar``)."""
+    argument: str | None = None
+    """With ``call``: the one argument to call it with (``var.get(UNSET)``)."""
     listed: bool = False
     """``tuple()`` of the value instead: a set's members in its order (``list(S)[i]``)."""
     text: bool = False
@@ -170,6 +177,15 @@ class Step:
 
 LENGTH = Step(False, None, length=True)
 LISTED = Step(False, None, listed=True)
+UNSET = "<no value>"
+"""What a ``contextvars.ContextVar`` that holds no value reads as (``var.get(UNSET)``)."""
+
+
+def _called(step: Step) -> str:
+    """The call a step makes, as code (``()``, ``('<no value>')``), or ""."""
+    if not step.call:
+        return ""
+    return "()" if step.argument is None else f"({step.argument!r})"
 
 
 @dataclass(frozen=True)
@@ -199,7 +215,7 @@ class Read:
             now = self.current()
         except GONE:
             return False
-        if self.kind in (Kind.IDENTITY, Kind.ITERATOR):
+        if self.kind in (Kind.IDENTITY, Kind.ITERATOR, Kind.DRAWS):
             return now is self.expected
         return same_value(now, self.expected)
 

@@ -55,6 +55,22 @@ class PhiMLLibrary(Library):
     def pass_hooks(self) -> PhiMLBridge:
         return PhiMLBridge()
 
+    def ambient(self) -> tuple[tuple[str, Any], ...] | None:
+        """PhiML's precision (``math.set_global_precision(64)``, ``with math.precision(64)``:
+        its ops cast to it) and default backend (where ``math.random_normal`` draws and
+        ``math.zeros`` allocate); None at 32 bits on torch or no default yet."""
+        backend = sys.modules.get("phiml.backend")
+        if backend is None:
+            return None
+        precision = backend.get_precision()
+        try:
+            default = backend.default_backend().name
+        except IndexError:  # no backend chosen yet
+            default = None
+        if precision == 32 and default in (None, "torch"):
+            return None
+        return (("precision", precision), ("default backend", default))
+
     def custom_forward(self, cls: type) -> Callable[..., Any] | None:
         return traceable_forward(cls)
 

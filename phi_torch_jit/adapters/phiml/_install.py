@@ -85,17 +85,23 @@ def _one_pass_at_a_time(native: Callable[..., Any], owner: Any) -> Callable[...,
     PhiML's jit collects the callbacks met while its native function runs and returns their
     tensors as extra outputs, expecting one traced pass. phi_torch_jit runs it twice (record,
     trace) and both passes must return the same outputs, so each starts from an empty list:
-    the callback then runs once per call, after it, as under PhiML's own jit.
+    the callback then runs once per call, after it, as under PhiML's own jit. Its
+    ``__wrapped__`` is the user's function that PhiML's native function runs (its globals
+    and closures are guarded as a jitted function's: NOTE [Python reads]).
     """
-    if not hasattr(owner, "_extract_tensors") or not hasattr(owner, "_post_call"):
-        return native  # a PhiML version we do not know
+    collects = hasattr(owner, "_extract_tensors") and hasattr(owner, "_post_call")
 
     def one_pass(*natives: Any) -> Any:
-        owner._extract_tensors.clear()
-        owner._post_call.clear()
+        if collects:  # a jit_compile's (a gradient's native function collects none)
+            owner._extract_tensors.clear()
+            owner._post_call.clear()
         return native(*natives)
 
     one_pass.__name__ = one_pass.__qualname__ = getattr(native, "__name__", "native")
+    user = getattr(owner, "f", None)  # the user's function (of a math.gradient: its f)
+    user = getattr(user, "f", user) if type(user).__name__ == "GradientFunction" else user
+    if callable(user):  # what PhiML's native function runs: the guard stage walks it
+        one_pass.__wrapped__ = user  # type: ignore[attr-defined]
     return one_pass
 
 

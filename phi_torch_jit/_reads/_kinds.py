@@ -1,0 +1,114 @@
+"""Stage 1 (reads): how each value a step reads is guarded (:class:`Kind`), and which values
+no guard can hold because each call draws from them anew (random generators, clocks).
+
+A random generator (``random.Random``, NumPy's ``RandomState``, ``Generator`` or bit
+generator), a method bound to one (``from random import random``, ``RNG.normal``, a partial
+of it) and a clock or entropy function (``from time import perf_counter``, ``os.urandom``)
+read by the step are of kind :attr:`Kind.DRAWS`: the specialization runs eagerly, warned.
+Names bound before the record pass's watch (:mod:`.._unguardable`) are not patched, so the
+walk, which sees what each name is, finds them. A generator reached as configuration but
+never drawn from makes the step eager too (as an iterator does): say so with a warning,
+never a silent repeat.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections.abc
+import os
+import random
+import sys
+import time
+import types
+import weakref
+from typing import Any
+
+import torch
+
+from ._code_walk import user_module
+from ._content import plain_container
+from ._fields import has_attribute, masked
+from ._records import Kind, immutable
+
+__all__ = ["kind_of", "big_array", "MAX_ARRAY", "draws"]
+
+MAX_ARRAY = 4096
+"""NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
+
+_BOUND = (types.BuiltinMethodType, types.MethodWrapperType, types.MethodType)
+
+_CLOCK_NAMES = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic",
+                "monotonic_ns", "process_time", "process_time_ns", "thread_time",
+                "thread_time_ns")  # fmt: skip
+_CLOCKS = frozenset(
+    id(f)
+    for f in (
+        *(getattr(time, n) for n in _CLOCK_NAMES if hasattr(time, n)),
+        os.urandom,
+        getattr(os, "getrandom", os.urandom),
+    )
+)
+"""Functions that give a new value on every call (by identity: builtins are never copied)."""
+
+
+def _generator(value: Any) -> bool:
+    """A random generator object of Python's or NumPy's."""
+    if isinstance(value, random.Random):  # SystemRandom too
+        return True
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is None:
+        return False
+    kinds = tuple(getattr(numpy_random, n, None) for n in ("RandomState", "Generator",
+                                                           "BitGenerator"))  # fmt: skip
+    return isinstance(value, tuple(k for k in kinds if isinstance(k, type)))
+
+
+def draws(value: Any) -> bool:
+    """Whether calling (or drawing from) ``value`` gives a new value on every call: a random
+    generator, a method bound to one, a clock or an entropy source."""
+    if isinstance(value, types.BuiltinFunctionType) and id(value) in _CLOCKS:
+        return True
+    if isinstance(value, _BOUND) and _generator(getattr(value, "__self__", None)):
+        return True
+    return _generator(value)
+
+
+def kind_of(value: Any) -> Kind | None:
+    """How to guard ``value``; None: not worth guarding (libraries' modules, Python's builtins).
+    Other builtin functions (``torch.tanh`` held in a dict or a global) by identity."""
+    if isinstance(value, torch.Tensor):
+        return Kind.TENSOR
+    if isinstance(value, types.ModuleType):
+        return Kind.IDENTITY if user_module(value) else None
+    if draws(value):
+        return Kind.DRAWS
+    if isinstance(value, _BOUND) and value.__name__ in ("__next__", "send"):  # it.__next__
+        if isinstance(value.__self__, collections.abc.Iterator):
+            return Kind.ITERATOR
+    if isinstance(value, types.BuiltinFunctionType):  # Python's own (len, min): never rebound
+        return None if value.__self__ is builtins else Kind.IDENTITY  # torch.tanh in a dict
+    if isinstance(value, weakref.ProxyTypes):  # forwards __next__ whatever its object is
+        return Kind.IDENTITY
+    if isinstance(value, collections.abc.Iterator):
+        return Kind.ITERATOR
+    if immutable(value):
+        return Kind.VALUE
+    if masked(value):  # its data and its mask, each compared (fields)
+        return Kind.IDENTITY
+    if plain_container(value):
+        return Kind.CONTENT
+    if _numbers_array(value) and getattr(value, "size", MAX_ARRAY + 1) <= MAX_ARRAY:
+        return Kind.ARRAY
+    return Kind.IDENTITY
+
+
+def _numbers_array(value: Any) -> bool:
+    """A NumPy-like array of numbers (one of objects is by identity, each walked: fields)."""
+    return has_attribute(value, "__array_interface__") and not getattr(
+        getattr(value, "dtype", None), "hasobject", True
+    )
+
+
+def big_array(value: Any) -> bool:
+    """An array of numbers too big to compare at every call (by identity only)."""
+    return _numbers_array(value) and getattr(value, "size", 0) > MAX_ARRAY

@@ -1,0 +1,184 @@
+"""Draws a compiled program would repeat, however the step reaches them (_reads._kinds,
+_unguardable): a random function imported by name or held in a container, a method bound to
+a generator object, a ``SystemRandom``, a clock imported by name, entropy through the standard
+library (``secrets``, ``uuid``), a library's draw from the global generators. Each was found
+silently wrong by a probe: the record pass's patches see only calls through the module's
+attribute, so the first call's draw was baked and repeated."""
+
+from __future__ import annotations
+
+import random
+import secrets
+import sys
+import textwrap
+import uuid
+import warnings
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from random import random as imported_random
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import phi_torch_jit as ptj
+from phi_torch_jit._reads._kinds import draws
+from phi_torch_jit._reads._records import Kind
+
+pytestmark = pytest.mark.all_engines
+
+HELD = {"draw": random.random}
+BOUND = random.Random(0).random
+SYSTEM = random.SystemRandom()
+LEGACY = np.random.RandomState(0)
+GENERATOR = np.random.default_rng(0)
+NORMAL = partial(GENERATOR.normal, 0.0)
+
+
+def _values(step: Callable[[torch.Tensor], torch.Tensor], calls: int = 4) -> list[float]:
+    random.seed(7)
+    np.random.seed(7)
+    return [float(step(torch.ones(1))) for _ in range(calls)]
+
+
+STEPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "imported by name": lambda x: x * imported_random(),
+    "held in a dict": lambda x: x * HELD["draw"](),
+    "bound to a Random": lambda x: x * BOUND(),
+    "a NumPy RandomState": lambda x: x * float(LEGACY.rand()),
+    "a partial of a Generator's method": lambda x: x * float(NORMAL()),
+}
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_a_generator_read_however_it_is_named_runs_eagerly_warned(name: str) -> None:
+    step = STEPS[name]
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="random generator or a clock"):
+        got = _values(jitted)
+    assert len(set(got)) == len(got)  # a new draw on every call, none repeated
+    assert jitted.num_traces == 1
+
+
+def test_the_same_draws_as_eager_from_a_seeded_generator() -> None:
+    """Eager, warned: the seeded sequence is eager's, one draw per call (not two: the trace
+    pass does not run)."""
+    step = STEPS["imported by name"]
+    with pytest.warns(ptj.JitWarning):
+        got = _values(ptj.jit(step))
+    assert got == _values(step)
+
+
+def test_a_clock_imported_by_name_runs_eagerly_warned() -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * (perf_counter() % 1.0)
+
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="global perf_counter"):
+        jitted(torch.ones(1))
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: SYSTEM.random(),
+        lambda: secrets.randbelow(1000) / 1000,
+        lambda: uuid.uuid4().int % 1000 / 1000,
+    ],
+    ids=["SystemRandom", "secrets", "uuid4"],
+)
+def test_entropy_reached_through_the_standard_library_runs_eagerly_warned(
+    draw: Callable[[], float],
+) -> None:
+    """``os.urandom`` called by ``secrets``, ``uuid`` or ``SystemRandom`` for the user's line:
+    the standard library's frames are looked past to the user's."""
+    jitted = ptj.jit(lambda x: x * draw())
+    with pytest.warns(ptj.JitWarning, match="os.urandom"):
+        got = [float(jitted(torch.ones(1))) for _ in range(4)]
+    assert len(set(got)) > 1
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: Any) -> Any:
+    """An installed library (its folder is named site-packages) that bound ``random`` and
+    NumPy's ``rand`` at import, before any patch of ours, and names things with ``uuid4``."""
+    folder = tmp_path / "site-packages"
+    folder.mkdir()
+    (folder / "_drawing_library.py").write_text(
+        textwrap.dedent(
+            """
+            import uuid
+            from random import random as _draw
+            from numpy.random import rand as _rand
+
+            def draw():
+                return _draw()
+
+            def draw_numpy():
+                return float(_rand())
+
+            def name():
+                return str(uuid.uuid4())
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    yield __import__("_drawing_library")
+    sys.modules.pop("_drawing_library", None)
+
+
+def test_a_librarys_draw_from_the_global_generators_is_noticed(library: Any) -> None:
+    """Seen by the global generators' states before and after the record pass."""
+    for draw in (library.draw, library.draw_numpy):
+        jitted = ptj.jit(lambda x, draw=draw: x * draw())
+        with pytest.warns(ptj.JitWarning, match="global generator"):
+            got = _values(jitted)
+        assert len(set(got)) == len(got)
+
+
+def test_a_library_naming_things_with_uuid_is_not_taken_for_a_draw(library: Any) -> None:
+    """A package's own ``uuid4`` (PhiML names its solves so) is not the step's draw: only a
+    user's line reached through the standard library counts."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        library.name()
+        return x * 2
+
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(3):
+            torch.testing.assert_close(jitted(torch.ones(1)), torch.full((1,), 2.0))
+    assert jitted.num_traces == 1
+    assert "runs eagerly" not in jitted.explain()
+
+
+def test_reading_the_seed_runs_eagerly_warned() -> None:
+    jitted = ptj.jit(lambda x: x + torch.initial_seed() % 7)
+    with pytest.warns(ptj.JitWarning, match="initial_seed"):
+        for seed in (1, 2, 3):
+            torch.manual_seed(seed)
+            assert float(jitted(torch.zeros(1))) == seed % 7
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (random.random, True),
+        (random.Random(1), True),
+        (SYSTEM.getrandbits, True),
+        (np.random.rand, True),
+        (GENERATOR, True),
+        (GENERATOR.bit_generator, True),
+        (perf_counter, True),
+        (torch.tanh, False),
+        (len, False),
+        ({}.get, False),
+        (Kind, False),
+    ],
+)
+def test_what_counts_as_a_draw(value: Any, expected: bool) -> None:
+    assert draws(value) is expected
