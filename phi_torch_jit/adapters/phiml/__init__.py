@@ -58,18 +58,35 @@ class PhiMLLibrary(Library):
     def ambient(self) -> tuple[tuple[str, Any], ...] | None:
         """PhiML's precision (``math.set_global_precision(64)``, ``with math.precision(64)``:
         its ops cast to it) and default backend (where ``math.random_normal`` draws and
-        ``math.zeros`` allocate); None at 32 bits on torch or no default yet."""
-        backend = sys.modules.get("phiml.backend")
-        if backend is None:
-            return None
-        precision = backend.get_precision()
-        try:
-            default = backend.default_backend().name
-        except IndexError:  # no backend chosen yet
-            default = None
+        ``math.zeros`` allocate); None at 32 bits on torch or no default yet. Read from
+        PhiML's own stacks (two list reads; its public getters cost twice as much)."""
+        stacks = self._stacks or self._find_stacks()
+        if stacks is not None:
+            precision, defaults = stacks[0][-1], stacks[1]
+            default = defaults[-1].name if defaults else None
+        else:  # not imported yet, or a PhiML that keeps them otherwise: its public getters
+            backend = sys.modules.get("phiml.backend")
+            if backend is None:
+                return None
+            precision = backend.get_precision()
+            try:
+                default = backend.default_backend().name
+            except IndexError:  # no backend chosen yet
+                default = None
         if precision == 32 and default in (None, "torch"):
             return None
         return (("precision", precision), ("default backend", default))
+
+    _stacks: tuple[list[int], list[Any]] | None = None
+
+    def _find_stacks(self) -> tuple[list[int], list[Any]] | None:
+        backend = sys.modules.get("phiml.backend._backend")
+        precisions = getattr(backend, "_PRECISION", None)
+        defaults = getattr(backend, "_DEFAULT", None)
+        if not isinstance(precisions, list) or not isinstance(defaults, list):
+            return None  # not imported yet (or a PhiML that keeps them otherwise)
+        self._stacks = (precisions, defaults)
+        return self._stacks
 
     def custom_forward(self, cls: type) -> Callable[..., Any] | None:
         return traceable_forward(cls)
