@@ -47,7 +47,7 @@ def has_backward_hooks(modules: Iterable[nn.Module]) -> bool:
     return any(m._backward_hooks or m._backward_pre_hooks for m in modules)
 
 
-_HOLDERS = operator.attrgetter("__class__", "_modules", "_parameters", "_buffers")
+_CHILDREN = operator.attrgetter("_modules")
 
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 """Code held as a module's attribute (``self.act = torch.tanh``, ``net.forward = f``): which
@@ -114,8 +114,9 @@ class ModuleGuard:
         depend on the parameters' (``if net.weight.requires_grad:``), so these are checked on
         every call (else only after a program fails, :meth:`moved`)."""
         self._grads = self._requires_grads() if self.grads_read else ()
-        self._holders = tuple(map(_HOLDERS, self.modules))  # held: their ids stay unique
-        self._holder_ids = self._holder_identities()
+        self._classes = tuple(map(type, self.modules))
+        self._parents = tuple(m for m in self.modules if m._modules)
+        self._child_dict_ids = self._child_dict_identities()
         self._snapshot_children()
         self._snapshot_attributes()
         self._trainings = self._training_flags()
@@ -183,11 +184,11 @@ class ModuleGuard:
         after the trace and read as ``getattr(self, "offset", None)``) retraces."""
         return tuple(map(len, self._instance_dicts))
 
-    def _holder_identities(self) -> tuple[int, ...]:
-        """Each module's class and the dicts holding its submodules, parameters and buffers:
-        ``m.__class__ = Other`` and ``del net[3]`` (torch builds a new ``_modules`` dict, which
-        the other checks, collected once, would not see) retrace."""
-        return tuple(map(id, chain.from_iterable(map(_HOLDERS, self.modules))))
+    def _child_dict_identities(self) -> tuple[int, ...]:
+        """Which dict holds each parent's submodules: ``del net[3]`` on a Sequential or a
+        ModuleList builds a new one, which the other checks (collected once) would not see.
+        Parents only (a module that gains its first child changes its registry's length)."""
+        return tuple(map(id, map(_CHILDREN, self._parents)))
 
     def _training_flags(self) -> tuple[bool, ...]:
         return tuple(map(_training, self.modules))
@@ -245,7 +246,9 @@ class ModuleGuard:
             return False
         if self.grads_read and self._requires_grads() != self._grads:
             return False
-        if self._holder_identities() != self._holder_ids:
+        if tuple(map(type, self.modules)) != self._classes:  # m.__class__ = Other
+            return False
+        if self._parents and self._child_dict_identities() != self._child_dict_ids:
             return False
         if self._attribute_snapshot() != self._attribute_values:
             return False
@@ -273,13 +276,14 @@ class ModuleGuard:
                 "a parameter's requires_grad changed, and the function's Python reads "
                 f"requires_grad (at {self.grads_read[0]})"
             )
-        for name, module, (klass, *dicts) in zip(self.names, self.modules, self._holders):
+        for name, module, klass in zip(self.names, self.modules, self._classes):
             if type(module) is not klass:
                 return (f"module {name} is of class {type(module).__qualname__}, "
                         f"{klass.__qualname__} when traced")  # fmt: skip
-            if any(map(operator.is_not, _HOLDERS(module)[1:], dicts)):
-                return (f"module {name} holds its submodules, parameters or buffers in a new "
-                        "dict (del net[i]?)")  # fmt: skip
+        for module, ident in zip(self._parents, self._child_dict_ids):
+            if id(module._modules) != ident:
+                name = self.names[self.modules.index(module)]
+                return f"module {name} holds its submodules in a new dict (del net[i]?)"
         kinds = ("attributes", "parameters", "buffers", "submodules")
         sizes = zip(self._instance_sizes, self._sizes_of_instance_dicts(), strict=True)
         for i, (traced, now) in enumerate(sizes):

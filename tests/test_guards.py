@@ -191,7 +191,7 @@ def test_a_deletion_that_rebuilds_the_submodule_dict_is_noticed() -> None:
     del net[3]
     assert not guard.holds()
     assert guard.describe_change() == (
-        "module Sequential holds its submodules, parameters or buffers in a new dict (del net[i]?)"
+        "module Sequential holds its submodules in a new dict (del net[i]?)"
     )
 
 
