@@ -126,3 +126,33 @@ def test_the_command_line_changed_in_place_is_read(monkeypatch: Any) -> None:
         return x * float(sys.argv[1])
 
     like_eager_then_retraced(ptj.jit(step), step, _set(sys.argv, 1, "4.0"))
+
+
+@pytest.mark.parametrize("how", ["expandvars", "expanduser"])
+def test_the_environment_read_by_pythons_path_helpers_is_read(how: str, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PHI_TORCH_JIT_TEST_DIR", "/tmp/a")
+    monkeypatch.setenv("HOME", "/tmp/a")
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        path = os.path.expandvars("$PHI_TORCH_JIT_TEST_DIR") if how == "expandvars" else (
+            os.path.expanduser("~"))  # fmt: skip
+        return x * len(path)
+
+    def change() -> None:
+        monkeypatch.setenv("PHI_TORCH_JIT_TEST_DIR", "/tmp/abcdef")
+        monkeypatch.setenv("HOME", "/tmp/abcdef")
+
+    like_eager_then_retraced(ptj.jit(step), step, change)
+
+
+def test_the_command_line_parsed_by_argparse_is_read(monkeypatch: Any) -> None:
+    import argparse
+
+    monkeypatch.setattr(sys, "argv", ["prog", "1.0"])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("k", type=float)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * parser.parse_args().k
+
+    like_eager_then_retraced(ptj.jit(step), step, _set(sys.argv, 1, "5.0"))

@@ -7,10 +7,12 @@ attribute, so the first call's draw was baked and repeated."""
 
 from __future__ import annotations
 
+import datetime
 import random
 import secrets
 import sys
 import textwrap
+import time
 import uuid
 import warnings
 from collections.abc import Callable
@@ -182,3 +184,23 @@ def test_reading_the_seed_runs_eagerly_warned() -> None:
 )
 def test_what_counts_as_a_draw(value: Any, expected: bool) -> None:
     assert draws(value) is expected
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda: time.process_time() % 1.0,
+        lambda: datetime.datetime.now().microsecond / 1e6,
+        lambda: time.clock_gettime(time.CLOCK_MONOTONIC) % 1.0,
+        lambda: uuid.uuid1().time % 1000 / 1000,
+        lambda: float(np.random.rand()),
+    ],
+    ids=["time.process_time", "datetime.now", "time.clock_gettime", "uuid1", "np.random.rand"],
+)
+def test_a_clock_called_through_its_module_runs_eagerly_warned(read: Callable[[], float]) -> None:
+    """Clocks the record pass does not patch (C methods of ``datetime``, the rarer ``time``
+    functions) are found by the walk: the names the code spells under a library's module or
+    class (found by a probe: the first call's time was repeated)."""
+    jitted = ptj.jit(lambda x: x * read())
+    with pytest.warns(ptj.JitWarning, match="random generator or a clock"):
+        jitted(torch.ones(1))

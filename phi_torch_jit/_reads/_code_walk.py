@@ -72,9 +72,11 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
     return found
 
 
-_ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb"))
+_ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb", "expandvars",
+                                "expanduser", "getuser"))  # fmt: skip
 """Names through which code reads the process environment (``os.environ[...]``,
-``os.getenv(...)``, ``from os import environ``)."""
+``os.getenv(...)``, ``from os import environ``, ``os.path.expandvars("$DATA")``,
+``expanduser("~")``, ``getpass.getuser()``)."""
 
 
 def names_environment(code: types.CodeType, names: frozenset[str] = _ENVIRONMENT_NAMES) -> bool:
@@ -169,6 +171,11 @@ def _codes(code: types.CodeType, depth: int = 4) -> list[types.CodeType]:
             if isinstance(const, types.CodeType):
                 found += _codes(const, depth - 1)
     return found
+
+
+def names_used(code: types.CodeType) -> frozenset[str]:
+    """The attribute and global names ``code`` and the code nested in it spell."""
+    return frozenset(n for inner in _codes(code) for n in inner.co_names)
 
 
 _CHAINS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
+import datetime
 import os
 import random
 import sys
 import time
 import types
+import uuid
 import weakref
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -30,7 +33,7 @@ from ._content import plain_container
 from ._fields import has_attribute, masked
 from ._records import Kind, immutable
 
-__all__ = ["kind_of", "big_array", "MAX_ARRAY", "draws"]
+__all__ = ["kind_of", "big_array", "MAX_ARRAY", "draws", "drawn_through"]
 
 MAX_ARRAY = 4096
 """NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
@@ -39,16 +42,20 @@ _BOUND = (types.BuiltinMethodType, types.MethodWrapperType, types.MethodType)
 
 _CLOCK_NAMES = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic",
                 "monotonic_ns", "process_time", "process_time_ns", "thread_time",
-                "thread_time_ns")  # fmt: skip
+                "thread_time_ns", "clock_gettime", "clock_gettime_ns")  # fmt: skip
 _CLOCKS = frozenset(
     id(f)
     for f in (
         *(getattr(time, n) for n in _CLOCK_NAMES if hasattr(time, n)),
-        os.urandom,
-        getattr(os, "getrandom", os.urandom),
+        *(getattr(os, n) for n in ("urandom", "getrandom", "times") if hasattr(os, n)),
+        uuid.uuid1,
+        uuid.uuid4,
     )
 )
 """Functions that give a new value on every call (by identity: builtins are never copied)."""
+
+_NOW = (datetime.datetime, datetime.date)
+"""Classes whose ``now``, ``utcnow`` and ``today`` read the clock (C methods: not patched)."""
 
 
 def _generator(value: Any) -> bool:
@@ -66,11 +73,31 @@ def _generator(value: Any) -> bool:
 def draws(value: Any) -> bool:
     """Whether calling (or drawing from) ``value`` gives a new value on every call: a random
     generator, a method bound to one, a clock or an entropy source."""
-    if isinstance(value, types.BuiltinFunctionType) and id(value) in _CLOCKS:
+    if isinstance(value, (types.BuiltinFunctionType, types.FunctionType)) and id(value) in _CLOCKS:
+        return True
+    owner = getattr(value, "__self__", None)
+    if any(owner is k for k in _NOW) and value.__name__ in ("now", "utcnow", "today"):
         return True
     if isinstance(value, _BOUND) and _generator(getattr(value, "__self__", None)):
         return True
     return _generator(value)
+
+
+def drawn_through(value: Any, names: Collection[str]) -> list[tuple[str, ...]]:
+    """Attribute paths of one or two of ``names`` under a library's module or class that
+    lead to a draw (``time.process_time``, ``datetime.datetime.now``, ``np.random.rand``):
+    calls through a module's attribute that the record pass's patches do not see."""
+    found: list[tuple[str, ...]] = []
+    for first in names:
+        below = getattr(value, first, None) if not first.startswith("__") else None
+        if below is None:
+            continue
+        if draws(below):
+            found.append((first,))
+        elif isinstance(below, (types.ModuleType, type)):
+            found += [(first, n) for n in names
+                      if not n.startswith("__") and draws(getattr(below, n, None))]  # fmt: skip
+    return found
 
 
 def kind_of(value: Any) -> Kind | None:

@@ -38,6 +38,7 @@ from ._code_walk import (
     names_environment,
     names_in_user_code,
     names_read,
+    names_used,
     user_class,
     user_functions,
     user_module,
@@ -55,7 +56,7 @@ from ._fields import (
 )
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
-from ._kinds import MAX_ARRAY, big_array, kind_of
+from ._kinds import MAX_ARRAY, big_array, drawn_through, kind_of
 from ._records import (
     GONE,
     LENGTH,
@@ -120,6 +121,23 @@ def _add_chains(
             _add(reads, parent, child, budget=[-1])  # -1: not descended
 
 
+def _add_draws(reads: dict[Any, Read], key: Any, source: Source, code: types.CodeType) -> None:
+    """Clocks and generators the code calls through a library's module or class
+    (``time.process_time()``, ``datetime.datetime.now()``): a draw each call (Kind.DRAWS)."""
+    value = source.get()
+    if not isinstance(value, (types.ModuleType, type)) or _users(value):
+        return
+    for path in drawn_through(value, names_used(code)):
+        below = source
+        for name in path:
+            below = below.child(Step(True, name))
+        _add(reads, (key, path), below)
+
+
+def _users(value: Any) -> bool:
+    return user_module(value) if isinstance(value, types.ModuleType) else user_class(value)
+
+
 def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
@@ -166,6 +184,7 @@ def collect_reads(
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", space, name)
                 _add(reads, (id(space), name), source)
                 _add_chains(reads, (id(space), name), source, chains.get((False, name), set()))
+                _add_draws(reads, (id(space), name), source, code)
         found = modules_imported(code).items()
         _add_imported(reads, {name: f"{code.co_filename}:{line}" for name, line in found})
         _add_environment(reads, code)
@@ -248,7 +267,9 @@ def _add_environment(reads: dict[Any, Read], code: types.CodeType) -> None:
     _add(reads, ("environment",), source)
 
 
-_ARGV = frozenset(("argv",))
+_ARGV = frozenset(("argv", "parse_args", "parse_known_args", "parse_intermixed_args",
+                   "parse_known_intermixed_args"))  # fmt: skip
+"""Names through which code reads the command line: ``sys.argv``, ``argparse``'s parsing."""
 
 
 def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
