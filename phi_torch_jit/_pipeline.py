@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from ._options import Options
 from ._reads import PythonGuard, collect_reads
 from ._reads._code_walk import user_class
 from ._reads._hooks import held_by_hooks, hook_reads
+from ._reads._kinds import generator_of
 from ._reads._mutations import modules_known_before, snapshot
 from ._reads._records import Kind, Read
 from ._reads._written_inputs import WrittenInputs, versions, written_inputs
@@ -94,7 +95,9 @@ def specialize(
     output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
-    changed = before.changes() if target.options.side_effects == "eager" else []
+    watched = target.options.side_effects == "eager"
+    changed = before.changes() if watched else []
+    held, drawn = before.drawn() if watched else (set(), set())
     imported = recording.unguardable.imports, recording.unguardable.module_reads
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
                for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip
@@ -107,7 +110,8 @@ def specialize(
     captured = [r.source for r in guard.tensors] if guard is not None else []
     modules = recording.root_modules(modules_known_before(target.fn, guard.reads if guard else ()))
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
-    eager_reason = _eager_reason(target, recording, changed, written, reads)
+    quiet = held - drawn  # generators held but not drawn from in the record pass
+    eager_reason = _eager_reason(target, recording, changed, written, reads, quiet)
     overriding = _overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
     if modes_around(key):
         overriding = (f"a torch-function mode of yours is active around the call "
@@ -354,6 +358,7 @@ def _eager_reason(
     changed: list[str],
     written: WrittenInputs | None,
     reads: Sequence[Read],
+    quiet: Set[int] = frozenset(),
 ) -> str:
     """Why a specialization must run eagerly, known after the record pass ("" if none).
 
@@ -361,7 +366,8 @@ def _eager_reason(
     (NOTE [eager, never a crash]), and logged. ``changed``: the user state the record pass
     changed (NOTE [side effects of the step]);
     ``written``: the arguments it wrote in place (NOTE [arguments written in place]);
-    ``reads``: what it reads from Python (an iterator among them makes it eager).
+    ``reads``: what it reads from Python (an iterator, a clock or a generator among them
+    makes it eager; ``quiet``: the ids of generators held but not drawn from, which do not).
     """
     reasons = list(recording.eager_reasons)
     if has_backward_hooks(recording.modules.values()):
@@ -384,7 +390,7 @@ def _eager_reason(
             "program would not take; pass the item in as an argument to have it compiled"
         )
     drawn = [f"{r.source.label} (read at {r.source.location})" for r in reads
-             if r.kind is Kind.DRAWS]  # fmt: skip
+             if r.kind is Kind.DRAWS and id(generator_of(r.expected)) not in quiet]  # fmt: skip
     if drawn:
         reasons.append(
             f"it reads a random generator or a clock ({', '.join(drawn[:3])}), whose next "

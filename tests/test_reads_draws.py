@@ -204,3 +204,38 @@ def test_a_clock_called_through_its_module_runs_eagerly_warned(read: Callable[[]
     jitted = ptj.jit(lambda x: x * read())
     with pytest.warns(ptj.JitWarning, match="random generator or a clock"):
         jitted(torch.ones(1))
+
+
+class _Seeded(torch.nn.Module):
+    """Holds a generator; draws from it in ``forward`` only if asked to."""
+
+    def __init__(self, draws_in_forward: bool) -> None:
+        super().__init__()
+        self.rng = np.random.default_rng(0)
+        self.scale = float(self.rng.uniform(0.5, 1.0))  # drawn once, at construction
+        self.draws_in_forward = draws_in_forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = float(self.rng.normal()) if self.draws_in_forward else 0.0
+        return x * self.scale + noise
+
+
+def test_a_generator_held_but_not_drawn_from_in_the_step_is_no_reason_to_run_eagerly() -> None:
+    """A model seeding its initialization from ``self.rng`` had every forward run eagerly
+    (found by a probe): a generator held is eager only if the record pass drew from it (its
+    state changed)."""
+    model = _Seeded(draws_in_forward=False)
+    jitted = ptj.jit(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(3):
+            torch.testing.assert_close(jitted(torch.ones(2)), model(torch.ones(2)))
+    assert "runs eagerly" not in jitted.explain()
+
+
+def test_a_generator_held_and_drawn_from_in_the_step_runs_eagerly_warned() -> None:
+    mine, theirs = _Seeded(draws_in_forward=True), _Seeded(draws_in_forward=True)
+    jitted = ptj.jit(mine)
+    with pytest.warns(ptj.JitWarning, match="random generator or a clock .*rng"):
+        for _ in range(3):
+            torch.testing.assert_close(jitted(torch.ones(2)), theirs(torch.ones(2)))

@@ -33,7 +33,8 @@ from ._content import plain_container
 from ._fields import has_attribute, masked
 from ._records import Kind, immutable
 
-__all__ = ["kind_of", "big_array", "MAX_ARRAY", "draws", "drawn_through"]
+__all__ = ["kind_of", "big_array", "MAX_ARRAY", "draws", "drawn_through", "generator_of",
+           "generator_state"]  # fmt: skip
 
 MAX_ARRAY = 4096
 """NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
@@ -75,12 +76,37 @@ def draws(value: Any) -> bool:
     generator, a method bound to one, a clock or an entropy source."""
     if isinstance(value, (types.BuiltinFunctionType, types.FunctionType)) and id(value) in _CLOCKS:
         return True
-    owner = getattr(value, "__self__", None)
-    if any(owner is k for k in _NOW) and value.__name__ in ("now", "utcnow", "today"):
-        return True
-    if isinstance(value, _BOUND) and _generator(getattr(value, "__self__", None)):
-        return True
+    if isinstance(value, _BOUND):  # (only these: a config's __getattr__ may raise anything)
+        owner = value.__self__
+        if any(owner is k for k in _NOW) and value.__name__ in ("now", "utcnow", "today"):
+            return True
+        return _generator(owner)
     return _generator(value)
+
+
+def generator_of(value: Any) -> Any:
+    """The generator object ``value`` is or is bound to; None for a clock or anything else."""
+    owner = getattr(value, "__self__", None) if isinstance(value, _BOUND) else value
+    return owner if _generator(owner) else None
+
+
+def generator_state(generator: Any) -> Any:
+    """What a draw from ``generator`` changes, comparable with ``==`` (a ``SystemRandom``
+    has none to read: a new object, never equal)."""
+    if isinstance(generator, random.Random):
+        try:
+            return generator.getstate()
+        except NotImplementedError:  # SystemRandom: draws from the operating system
+            return object()
+    bits = getattr(generator, "bit_generator", generator)  # a Generator's, or a BitGenerator
+    state = generator.get_state(legacy=False) if hasattr(generator, "get_state") else bits.state
+    return _comparable(state)
+
+
+def _comparable(state: Any) -> Any:
+    if isinstance(state, dict):
+        return {k: _comparable(v) for k, v in state.items()}
+    return state.tobytes() if hasattr(state, "tobytes") else state
 
 
 def drawn_through(value: Any, names: Collection[str]) -> list[tuple[str, ...]]:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._kinds import generator_of, generator_state
 from ._python import collect_reads
 from ._records import Kind, Read, array_copy, immutable, same_value
 
@@ -36,6 +37,9 @@ def _fingerprint(read: Read) -> Any:
     """What a change of ``read`` shows in: its value, or for an object guarded by identity,
     the object and, for a container, its length (an append)."""
     value = read.source.get()
+    if read.kind is Kind.DRAWS:  # a generator's state (a draw changes it); a clock's: none
+        generator = generator_of(value)
+        return None if generator is None else generator_state(generator)
     if read.kind in (Kind.ARRAY, Kind.IDENTITY) and _small_array(value):  # T[0] += 1: in place
         return array_copy(value)
     if read.kind is Kind.IDENTITY:
@@ -111,10 +115,26 @@ class Snapshot:
     attributes: dict[tuple[int, str], Any]
     """Their plain immutable attributes before the call."""
 
+    def drawn(self) -> tuple[set[int], set[int]]:
+        """The ids of the generators among the reads, and of those the call drew from (their
+        state changed): one held but not drawn from (``self.rng`` used in ``__init__``) is
+        no reason to run eagerly."""
+        held, drawn = set(), set()
+        for read, before in zip(self.reads, self.before):
+            generator = generator_of(read.expected) if read.kind is Kind.DRAWS else None
+            if generator is not None:
+                held.add(id(generator))
+                if _safe_fingerprint(read) != before:
+                    drawn.add(id(generator))
+        return held, drawn
+
     def changes(self) -> list[str]:
-        """What the call changed, e.g. ``global state['t'] (read at f.py:3)``."""
+        """What the call changed, e.g. ``global state['t'] (read at f.py:3)``; draws aside
+        (:meth:`drawn`)."""
         changed = []
         for read, before in zip(self.reads, self.before):
+            if read.kind is Kind.DRAWS:
+                continue
             try:
                 now = _fingerprint(read)
             except Exception:  # gone, or a user object's attribute access raised
