@@ -113,9 +113,10 @@ def specialize(
     quiet = held - drawn  # generators held but not drawn from in the record pass
     eager_reason = _eager_reason(target, recording, changed, written, reads, quiet)
     overriding = _overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
-    if modes_around(key):
-        overriding = (f"a torch-function mode of yours is active around the call "
-                      f"({modes_around(key)}), which a captured program would not run")  # fmt: skip
+    modes = modes_around(key)
+    if modes:
+        overriding = (f"a torch-function mode of yours is active around the call ({modes}), "
+                      "which a captured program would not run")  # fmt: skip
     if overriding and not eager_reason:  # NOTE [eager, never a crash]
         eager_reason = _cannot_trace(target, overriding)
     traced: Traced | None = None

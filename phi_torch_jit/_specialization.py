@@ -124,7 +124,7 @@ def _described(what: str, value: Any) -> str:
     return f"{what} {text}" if what in _DEFAULTS else f"autocast {what} {text}"
 
 
-_DEFAULTS = ("default dtype", "default device", _MODES)
+_DEFAULTS = ("default dtype", "default device")
 
 
 @dataclass(frozen=True)

@@ -393,10 +393,8 @@ def user_function(function: types.FunctionType) -> bool:
     in a module of the user's (``python -c``, an ``exec`` of the user's: into a bare dict
     too; a dataclass's generated ``__init__``, which calls its ``default_factory``)."""
     filename = function.__code__.co_filename
-    if not filename.startswith("<"):
+    if filename != "<string>":  # a file, <stdin> or <console>: the user's; other generated code
         return is_user_file(filename)
-    if filename != "<string>":
-        return is_user_file(filename)  # <stdin>, <console>: the user's; other generated code
     name = function.__module__
     module = sys.modules.get(name) if name is not None else None
     return name is None or (module is not None and user_module(module))

@@ -6,9 +6,9 @@ generator), a method bound to one (``from random import random``, ``RNG.normal``
 of it) and a clock or entropy function (``from time import perf_counter``, ``os.urandom``)
 read by the step are of kind :attr:`Kind.DRAWS`: the specialization runs eagerly, warned.
 Names bound before the record pass's watch (:mod:`.._unguardable`) are not patched, so the
-walk, which sees what each name is, finds them. A generator reached as configuration but
-never drawn from makes the step eager too (as an iterator does): say so with a warning,
-never a silent repeat.
+walk, which sees what each name is, finds them. A generator held but not drawn from in the
+record pass (its state unchanged: ``_mutations.Snapshot.drawn``) is no reason to run
+eagerly; a clock the code names is, even in a branch not taken.
 """
 
 from __future__ import annotations
