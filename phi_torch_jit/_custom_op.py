@@ -42,8 +42,8 @@ from ._compat import (
 from ._context import CustomCallee, Replaying, call_state, no_frame
 from ._custom import TENSOR, CustomFunction, merge_tensors, split_tensors, untraced
 from ._graph_safety import backward_tags, forward_tags
-from ._inner_grad import own_backward
 from ._libraries import ForwardChecks, forward_checks, owned_by_library
+from ._own_backward import own_backward
 from ._phases import compiling
 from ._record import RecordedCall
 from .engines import Engine, FunctionTarget
@@ -203,7 +203,8 @@ class CompiledCall:
         if kept:  # its Python or its checks run eagerly whether its outputs are used or not
             weakref.finalize(self, kept_though_unused(self.op))
         if not self.n_info:  # a gradient inside the step runs its backward as traced ops
-            weakref.finalize(self, own_backward(self.op, _weak(self._python_vjp)))
+            undo = own_backward(self.op, _weak(self._python_vjp), self.function.label)
+            weakref.finalize(self, undo)
         return name
 
     def _python_vjp(self, inputs: Any, outputs: Any, grad_outputs: Any) -> tuple[Any, ...]:

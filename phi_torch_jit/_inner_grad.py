@@ -26,7 +26,8 @@ the step runs eagerly with its warning (:class:`RunEagerly`): ``backward()`` (it
 place (a replay would draw or write again), ops that are neither ATen's nor a custom function's
 (captured loops), inputs of which one is computed from another, batched gradients. A custom
 function's op is differentiated by the function's own backward, run as Python while the
-product is traced (:func:`own_backward`).
+product is traced (:mod:`._own_backward`); where the gradient is differentiated again
+(``create_graph=True``), one whose backward computes with grad mode off is refused.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ import torch
 import torch.fx
 
 from ._compat import ENGINE_RUN_BACKWARD, PROXY_TENSOR, grad_mode_setter, op_overload
+from ._own_backward import PYTHON_VJPS, OwnBackward, differentiated_again
 from ._patches import RefCounted
 from ._rnn_layers import RNN_OPS, rnn_dropout
 from .errors import RunEagerly
 
-__all__ = ["functional_autograd", "GradientsCaptured", "own_backward"]
+__all__ = ["functional_autograd", "GradientsCaptured"]
 
 
 class _State(threading.local):
@@ -135,7 +137,8 @@ def _captured_gradient(
             "use torch.autograd.grad (captured)"
         )
     graph = _Subgraph(tracer, outputs, inputs)
-    gradients = graph.vjp([_ones_if_none(g, o) for g, o in zip(grad_outputs, outputs)])
+    with differentiated_again(bool(create_graph)):
+        gradients = graph.vjp([_ones_if_none(g, o) for g, o in zip(grad_outputs, outputs)])
     if not create_graph:
         gradients = [g.detach() for g in gradients]
     reached = iter(gradients)
@@ -262,9 +265,9 @@ class _Subgraph:
         for node in self.ops:
             args = torch.fx.node.map_arg(node.args, env.__getitem__)
             kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
-            vjp = _PYTHON_VJPS.get(node.target)
+            vjp = PYTHON_VJPS.get(node.target)
             if vjp is not None:  # a custom function: its own backward, traced as ops
-                env[node] = _OwnBackward.apply(node.target, vjp, *args)
+                env[node] = OwnBackward.apply(node.target, vjp, *args)
             else:
                 env[node] = node.target(*args, **kwargs)  # type: ignore[operator]
         return tuple(env[n] for n in self.outputs)
@@ -292,55 +295,6 @@ class _Subgraph:
             if node not in before and node.target is set_grad_enabled and not node.users:
                 self.tracer.graph.erase_node(node)
         return _run(built, [*inputs, *constants, *grad_outputs])
-
-
-PythonVJP = Callable[
-    [tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]],
-    tuple[torch.Tensor | None, ...],
-]
-"""``(inputs, outputs, grad_outputs) -> input gradients``, made of differentiable ops."""
-
-_PYTHON_VJPS: dict[Any, PythonVJP] = {}
-"""The ops of custom functions (:mod:`._custom_op`) whose gradient inside the step is their own
-backward run as Python: traced, it is ops the training loss differentiates again, as eager's
-double backward differentiates the ops the backward ran."""
-
-
-def own_backward(op: Any, vjp: PythonVJP) -> Callable[[], None]:
-    """Make a gradient through ``op`` inside the step run ``vjp``; returns the undo."""
-    _PYTHON_VJPS[op] = vjp
-
-    def undo() -> None:
-        _PYTHON_VJPS.pop(op, None)
-
-    return undo
-
-
-class _OwnBackward(torch.autograd.Function):
-    """An op of a custom function inside the traced vector-Jacobian product: its outputs are
-    the op's, its gradient the function's own backward (functorch style: no ctx in forward)."""
-
-    _phi_torch_jit_internal = True  # not a user's Function to record
-
-    @staticmethod
-    def forward(op: Any, vjp: PythonVJP, *inputs: torch.Tensor) -> Any:  # type: ignore[override]
-        return op(*inputs)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        _, vjp, *tensors = inputs
-        outputs = output if isinstance(output, tuple) else (output,)
-        ctx.vjp, ctx.n_inputs = vjp, len(tensors)
-        ctx.save_for_backward(*tensors, *outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        saved = ctx.saved_tensors
-        inputs, outputs = saved[: ctx.n_inputs], saved[ctx.n_inputs :]
-        grads = tuple(
-            torch.zeros_like(o) if g is None else g for g, o in zip(grad_outputs, outputs)
-        )
-        return (None, None, *ctx.vjp(inputs, outputs, grads))
 
 
 _CUTS = frozenset(
@@ -380,7 +334,7 @@ def _differentiable(value: Any) -> bool:
 
 def _check_replayable(node: torch.fx.Node) -> None:
     target = node.target
-    if target is operator.getitem or target in _PYTHON_VJPS:  # a result of several; ours
+    if target is operator.getitem or target in PYTHON_VJPS:  # a result of several; ours
         return
     if node.op != "call_function":
         raise RunEagerly(f"it takes torch.autograd.grad through {node.op} {target}")

@@ -17,6 +17,7 @@ import torch
 from helpers import Counter, captures_graph, gradcheck, gradgradcheck, seeded
 from torch import nn
 from torch.autograd import grad as imported_grad
+from torch.autograd.function import once_differentiable
 
 import phi_torch_jit as ptj
 
@@ -294,6 +295,102 @@ def test_a_gradient_through_a_custom_function_runs_its_own_backward_as_ops(
     assert _warnings_of(lambda: gradcheck(lambda w: through(x, w), (w,)))[0]
     assert gradgradcheck(lambda w: through(x, w), (w,))
     assert _compiled(through) == captures_graph(jit_engine)
+
+
+class NoGradInBackward(torch.autograd.Function):
+    """A backward computing its derivative under ``no_grad``: eager's double backward takes it
+    as a constant."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        with torch.no_grad():
+            c = x.cos()
+        return c * g
+
+
+class OnceDifferentiable(NoGradInBackward):
+    """The same derivative, the backward marked ``@once_differentiable``."""
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return x.cos() * g
+
+
+class ScaledBackward(torch.autograd.Function):
+    """``2 x g`` whose own backward says ``(3 g gg, 2 x gg)``, not the derivative of its ops."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, g)
+        return 2 * x * g
+
+    @staticmethod
+    def backward(ctx: Any, gg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, g = ctx.saved_tensors
+        return 3 * g * gg, 2 * x * gg
+
+
+class CustomInBackward(torch.autograd.Function):
+    """A backward applying another custom function, whose own backward gives the second
+    derivative."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return ScaledBackward.apply(x, g)
+
+
+@pytest.mark.parametrize("function", [NoGradInBackward, OnceDifferentiable, CustomInBackward])
+def test_a_second_derivative_through_a_backward_that_computes_without_grad_runs_eagerly(
+    jit_engine: str, function: Any
+) -> None:
+    """Eager double backward takes what a custom backward computed under ``no_grad`` (or all of
+    a ``@once_differentiable`` one) as constants, and differentiates another custom function the
+    backward applies by that function's own backward. The traced product has only the ops:
+    differentiated again, it would differ from the second call on. Such a step runs eagerly,
+    warned, naming the function; with ``create_graph=False`` nothing is differentiated again
+    and it compiles."""
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3).double()
+    step = _through(function, lin)
+    jitted = ptj.jit(step)
+    for i in range(3):
+        x = torch.randn(4, 3, dtype=torch.float64) + i
+        got, caught = _warnings_of(jitted, x)
+        want = step(x)
+        torch.testing.assert_close(got, want)
+        parameters = list(lin.parameters())  # the bias may have no second derivative: None
+        got_grads = torch.autograd.grad(got, parameters, allow_unused=True)
+        for a, b in zip(got_grads, torch.autograd.grad(want, parameters, allow_unused=True)):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b)
+        if i == 0 and captures_graph(jit_engine):
+            assert any("create_graph=True" in w and function.__name__ in w for w in caught)
+    assert not _compiled(jitted)
+
+    def forces(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        return torch.autograd.grad(function.apply(lin(x)).sum(), x)[0]
+
+    jitted_forces = ptj.jit(forces)
+    for i in range(3):
+        x = torch.randn(4, 3, dtype=torch.float64) + i
+        torch.testing.assert_close(_warnings_of(jitted_forces, x)[0], forces(x))
+    assert _compiled(jitted_forces) == captures_graph(jit_engine)
 
 
 def test_a_gradient_through_a_function_class_made_per_call_uses_that_calls_tensor(

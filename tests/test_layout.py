@@ -111,7 +111,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the phases' watches (what each phase patches)",
      ("_side_effects", "_unguardable", "_modules_seen", "_custom", "_function_ctx",
       "_function_closures", "_function", "_tensor_reads", "_static_shapes", "_rnn_layers",
-      "_value_sized", "_value_guards", "_inner_grad", "_state", "_phases")),
+      "_value_sized", "_value_guards", "_own_backward", "_inner_grad", "_state", "_phases")),
     ("stage 1: record and guards", ("_reads", "_record")),
     ("stage 2: compile custom functions",
      ("_fast_capture", "_inductor_fixes", "_loops", "engines", "_backward", "_graph_safety",
