@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import enum
 import functools
+import random
+import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ._reads._records import enum_attributes
 
-__all__ = ["PRIMITIVES", "NOT_STATEFUL", "plain_attributes", "enum_key"]
+__all__ = ["PRIMITIVES", "NOT_STATEFUL", "plain_attributes", "enum_key", "random_generator",
+           "left_to_guards"]  # fmt: skip
 
 PRIMITIVES = frozenset(
     {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout}
@@ -88,3 +92,25 @@ def _plain(value: Any) -> bool:
     if type(value) in PRIMITIVES or isinstance(value, enum.Enum):
         return True
     return type(value) is tuple and all(_plain(v) for v in value)
+
+
+def random_generator(value: Any) -> bool:
+    """A random generator object of Python's (``SystemRandom`` too) or NumPy's (``RandomState``,
+    ``Generator``, a bit generator): each draw changes it, and no hash of it says so."""
+    if isinstance(value, random.Random):
+        return True
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is None:
+        return False
+    kinds = tuple(getattr(numpy_random, n, None) for n in ("RandomState", "Generator",
+                                                           "BitGenerator"))  # fmt: skip
+    return isinstance(value, tuple(k for k in kinds if isinstance(k, type)))
+
+
+def left_to_guards(value: Any) -> bool:
+    """An argument without a value hash that is keyed by identity, what the step reads of it
+    left to the Python guards: a configuration module (its data guarded), an iterator or a
+    random generator (advanced or drawn from in the record pass: the call runs eagerly)."""
+    return isinstance(value, (types.ModuleType, Iterator, torch.Generator)) or random_generator(
+        value
+    )

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._callable_state import NOT_STATEFUL, PRIMITIVES, enum_key, plain_attributes
+from ._callable_state import NOT_STATEFUL, PRIMITIVES, enum_key, left_to_guards, plain_attributes
 from .errors import OutputError, SignatureError
 from .extend import value_type_of
 
@@ -98,8 +98,8 @@ def _static_leaf(obj: Any) -> Spec:
         raise _Unsupported(obj, f"unhashable static value of type {cls.__qualname__}")
     hash_impl: object = cls.__hash__
     if hash_impl is object.__hash__ and not callable(obj):
-        if isinstance(obj, (types.ModuleType, Iterator)):  # a configuration module: its data
-            return ("S", cls, obj)  # is guarded; an iterator: the call runs eagerly (warned)
+        if left_to_guards(obj):
+            return ("S", cls, obj)
         raise _Unsupported(
             obj,
             f"object of type {cls.__qualname__} has no value-based hash, so a change to it "
@@ -341,7 +341,7 @@ def callables_in(spec: Spec) -> list[Any]:
     return [
         value for value in _nodes(spec, "S", at=2)
         if (callable(value) and not isinstance(value, _BY_CODE)
-            and type(value) not in PRIMITIVES) or isinstance(value, (types.ModuleType, Iterator))
+            and type(value) not in PRIMITIVES) or left_to_guards(value)
     ]  # fmt: skip
 
 

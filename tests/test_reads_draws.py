@@ -239,3 +239,51 @@ def test_a_generator_held_and_drawn_from_in_the_step_runs_eagerly_warned() -> No
     with pytest.warns(ptj.JitWarning, match="random generator or a clock .*rng"):
         for _ in range(3):
             torch.testing.assert_close(jitted(torch.ones(2)), theirs(torch.ones(2)))
+
+
+GENERATORS: dict[str, Callable[[], Any]] = {
+    "random.Random": lambda: random.Random(3),
+    "NumPy Generator": lambda: np.random.default_rng(3),
+    "NumPy RandomState": lambda: np.random.RandomState(3),
+}
+
+
+def _scaled(x: torch.Tensor, rng: Any) -> torch.Tensor:
+    return x * float(rng.random())
+
+
+@pytest.mark.parametrize("kind", list(GENERATORS))
+def test_a_generator_passed_as_an_argument_runs_eagerly_warned(kind: str) -> None:
+    """``step(x, rng)`` raised SignatureError (no value hash): the step runs eagerly, warned,
+    and draws what eager draws from the caller's generator, one draw per call."""
+    mine, theirs = GENERATORS[kind](), GENERATORS[kind]()
+    jitted = ptj.jit(_scaled)
+    with pytest.warns(ptj.JitWarning, match="random generator or a clock"):
+        got = [float(jitted(torch.ones(1), mine)) for _ in range(4)]
+    assert got == [float(_scaled(torch.ones(1), theirs)) for _ in range(4)]
+    assert len(set(got)) == 4
+
+
+def test_a_torch_generator_passed_as_an_argument_runs_eagerly_warned() -> None:
+    """``torch.rand(n, generator=gen)`` with ``gen`` passed: eager's draws, warned; a generator
+    passed but not drawn from is no reason to run eagerly."""
+
+    def noisy(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        return x + torch.rand(x.shape, generator=gen)
+
+    mine, theirs = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    jitted = ptj.jit(noisy)
+    with pytest.warns(ptj.JitWarning, match="torch.Generator"):
+        for _ in range(3):
+            torch.testing.assert_close(jitted(torch.ones(3), mine), noisy(torch.ones(3), theirs))
+
+    def unused(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        return x * 2
+
+    quiet = ptj.jit(unused)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(3):
+            torch.testing.assert_close(quiet(torch.ones(3), mine), torch.full((3,), 2.0))
+    assert "runs eagerly" not in quiet.explain()
+    assert quiet.num_traces == 1

@@ -18,7 +18,6 @@ import collections.abc
 import datetime
 import os
 import random
-import sys
 import time
 import types
 import uuid
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .._callable_state import random_generator
 from ._code_walk import user_module
 from ._content import plain_container
 from ._fields import has_attribute, masked
@@ -59,18 +59,6 @@ _NOW = (datetime.datetime, datetime.date)
 """Classes whose ``now``, ``utcnow`` and ``today`` read the clock (C methods: not patched)."""
 
 
-def _generator(value: Any) -> bool:
-    """A random generator object of Python's or NumPy's."""
-    if isinstance(value, random.Random):  # SystemRandom too
-        return True
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is None:
-        return False
-    kinds = tuple(getattr(numpy_random, n, None) for n in ("RandomState", "Generator",
-                                                           "BitGenerator"))  # fmt: skip
-    return isinstance(value, tuple(k for k in kinds if isinstance(k, type)))
-
-
 def draws(value: Any) -> bool:
     """Whether calling (or drawing from) ``value`` gives a new value on every call: a random
     generator, a method bound to one, a clock or an entropy source."""
@@ -80,14 +68,14 @@ def draws(value: Any) -> bool:
         owner = value.__self__
         if any(owner is k for k in _NOW) and value.__name__ in ("now", "utcnow", "today"):
             return True
-        return _generator(owner)
-    return _generator(value)
+        return random_generator(owner)
+    return random_generator(value)
 
 
 def generator_of(value: Any) -> Any:
     """The generator object ``value`` is or is bound to; None for a clock or anything else."""
     owner = getattr(value, "__self__", None) if isinstance(value, _BOUND) else value
-    return owner if _generator(owner) else None
+    return owner if random_generator(owner) else None
 
 
 def generator_state(generator: Any) -> Any:
