@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +43,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointFunction
 
-from ._compat import backward_hook_function, original_function_apply
+from ._compat import backward_hook_function, original_function_apply, watch_backward_nodes
 from ._context import CustomCallee, Phase, current_frame
 from ._custom import CustomFunction, untraced
 from ._function_closures import ClosurePlan, plan_closures
@@ -79,9 +80,45 @@ _ORIGINAL = _FUNCTION.__dict__["apply"]  # a classmethod (torch 2.13) or its C t
 _original_apply = original_function_apply(_ORIGINAL)
 
 
+class _Expected(threading.local):
+    cls: Any = None
+    """The Function class :func:`original_apply` is applying (its backward node is ours)."""
+
+
+_EXPECTED = _Expected()
+
+
 def original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     """``cls.apply(*args)`` as torch defines it, bypassing the interception."""
-    return _original_apply(cls, *args, **kwargs)
+    previous, _EXPECTED.cls = _EXPECTED.cls, cls
+    try:
+        return _original_apply(cls, *args, **kwargs)
+    finally:
+        _EXPECTED.cls = previous
+
+
+def _node_built(cls: Any) -> None:
+    """A backward node of ``cls`` was built: an apply that bypassed :func:`dispatch` (``op =
+    F.apply`` bound before the interception, in the user's module or a library's) makes the
+    specialization run eagerly: traced, its forward's ops would be differentiated, not its
+    backward."""
+    if cls is None or cls is _EXPECTED.cls:
+        _EXPECTED.cls = None
+        return
+    if _passes_through(cls) or cls.__module__.startswith("torch."):
+        return
+    frame = current_frame()
+    if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
+        return
+    reason = (
+        f"it applies autograd.Function {cls.__qualname__} through a name bound before the "
+        f"call ({cls.__qualname__}.apply held as a global, attribute or default, e.g. "
+        "op = F.apply at import), which jit cannot intercept: a compiled program would "
+        f"differentiate its forward's ops, not its backward; call {cls.__qualname__}.apply(...) "
+        "inside the step"
+    )
+    if reason not in frame.recording.eager_reasons:
+        frame.recording.eager_reasons.append(reason)
 
 
 def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -100,14 +137,19 @@ def _noting_creation(cls: type, *args: Any, **kwargs: Any) -> None:
         frame.new_functions.add(cls)
 
 
+_UNDO: list[Callable[[], None]] = []
+
+
 def _install() -> None:
     _FUNCTION.apply = classmethod(_apply)  # type: ignore[assignment,method-assign]
     _META.__init__ = _noting_creation  # type: ignore[method-assign]
+    _UNDO.append(watch_backward_nodes(_node_built))
 
 
 def _remove() -> None:
     _FUNCTION.apply = _ORIGINAL  # type: ignore[method-assign]
     _META.__init__ = _META_INIT  # type: ignore[method-assign]
+    _UNDO.pop()()
 
 
 _CAPTURE = RefCounted(_install, _remove)

@@ -342,3 +342,73 @@ def test_a_function_saving_for_forward_mode_runs_eagerly_naming_it() -> None:
         warnings.simplefilter("ignore", FutureWarning)  # (torch 2.15 says so as a FutureWarning)
         tangent = fw.unpack_dual(jitted(fw.make_dual(x, torch.ones(3)))).tangent
     torch.testing.assert_close(tangent, 2 * x * torch.cos(x**2))
+
+
+class StraightThrough(torch.autograd.Function):
+    """A rounding whose backward is not its forward's derivative (a straight-through
+    estimator): a program that differentiated the forward's ops would give zeros."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return 2.0 * g
+
+
+straight_through = StraightThrough.apply  # bound at import, before jit's interception
+
+
+class _Quantized(nn.Module):
+    def __init__(self, op: Any = StraightThrough.apply) -> None:
+        super().__init__()
+        self.op = op  # an alias held by a module, as libraries hold their ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.op(x) * x).sum()
+
+
+def _aliased(x: torch.Tensor) -> torch.Tensor:
+    return (straight_through(x) * x).sum()
+
+
+@pytest.mark.parametrize("holder", ["global", "module attribute"])
+def test_a_function_applied_through_an_alias_runs_eagerly_with_its_own_backward(
+    jit_engine: str, holder: str
+) -> None:
+    """``op = F.apply`` bound at import calls torch's apply directly, past the interception:
+    the program differentiated the forward's ops (a zero gradient through ``round``) from the
+    second call on, silently (found by a probe). The record pass sees every backward node a
+    Function builds; an apply it did not intercept makes the step run eagerly, warned, with the
+    Function's own backward. ``F.apply`` called in the step compiles as before."""
+    step = _aliased if holder == "global" else _Quantized()
+    jitted = ptj.jit(step)
+    caught = []
+    for i in range(3):
+        x0 = torch.tensor([0.3, 1.7, -2.2], dtype=torch.float64) * (i + 1)
+        x, y = x0.clone().requires_grad_(True), x0.clone().requires_grad_(True)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always", ptj.JitWarning)
+            got = jitted(x)
+        caught += [str(w.message) for w in warned]
+        want = step(y)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x.grad, y.grad)
+    assert any("StraightThrough" in w and "bound before the call" in w for w in caught), caught
+    assert "runs eagerly" in jitted.explain()
+
+    def direct(x: torch.Tensor) -> torch.Tensor:
+        return (StraightThrough.apply(x) * x).sum()
+
+    compiled = ptj.jit(direct)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(2):
+            x = torch.tensor([0.3, 1.7], dtype=torch.float64, requires_grad=True)
+            compiled(x).backward()
+            assert x.grad is not None
+            torch.testing.assert_close(x.grad, x.detach().round() + 2.0 * x.detach())
+    assert "runs eagerly" not in compiled.explain()

@@ -69,6 +69,7 @@ from ._calls import (
     unaliased,
     value_trace,
     version,
+    watch_backward_nodes,
 )
 from ._calls import graph_kept as graph_kept
 from ._inductor import _KEPT_ON_CPU as _KEPT_ON_CPU
@@ -166,6 +167,7 @@ __all__ = [
     "inductor_cache_dir",
     "inductor_caches_on",
     "original_function_apply",
+    "watch_backward_nodes",
     "compile_captured",
     "around_cpp_builds",
     "wrap_cpp_builds",

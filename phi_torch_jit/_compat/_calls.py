@@ -15,6 +15,7 @@ from ..errors import TorchVersionError
 from ._private import (
     ANY_AUTOCAST,
     BACKWARD_HOOK_FUNCTION,
+    BACKWARD_NODE,
     DISABLE_MODES,
     EAGER_FUNCTIONS,
     FUNCTION_MODE_AT,
@@ -99,6 +100,30 @@ def grad_mode_setter() -> tuple[Any, str]:
 def backward_hook_function() -> type:
     """The autograd.Function class torch uses to fire module backward hooks."""
     return BACKWARD_HOOK_FUNCTION.find()  # type: ignore[no-any-return]
+
+
+def watch_backward_nodes(note: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``note(function_class)`` each time a custom Function's backward node is built (on
+    every ``apply``, whatever name it was called under), on any thread; returns the undo."""
+    base = BACKWARD_NODE.find()
+    own = base.__dict__.get("__init__")
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        note(getattr(type(self), "_forward_cls", None))
+        if own is not None:
+            own(self, *args, **kwargs)
+        else:
+            super(base, self).__init__(*args, **kwargs)
+
+    base.__init__ = init
+
+    def undo() -> None:
+        if own is None:
+            del base.__init__
+        else:
+            base.__init__ = own
+
+    return undo
 
 
 MODULE_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",

@@ -154,6 +154,14 @@ BACKWARD_HOOK_FUNCTION = _api(
     "the autograd.Function behind module backward hooks must pass through our interception",
     "_function",
 )
+BACKWARD_NODE = _api(
+    "torch.autograd.function.BackwardCFunction",
+    "every custom Function call builds its backward node, a subclass of BackwardCFunction "
+    "whose _forward_cls names the Function, whatever name apply was called under; the record "
+    "pass sees calls that bypass the Function.apply interception (op = F.apply bound at "
+    "import): no public hook sees an apply",
+    "_function",
+)
 GLOBAL_HOOKS = _api(
     "torch.nn.modules.module._global_forward_pre_hooks",
     "global module hooks change what a trace bakes in; torch exposes only registration",
@@ -384,6 +392,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     ENGINE_RUN_BACKWARD,
     QUEUE_CALLBACK,
     BACKWARD_HOOK_FUNCTION,
+    BACKWARD_NODE,
     GLOBAL_HOOKS,
     TENSOR_BASE,
     LIBRARY_DESTROY,
