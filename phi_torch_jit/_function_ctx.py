@@ -98,6 +98,9 @@ class ContextLayout:
     """Number of the Function's own outputs (residuals follow them)."""
     single: bool
     """Whether forward returned a bare tensor."""
+    materialize: bool = True
+    """``ctx.set_materialize_grads``: False gives the non-differentiable outputs' gradients to
+    backward as None, as eager does."""
 
 
 def _slot(t: Any, args: Sequence[Any], outs: Sequence[torch.Tensor], residuals: list[Any]) -> Slot:
@@ -170,6 +173,13 @@ def run_forward(
         else:
             static_attrs.append((name, value))
     marked = {id(t) for t in ctx._ptj_non_differentiable}
+    differentiable = [o for o in outs if id(o) not in marked and o.dtype.is_floating_point]
+    if not ctx._ptj_materialize and len(differentiable) > 1:
+        raise Unsupported(
+            "it calls ctx.set_materialize_grads(False) and has several differentiable outputs: "
+            "eager gives backward None for an output that got no gradient, a compiled backward "
+            "zeros"
+        )
     layout = ContextLayout(
         saved=saved,
         tensor_attributes=tuple(tensor_attrs),
@@ -177,6 +187,7 @@ def run_forward(
         non_differentiable=tuple(j for j, o in enumerate(outs) if id(o) in marked),
         n_outputs=len(outs),
         single=single,
+        materialize=ctx._ptj_materialize,
     )
     return (*outs, *residuals), layout
 
@@ -206,8 +217,12 @@ def run_backward(
         setattr(ctx, name, resolve(slot))
     for name, value in layout.static_attributes:
         setattr(ctx, name, value)
+    given: list[torch.Tensor | None] = list(grad_outputs[: layout.n_outputs])
+    if not layout.materialize:
+        for j in layout.non_differentiable:
+            given[j] = None
     with backward_scope(cls):  # a library's (PhiML's adjoint solve: no TorchScript on our path)
-        result = (source or cls.backward)(ctx, *grad_outputs[: layout.n_outputs])
+        result = (source or cls.backward)(ctx, *given)
     grads = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     while len(grads) > len(inputs) and grads[-1] is None:
         grads = grads[:-1]

@@ -137,12 +137,31 @@ def _captured_gradient(
             "use torch.autograd.grad (captured)"
         )
     graph = _Subgraph(tracer, outputs, inputs)
-    with differentiated_again(bool(create_graph)):
+    # create_graph builds the gradient's graph even under no_grad, as eager's engine does
+    with differentiated_again(bool(create_graph)), _grad_mode(tracer, bool(create_graph)):
         gradients = graph.vjp([_ones_if_none(g, o) for g, o in zip(grad_outputs, outputs)])
     if not create_graph:
         gradients = [g.detach() for g in gradients]
     reached = iter(gradients)
     return tuple(next(reached) if used else None for used in graph.used)
+
+
+@contextmanager
+def _grad_mode(tracer: Any, on: bool) -> Iterator[None]:
+    """Grad mode on while the block runs if ``on`` (else unchanged), recorded in the capture:
+    the capture's own recording of grad-mode changes is off inside the autograd call."""
+    previous = torch.is_grad_enabled()
+    if not on or previous:
+        yield
+        return
+    set_grad_enabled = _set_grad_enabled()
+    tracer.graph.call_function(set_grad_enabled, (True,))
+    torch.set_grad_enabled(True)
+    try:
+        yield
+    finally:
+        tracer.graph.call_function(set_grad_enabled, (False,))
+        torch.set_grad_enabled(False)
 
 
 def _ones_if_none(gradient: torch.Tensor | None, output: torch.Tensor) -> torch.Tensor:

@@ -72,14 +72,24 @@ def own_backward(op: Any, vjp: PythonVJP, label: str) -> Callable[[], None]:
     return undo
 
 
+_DATA = torch.Tensor.data
+
+
+def _detaches(func: Any) -> bool:
+    """``x.data`` or ``x.detach_()``: a constant for eager's double backward, which the traced
+    ops do not show (``x.detach()`` they do)."""
+    return getattr(func, "__self__", None) is _DATA or getattr(func, "__name__", "") == "detach_"
+
+
 class _GradModeWatch(torch.overrides.TorchFunctionMode):
     """Notes the first torch function a custom backward runs with grad mode off.
 
     Eager double backward takes what a backward computed under ``torch.no_grad()`` (or
     ``set_grad_enabled(False)``, ``inference_mode``), all of a ``@once_differentiable``
     backward, and the forward of another custom function it applies (differentiated by that
-    function's own backward) as other than the ops they ran. The traced product sees only the
-    ops, so a second derivative through them would differ: refused while ``create_graph``."""
+    function's own backward) as other than the ops they ran, and so what it read through
+    ``x.data`` or detached in place (``detach_``). The traced product sees only the ops, so a
+    second derivative through them would differ: refused while ``create_graph``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,7 +98,7 @@ class _GradModeWatch(torch.overrides.TorchFunctionMode):
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
     ) -> Any:
-        if self.first_off is None and not torch.is_grad_enabled():
+        if self.first_off is None and (not torch.is_grad_enabled() or _detaches(func)):
             self.first_off = func
         return func(*args, **(kwargs or {}))
 
@@ -117,8 +127,9 @@ class OwnBackward(torch.autograd.Function):
         grads = tuple(
             torch.zeros_like(o) if g is None else g for g, o in zip(grad_outputs, outputs)
         )
-        if not _AGAIN.create_graph:
-            return (None, None, *ctx.vjp(inputs, outputs, grads))
+        if not _AGAIN.create_graph:  # eager runs such a backward with grad mode off
+            with torch.no_grad():
+                return (None, None, *ctx.vjp(inputs, outputs, grads))
         with _GradModeWatch() as watch:
             gradients = ctx.vjp(inputs, outputs, grads)
         if watch.first_off is not None:
@@ -126,7 +137,8 @@ class OwnBackward(torch.autograd.Function):
             raise RunEagerly(
                 f"it differentiates twice (create_graph=True) through the backward of custom "
                 f"function {_LABELS.get(ctx.op, ctx.op)}, which runs {name} with grad mode off "
-                "(torch.no_grad, @once_differentiable, or another custom function's forward): "
+                "(torch.no_grad, @once_differentiable, another custom function's forward) or "
+                "detaches through x.data or detach_(): "
                 "a captured second derivative would differentiate those ops; compute them with "
                 "grad mode on (.detach() for a constant), or differentiate outside the step"
             )

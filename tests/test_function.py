@@ -412,3 +412,43 @@ def test_a_function_applied_through_an_alias_runs_eagerly_with_its_own_backward(
             assert x.grad is not None
             torch.testing.assert_close(x.grad, x.detach().round() + 2.0 * x.detach())
     assert "runs eagerly" not in compiled.explain()
+
+
+class TwoOutputsUnmaterialized(torch.autograd.Function):
+    """``set_materialize_grads(False)`` and two differentiable outputs: eager gives backward
+    None for an output that got no gradient, which the backward skips."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return x**3, torch.log(x.abs())
+
+    @staticmethod
+    def backward(ctx: Any, g1: Any, g2: Any) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        result = g1 * 3 * x**2
+        return result if g2 is None else result + g2 / x
+
+
+def test_unmaterialized_gradients_of_several_outputs_run_eagerly(jit_engine: str) -> None:
+    """A compiled backward gets zeros where eager gives None: ``0 / x`` at ``x = 0`` was NaN
+    in every call, the record pass's too (found by a probe). Such a Function runs eagerly,
+    warned; one differentiable output (``SplitNewStyle``) compiles, its marked output's
+    gradient None as in eager."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        cube, _ = TwoOutputsUnmaterialized.apply(x)
+        return cube.sum()
+
+    jitted = ptj.jit(step)
+    for i in range(3):
+        x0 = torch.tensor([0.0, 1.0, -2.0], dtype=torch.float64) * (i + 1)
+        x, y = x0.clone().requires_grad_(True), x0.clone().requires_grad_(True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ptj.JitWarning)
+            jitted(x).backward()
+        step(y).backward()
+        torch.testing.assert_close(x.grad, y.grad)
+        assert i > 0 or any("set_materialize_grads" in str(w.message) for w in caught)
+    assert "runs eagerly" in jitted.explain()

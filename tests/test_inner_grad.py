@@ -353,7 +353,30 @@ class CustomInBackward(torch.autograd.Function):
         return ScaledBackward.apply(x, g)
 
 
-@pytest.mark.parametrize("function", [NoGradInBackward, OnceDifferentiable, CustomInBackward])
+class DataInBackward(NoGradInBackward):
+    """The derivative read through ``x.data``: a constant for eager's double backward."""
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return x.data.cos() * g
+
+
+class DetachedInPlace(NoGradInBackward):
+    """The derivative of a copy detached in place (``detach_``): a constant for eager too."""
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        c = x.cos()
+        c.detach_()
+        return c * g
+
+
+@pytest.mark.parametrize(
+    "function",
+    [NoGradInBackward, OnceDifferentiable, CustomInBackward, DataInBackward, DetachedInPlace],
+)
 def test_a_second_derivative_through_a_backward_that_computes_without_grad_runs_eagerly(
     jit_engine: str, function: Any
 ) -> None:
@@ -616,3 +639,67 @@ def test_an_inner_step_on_parameters_and_a_jacobian_inside_the_step_equal_eager(
                 torch.testing.assert_close(a, b)
         assert jitted.num_traces == 1
         assert _compiled(jitted) == captures_graph(jit_engine)
+
+
+class GradModeBranch(torch.autograd.Function):
+    """A backward that branches on the grad mode, which eager sets to ``create_graph``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x**3
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * 3 * x**2 * (1.0 if torch.is_grad_enabled() else 2.0)
+
+
+def test_a_custom_backward_runs_in_the_grad_mode_eager_gives_it(jit_engine: str) -> None:
+    """A gradient inside the step with ``create_graph=False`` runs the custom backward with
+    grad mode off in eager; traced with it on, a backward branching on the mode gave another
+    value from the second call (found by a probe)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        (again,) = torch.autograd.grad(GradModeBranch.apply(x).sum(), x, create_graph=True)
+        (plain,) = torch.autograd.grad(GradModeBranch.apply(x).sum(), x)
+        return again * x + plain
+
+    jitted = ptj.jit(step)
+    for i in range(3):
+        x0 = torch.tensor([1.0, -2.0], dtype=torch.float64) * (i + 1)
+        got, _ = _warnings_of(jitted, x0.clone().requires_grad_(True))
+        torch.testing.assert_close(got, step(x0.clone().requires_grad_(True)))
+    assert _compiled(jitted) == captures_graph(jit_engine)
+
+
+@pytest.mark.parametrize("off", ["no_grad", "set_grad_enabled"])
+def test_a_gradient_with_create_graph_under_no_grad_is_differentiable_as_in_eager(
+    jit_engine: str, off: str
+) -> None:
+    """``grad(..., create_graph=True)`` under ``no_grad``: eager's engine builds the gradient's
+    graph all the same; the program returned it without one from the second call (x.grad
+    None, w.grad missing the second-order term; found by a probe)."""
+    w = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = (torch.sin(x * w) * x).sum()
+        with torch.no_grad() if off == "no_grad" else torch.set_grad_enabled(False):
+            (g,) = torch.autograd.grad(y, x, create_graph=True)
+        return g * w
+
+    jitted = ptj.jit(step)
+    for i in range(3):
+        x0 = torch.tensor([0.3, 1.1, -0.7], dtype=torch.float64) * (i + 1)
+        results = []
+        for function in (jitted, step):
+            x = x0.clone().requires_grad_(True)
+            w.grad = None
+            out, _ = _warnings_of(function, x)
+            out.sum().backward()
+            results.append((out.detach(), x.grad, w.grad.clone()))
+        (got, got_x, got_w), (want, want_x, want_w) = results
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_x, want_x)
+        torch.testing.assert_close(got_w, want_w)
+    assert _compiled(jitted) == captures_graph(jit_engine)
