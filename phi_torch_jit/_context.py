@@ -166,6 +166,9 @@ class Recorder(Protocol):
 
     def add_module(self, module: nn.Module) -> None: ...
 
+    def before_write(self, parameter: torch.Tensor) -> None:
+        """``parameter`` is about to be written in place by the pass."""
+
     def add_call(
         self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None
     ) -> None: ...

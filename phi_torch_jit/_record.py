@@ -88,6 +88,10 @@ class Recording:
             self.modules[id(module)] = module
             self.state.add_module(module)
 
+    def before_write(self, parameter: torch.Tensor) -> None:
+        """Keep ``parameter``'s value before the pass writes it in place (see ``_state``)."""
+        self.state.before_write(parameter)
+
     def add_call(
         self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None
     ) -> None:

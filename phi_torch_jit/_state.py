@@ -100,7 +100,8 @@ class StateSnapshot:
     rng: RngState = field(default_factory=capture_rng)
     """RNG state at the start of the record pass."""
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    """id -> (buffer, its value before the module first ran)."""
+    """id -> (buffer, its value before the module first ran); a parameter the pass writes in
+    place, its value before that write."""
     slots: list[BufferSlot] = field(default_factory=list)
     """(module, buffer name, buffer object) as they were before the module first ran."""
 
@@ -111,6 +112,13 @@ class StateSnapshot:
             if id(buffer) not in self.buffers:
                 self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
                 self.slots.append(slot)
+
+    def before_write(self, parameter: torch.Tensor) -> None:
+        """Remember ``parameter``'s value before the record pass first writes it in place
+        (``p.add_(...)`` under ``no_grad``: parameters are not copied unless written); it is
+        rewound as a buffer is, so that the trace does not write it again."""
+        if id(parameter) not in self.buffers:
+            self.buffers[id(parameter)] = (parameter, parameter.detach().clone())
 
     def reinstate(self) -> None:
         """Put back buffer objects the pass replaced (``self.avg = 0.9 * self.avg + ...``),

@@ -40,6 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._compat import grad_mode_setter
 from ._context import Phase, current_frame
+from ._param_writes import before_writes, freezes
 from ._patches import RefCounted
 from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
 
@@ -80,6 +81,10 @@ class Unguardable:
     grad_reads: list[str] = field(default_factory=list)
     """Places where Python read a tensor's ``requires_grad`` (:class:`RecordMode`): not a
     reason to run eagerly; the module guard checks the parameters' ``requires_grad``."""
+    grad_state: list[str] = field(default_factory=list)
+    """Places where the function read or wrote a tensor's ``.grad`` (``zero_grad``, an
+    optimizer's step, ``p.grad = g``) or changed a parameter's ``requires_grad``: state a
+    trace would bake, writes a compiled program would not repeat."""
     files: list[str] = field(default_factory=list)
     """Places where user code opened a file (``open``, ``Path.read_text``...): its content
     may change between calls."""
@@ -120,6 +125,13 @@ class Unguardable:
                 f"it uses Tensor.data or Tensor.as_subclass ({', '.join(self.data[:3])}), "
                 "aliases made without an op, which traces do not follow (write `with "
                 "torch.no_grad(): p.clamp_(...)` instead of .data, compiled by engine 'compile')"
+            )
+        if self.grad_state:
+            reasons.append(
+                f"it reads or writes .grad or a parameter's requires_grad "
+                f"({', '.join(self.grad_state[:3])}), state a compiled program would keep from "
+                "its first call; call zero_grad(), the optimizer and requires_grad_() outside "
+                "the jitted function"
             )
         if self.autograd:
             reasons.append(
@@ -284,9 +296,12 @@ class RecordMode(TorchFunctionMode):
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
+        before_writes(func, args, kwargs)
         if kwargs and kwargs.get("generator") is not None:
             name = getattr(func, "__name__", "a torch function")
             _note("random", f"a torch.Generator draw ({name}) at {_where(sys._getframe(1))}")
+        elif freezes(func, args):
+            _note("grad_state", f"Parameter.requires_grad_ at {_where(sys._getframe(1))}")
         elif getattr(func, "__self__", None) is _REQUIRES_GRAD:
             caller = sys._getframe(1)
             if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
@@ -308,7 +323,7 @@ class _Watch:
 
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
-        self._data = False
+        self._data = self._grad = False
 
     def install(self) -> None:
         for owner, name, kind, label in _targets():
@@ -322,10 +337,15 @@ class _Watch:
         self._data = "data" not in torch.Tensor.__dict__  # else someone else's: leave it
         if self._data:
             torch.Tensor.data = _DATA  # type: ignore[assignment,method-assign]
+        self._grad = "grad" not in torch.Tensor.__dict__
+        if self._grad:
+            torch.Tensor.grad = _GRAD  # type: ignore[assignment,method-assign]
 
     def remove(self) -> None:
         if self._data:
             del torch.Tensor.data  # back to TensorBase's descriptor
+        if self._grad:
+            del torch.Tensor.grad
         while self._saved:
             owner, name, original = self._saved.pop()
             if original is _INHERITED:
@@ -354,6 +374,33 @@ def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
 
 
 _DATA = property(_get_data, _set_data, doc=_BASE_DATA.__doc__)
+
+
+_BASE_GRAD: Any = torch.Tensor.grad  # TensorBase's getset descriptor, inherited
+
+
+def _note_grad() -> None:
+    caller = sys._getframe(2)
+    if _from_anyone(caller):  # an optimizer's step is torch's code, called by the user's
+        _note("grad_state", f".grad at {_where(caller)}")
+
+
+def _get_grad(tensor: torch.Tensor) -> torch.Tensor | None:
+    _note_grad()
+    return _BASE_GRAD.__get__(tensor)  # type: ignore[no-any-return]
+
+
+def _set_grad(tensor: torch.Tensor, value: torch.Tensor | None) -> None:
+    _note_grad()
+    _BASE_GRAD.__set__(tensor, value)
+
+
+def _del_grad(tensor: torch.Tensor) -> None:
+    _note_grad()
+    _BASE_GRAD.__delete__(tensor)
+
+
+_GRAD = property(_get_grad, _set_grad, _del_grad, doc=_BASE_GRAD.__doc__)
 
 
 def _generator_states() -> tuple[Any, ...]:

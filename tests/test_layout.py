@@ -109,7 +109,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "_libraries", "_warnings")),
     ("stage 0: signature", ("_signature", "_callable_state")),
     ("the phases' watches (what each phase patches)",
-     ("_side_effects", "_unguardable", "_modules_seen", "_custom", "_function_ctx",
+     ("_side_effects", "_param_writes", "_unguardable", "_modules_seen", "_custom", "_function_ctx",
       "_function_closures", "_function", "_tensor_reads", "_static_shapes", "_rnn_layers",
       "_value_sized", "_value_guards", "_own_backward", "_inner_grad", "_state", "_phases")),
     ("stage 1: record and guards", ("_reads", "_record")),

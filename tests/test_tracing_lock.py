@@ -292,3 +292,44 @@ def test_inductors_cpp_compiler_runs_inside_the_hook_and_lends_the_tracing_lock(
     finally:
         around_cpp_builds(CAPTURE_LOCK.lent)
     assert calls == ["enter", "exit"]
+
+
+def test_eager_modules_of_other_threads_run_unpatched_while_a_holder_traces() -> None:
+    """FX's tracer replaces ``nn.Module.__call__`` and ``__getattr__`` on the class while it
+    traces: during engine auto's background compile, the caller's own eager modules went
+    through the tracer's wrapper and raised NameError ("not installed as a submodule"; found
+    by a probe, 2328 of 764,800 calls). While a thread holds the tracing lock, those
+    replacements act on the tracing thread only. The trace here is held mid-way by events."""
+    inside, done = threading.Event(), threading.Event()
+
+    class Waiting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inside.set()
+            assert done.wait(timeout=120)
+            return self.inner(x)
+
+    traced: list[Any] = []
+
+    def trace() -> None:
+        with CAPTURE_LOCK:
+            traced.append(torch.fx.symbolic_trace(Waiting()))
+
+    other = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh())
+    x = torch.ones(1, 2)
+    want = other(x)
+    thread = threading.Thread(target=trace)
+    thread.start()
+    try:
+        assert inside.wait(timeout=120)
+        assert torch.nn.Module.__call__ is not torch.nn.Module.__dict__.get("_wrapped_call_impl")
+        torch.testing.assert_close(other(x), want)  # raised NameError through FX's wrapper
+        assert other[0].weight is other._modules["0"].weight
+    finally:
+        done.set()
+        thread.join(timeout=120)
+    assert traced and "inner" in traced[0].code  # the trace itself still saw its modules
+    assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl  # all put back

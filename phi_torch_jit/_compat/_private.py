@@ -162,6 +162,14 @@ BACKWARD_NODE = _api(
     "import): no public hook sees an apply",
     "_function",
 )
+FX_PATCHER = _api(
+    "torch.fx._symbolic_trace._Patcher.patch_method",
+    "FX's tracer replaces nn.Module.__call__ and __getattr__ on the class while it traces, for "
+    "every thread: during a compile on the background thread, the caller's own eager module "
+    "calls went through the tracer and raised NameError; our patch makes those replacements "
+    "act on the tracing thread only (no public setting)",
+    "engines._tracing_lock",
+)
 GLOBAL_HOOKS = _api(
     "torch.nn.modules.module._global_forward_pre_hooks",
     "global module hooks change what a trace bakes in; torch exposes only registration",
@@ -393,6 +401,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     QUEUE_CALLBACK,
     BACKWARD_HOOK_FUNCTION,
     BACKWARD_NODE,
+    FX_PATCHER,
     GLOBAL_HOOKS,
     TENSOR_BASE,
     LIBRARY_DESTROY,

@@ -35,7 +35,15 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from .._compat import fx_patches_per_thread
+from .._patches import RefCounted
+
 __all__ = ["TracingLock", "note_busy"]
+
+_FX_ON_HOLDER = RefCounted(*fx_patches_per_thread())
+"""While any thread holds a tracing lock, FX's tracer patches ``nn.Module.__call__`` and
+``__getattr__`` for its own thread only: the caller's eager modules, run on another thread
+during a background compile, raised NameError through the tracer's wrapper."""
 
 _logger = logging.getLogger("phi_torch_jit")
 
@@ -74,7 +82,8 @@ class TracingLock:
             elif not self._free_for(me, trying=True):
                 return False
             self._holder = me
-            return True
+        _FX_ON_HOLDER.acquire()
+        return True
 
     def release(self) -> None:
         with self._cond:
@@ -82,6 +91,7 @@ class TracingLock:
                 raise RuntimeError("phi_torch_jit: the tracing lock is released by a non-holder")
             self._holder = None
             self._cond.notify_all()
+        _FX_ON_HOLDER.release()
 
     def __enter__(self) -> TracingLock:
         self.acquire()

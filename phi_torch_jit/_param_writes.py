@@ -1,0 +1,56 @@
+"""The record phase's watch on parameters the step writes (see :mod:`._unguardable`, whose
+torch-function mode calls it for every torch call of the record pass).
+
+A parameter written in place inside the step (``p.add_(...)`` under ``no_grad``, ``p[i] = v``,
+a foreach update, ``out=p``) is noted *before* the write, its value kept
+(``StateSnapshot.before_write``): the trace is rewound past the write, as buffers are, and
+does not write it a second time (it did: twice per call on the default engine, three times on
+"compile", with the warm-up run). A parameter whose ``requires_grad`` the step changes is a
+reason to run eagerly (:func:`freezes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._context import Phase, current_frame
+
+__all__ = ["before_writes", "freezes", "IN_PLACE_DUNDERS"]
+
+_REQUIRES_GRAD = torch.Tensor.requires_grad
+"""The attribute's descriptor: a write reaches a torch-function mode as its ``__set__``."""
+
+
+def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
+    """Parameters ``func`` writes in place (``p.add_``, ``p[i] = v``, ``p += v``, a foreach op
+    over parameters, ``out=p``) are noted before the write: the trace is rewound past it."""
+    name = getattr(func, "__name__", "")
+    in_place = (name.endswith("_") and not name.endswith("__")) or name in IN_PLACE_DUNDERS
+    targets = list(args[:1]) if in_place else []
+    if targets and isinstance(targets[0], (list, tuple)):  # torch._foreach_add_(params, ...)
+        targets = list(targets[0])
+    if kwargs and kwargs.get("out") is not None:
+        out = kwargs["out"]
+        targets += list(out) if isinstance(out, (list, tuple)) else [out]
+    written = [t for t in targets if isinstance(t, torch.nn.Parameter)]
+    frame = current_frame() if written else None
+    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+        for parameter in written:
+            frame.recording.before_write(parameter)
+
+
+IN_PLACE_DUNDERS = frozenset(
+    ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+     "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+     "__imatmul__")
+)  # fmt: skip
+"""Tensor methods that write their tensor (``p[i] = v``, ``p += v``)."""
+
+
+def freezes(func: Any, args: tuple[Any, ...]) -> bool:
+    """``p.requires_grad_(...)`` or ``p.requires_grad = ...`` on a parameter."""
+    setter = getattr(func, "__self__", None) is _REQUIRES_GRAD and func.__name__ == "__set__"
+    named = getattr(func, "__name__", "") == "requires_grad_"
+    return (setter or named) and bool(args) and isinstance(args[0], torch.nn.Parameter)

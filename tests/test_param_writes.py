@@ -1,0 +1,166 @@
+"""Stage 1 (record), the watch on parameter state the step writes (``_param_writes``,
+``_unguardable``): a parameter written in place is written once per call, as in eager; ``.grad``
+read or written and ``requires_grad`` of parameters changed inside the step run eagerly, warned.
+
+Each case was found silently wrong by a probe (round 10): the trace pass and the warm-up run
+wrote parameters a second and third time on the first call of every specialization; a
+compiled program kept the first call's ``.grad`` and skipped ``zero_grad``.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+
+
+def _calls(
+    make: Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor]], n: int = 4
+) -> tuple[list[str], nn.Module]:
+    """Run ``make(model)`` eagerly and jitted on copies of one model, ``n`` calls each with new
+    inputs and a backward outside; outputs, parameters and their gradients equal after every
+    call. Returns the JitWarnings and the jitted model."""
+    mine, theirs = _model(), _model()
+    jitted, eager = ptj.jit(make(mine)), make(theirs)
+    caught: list[str] = []
+    for i in range(n):
+        x = torch.linspace(-1, 1, 6, dtype=torch.float64).reshape(2, 3) * (i + 1)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always", ptj.JitWarning)
+            got = jitted(x)
+        caught += [str(w.message) for w in warned]
+        want = eager(x)
+        torch.testing.assert_close(got, want)
+        assert got.requires_grad == want.requires_grad
+        if want.requires_grad:
+            got.sum().backward()
+            want.sum().backward()
+        for a, b in zip(mine.parameters(), theirs.parameters()):
+            torch.testing.assert_close(a, b)
+            assert (a.grad is None) == (b.grad is None)
+            if a.grad is not None:
+                torch.testing.assert_close(a.grad, b.grad)
+    return caught, mine
+
+
+WRITES: dict[str, Callable[[nn.Module], None]] = {
+    "add_ under no_grad": lambda m: m[0].bias.add_(0.5),
+    "an item assigned": lambda m: m[0].bias.__setitem__(0, m[0].bias[0] + 1.0),
+    "+=": lambda m: m[2].bias.__iadd__(1.0),
+    "a foreach update": lambda m: torch._foreach_add_(list(m.parameters()), 0.25),
+    "out=": lambda m: torch.add(m[2].bias, 1.0, out=m[2].bias),
+}
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+def test_a_parameter_written_in_place_is_written_once_per_call(write: str) -> None:
+    """The parameters after each call equal eager's: the trace is rewound past the write, the
+    record pass's value put back after it (no copy of parameters that are not written)."""
+
+    def make(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                WRITES[write](model)
+            return model(x)
+
+        return step
+
+    _calls(make)
+
+
+def test_a_hand_written_sgd_step_with_gradients_inside_updates_once_per_call() -> None:
+    """``autograd.grad`` inside the step, then ``p.sub_(lr * g)`` under ``no_grad``: the loss
+    and the parameters follow eager's, call after call."""
+
+    def make(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            loss = (model(x) ** 2).mean()
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            with torch.no_grad():
+                for p, g in zip(model.parameters(), grads):
+                    p.sub_(0.1 * g)
+            return loss.detach()
+
+        return step
+
+    _calls(make)
+
+
+GRAD_STATE: dict[str, Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "zero_grad inside": lambda m: lambda x: (m.zero_grad(), m(x))[1],
+    "set_to_none=False": lambda m: lambda x: (m.zero_grad(set_to_none=False), m(x))[1],
+    "reading .grad": lambda m: lambda x: m(x) * (0.0 if m[0].bias.grad is None else 1.0),
+    ".grad assigned": lambda m: lambda x: (setattr(m[2].bias, "grad", None), m(x))[1],
+    "requires_grad_ toggled": lambda m: lambda x: _frozen_first_layer(m, x),
+}
+
+
+def _frozen_first_layer(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    hidden = model[0](x)
+    for p in model[0].parameters():
+        p.requires_grad_(True)
+    return model[2](torch.tanh(hidden))
+
+
+@pytest.mark.parametrize("case", list(GRAD_STATE))
+def test_grad_state_read_or_written_inside_the_step_runs_eagerly_warned(case: str) -> None:
+    """``zero_grad()`` inside a jitted loss (its backward outside) was skipped by compiled
+    calls (gradients piled up); ``.grad`` read was baked; a parameter frozen around a layer
+    got a gradient. Eager, one warning naming the read."""
+    caught, _ = _calls(GRAD_STATE[case])
+    assert any("requires_grad" in w and ".grad" in w for w in caught), caught
+
+
+def test_an_optimizer_step_inside_the_step_steps_once_per_call() -> None:
+    """``optimizer.step()`` inside the jitted function, gradients computed outside: it warned
+    and still stepped twice on the first call (Adam's step count 2 against eager's 1)."""
+    mine, theirs = _model(), _model()
+    optimizers = [torch.optim.Adam(m.parameters(), lr=0.1) for m in (mine, theirs)]
+
+    def make(model: nn.Module, optimizer: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            optimizer.step()
+            optimizer.zero_grad()
+            return (model(x) ** 2).mean()
+
+        return step
+
+    jitted, eager = ptj.jit(make(mine, optimizers[0])), make(theirs, optimizers[1])
+    with pytest.warns(ptj.JitWarning, match=r"\.grad"):
+        for i in range(3):
+            x = torch.full((2, 3), 0.5 * (i + 1), dtype=torch.float64)
+            got, want = jitted(x), eager(x)
+            torch.testing.assert_close(got, want)
+            got.backward()
+            want.backward()
+    for a, b in zip(mine.parameters(), theirs.parameters()):
+        torch.testing.assert_close(a, b)
+    states = [
+        o.state[next(iter(m.parameters()))]["step"] for o, m in zip(optimizers, (mine, theirs))
+    ]
+    assert float(states[0]) == float(states[1]) == 2.0  # no gradients at the first call
+
+
+def test_a_module_copied_for_eager_runs_does_not_share_the_jitted_ones_state() -> None:
+    """The helper's two models are independent (a check of the test itself)."""
+    a = _model()
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        a[0].bias.add_(1.0)
+    assert not torch.equal(a[0].bias, b[0].bias)
