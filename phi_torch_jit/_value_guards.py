@@ -207,7 +207,7 @@ def _in_torchs_library(depth: int) -> str | None:
         if name == _WRAPPER:  # the jitted callable is torch's own (jit(nn.BatchNorm1d(...)))
             break
         if name.startswith(OWN_DIR):
-            if name != _RELAY:  # our own code read it (or called torch that did)
+            if name not in _RELAYS:  # our own code read it (or called torch that did)
                 return None
         elif code != "__torch_function__" and here is None:
             if _machinery(name[len(TORCH_DIR) :]):
@@ -224,8 +224,12 @@ def _in_torchs_library(depth: int) -> str | None:
 
 _WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_wrapper.py")
 """The wrapper module that calls the jitted callable in the trace (:mod:`._wrapper`)."""
-_RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tensor_reads.py")
-"""Our patched conversion methods (:mod:`._tensor_reads`): they relay a read, own none."""
+_RELAYS = frozenset(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), *parts)
+    for parts in (("_tensor_reads.py",), ("_compat", "_fx_threads.py"))
+)
+"""Our patched conversion methods (:mod:`._tensor_reads`) and FX's per-thread class patches
+(:mod:`._compat._fx_threads`, a module call in a trace): they relay a read, own none."""
 
 _MACHINERY = frozenset(("fx", "export", "jit", "onnx", "autograd", "testing", "compiler"))
 """torch's packages whose Python belongs to tracing and compiling, not to a user's step."""

@@ -51,7 +51,6 @@ from ._calls import (
     function_mode_at,
     function_modes,
     functorch_transform,
-    fx_patches_per_thread,
     get_tracing_state,
     global_module_hooks,
     grad_mode_setter,
@@ -73,6 +72,7 @@ from ._calls import (
     watch_backward_nodes,
 )
 from ._calls import graph_kept as graph_kept
+from ._fx_threads import fx_patches_per_thread
 from ._inductor import _KEPT_ON_CPU as _KEPT_ON_CPU
 from ._inductor import _Decompositions as _Decompositions
 from ._inductor import _decompositions as _decompositions

@@ -6,7 +6,6 @@ modules."""
 from __future__ import annotations
 
 import importlib
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +21,6 @@ from ._private import (
     FUNCTION_MODE_AT,
     FUNCTION_MODES,
     FUNCTORCH_STACK,
-    FX_PATCHER,
     GLOBAL_HOOKS,
     GRAPH_EXECUTOR_OPTIMIZE,
     IS_FAKE,
@@ -234,36 +232,3 @@ def pytree() -> Any:
 def eager_functions() -> Any:
     """The namespace of C functions behind ``torch.<op>``."""
     return EAGER_FUNCTIONS.find()
-
-
-def fx_patches_per_thread() -> tuple[Callable[[], None], Callable[[], None]]:
-    """(install, remove): while installed, the class methods FX's tracer replaces while it
-    traces (``nn.Module.__call__``, ``__getattr__``) are replaced for the tracing thread only;
-    other threads keep calling the originals."""
-    patcher = importlib.import_module("torch.fx._symbolic_trace")._Patcher
-    FX_PATCHER.find()
-    saved: list[Any] = []
-
-    def patch_method(
-        self: Any, cls: type, name: str, new_fn: Callable[..., Any], deduplicate: bool = True
-    ) -> None:
-        original = getattr(cls, name)
-        if getattr(original, "__fx_already_patched", False):  # FX's own deduplication
-            return
-        owner = threading.get_ident()
-
-        def on_tracing_thread(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() == owner:
-                return new_fn(*args, **kwargs)
-            return original(*args, **kwargs)
-
-        saved[0](self, cls, name, on_tracing_thread, deduplicate)
-
-    def install() -> None:
-        saved.append(patcher.__dict__["patch_method"])
-        patcher.patch_method = patch_method
-
-    def remove() -> None:
-        patcher.patch_method = saved.pop()
-
-    return install, remove

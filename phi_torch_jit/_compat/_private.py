@@ -156,18 +156,14 @@ BACKWARD_HOOK_FUNCTION = _api(
 )
 BACKWARD_NODE = _api(
     "torch.autograd.function.BackwardCFunction",
-    "every custom Function call builds its backward node, a subclass of BackwardCFunction "
-    "whose _forward_cls names the Function, whatever name apply was called under; the record "
-    "pass sees calls that bypass the Function.apply interception (op = F.apply bound at "
-    "import): no public hook sees an apply",
+    "every apply, under any name (op = F.apply bound at import), builds a node of a subclass "
+    "whose _forward_cls is the Function; no public hook sees an apply",
     "_function",
 )
 FX_PATCHER = _api(
     "torch.fx._symbolic_trace._Patcher.patch_method",
-    "FX's tracer replaces nn.Module.__call__ and __getattr__ on the class while it traces, for "
-    "every thread: during a compile on the background thread, the caller's own eager module "
-    "calls went through the tracer and raised NameError; our patch makes those replacements "
-    "act on the tracing thread only (no public setting)",
+    "FX's tracer patches nn.Module.__call__ for every thread: eager modules of the caller "
+    "raised NameError during a background compile; made per thread (no public setting)",
     "engines._tracing_lock",
 )
 GLOBAL_HOOKS = _api(
