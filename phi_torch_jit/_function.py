@@ -43,7 +43,12 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointFunction
 
-from ._compat import backward_hook_function, original_function_apply, watch_backward_nodes
+from ._compat import (
+    backward_hook_function,
+    functorch_transform,
+    original_function_apply,
+    watch_backward_nodes,
+)
 from ._context import CustomCallee, Phase, current_frame
 from ._custom import CustomFunction, untraced
 from ._function_closures import ClosurePlan, plan_closures
@@ -105,8 +110,8 @@ def _node_built(cls: Any) -> None:
     if cls is None or cls is _EXPECTED.cls:
         _EXPECTED.cls = None
         return
-    if _passes_through(cls) or cls.__module__.startswith("torch."):
-        return
+    if _passes_through(cls) or cls.__module__.startswith("torch.") or not torch.is_grad_enabled():
+        return  # grad mode off: no backward through it (the key holds the grad mode)
     frame = current_frame()
     if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
         return
@@ -362,6 +367,11 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return original_apply(cls, *args, **kwargs)  # the specialization runs eagerly
     if cls.__module__.startswith("torch."):
         reason = f"it calls torch's internal autograd.Function {cls.__qualname__}"
+    elif functorch_transform() is not None:  # our stand-in has no setup_context, no vmap rule
+        reason = (
+            f"it applies autograd.Function {cls.__qualname__} inside a torch.func transform "
+            "(vmap, grad), which the capture does not follow"
+        )
     elif positional is None:
         reason = f"the arguments of {cls.__qualname__}.apply cannot be bound to its forward"
     if not reason:

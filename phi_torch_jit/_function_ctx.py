@@ -172,6 +172,11 @@ def run_forward(
             tensor_attrs.append((name, _slot(value, args, outs, residuals)))
         else:
             static_attrs.append((name, value))
+    if any(r.grad_fn is not None for r in residuals):
+        raise Unsupported(
+            "its forward builds an autograd graph (under enable_grad) that it keeps for its "
+            "backward; a compiled op's outputs carry no graph"
+        )
     marked = {id(t) for t in ctx._ptj_non_differentiable}
     differentiable = [o for o in outs if id(o) not in marked and o.dtype.is_floating_point]
     if not ctx._ptj_materialize and len(differentiable) > 1:

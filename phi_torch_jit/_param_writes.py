@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._compat import view_base
 from ._context import Phase, current_frame
 
 __all__ = ["before_writes", "freezes", "IN_PLACE_DUNDERS"]
@@ -25,7 +26,8 @@ _REQUIRES_GRAD = torch.Tensor.requires_grad
 
 def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
     """Parameters ``func`` writes in place (``p.add_``, ``p[i] = v``, ``p += v``, a foreach op
-    over parameters, ``out=p``) are noted before the write: the trace is rewound past it."""
+    over parameters, ``out=p``), directly or through a view (``w[0].mul_(2)``), are noted
+    before the write: the trace is rewound past it."""
     name = getattr(func, "__name__", "")
     in_place = (name.endswith("_") and not name.endswith("__")) or name in IN_PLACE_DUNDERS
     targets = list(args[:1]) if in_place else []
@@ -34,7 +36,7 @@ def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
     if kwargs and kwargs.get("out") is not None:
         out = kwargs["out"]
         targets += list(out) if isinstance(out, (list, tuple)) else [out]
-    written = [t for t in targets if isinstance(t, torch.nn.Parameter)]
+    written = [p for p in map(_parameter_of, targets) if p is not None]
     frame = current_frame() if written else None
     if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
         for parameter in written:
@@ -47,6 +49,13 @@ IN_PLACE_DUNDERS = frozenset(
      "__imatmul__")
 )  # fmt: skip
 """Tensor methods that write their tensor (``p[i] = v``, ``p += v``)."""
+
+
+def _parameter_of(target: Any) -> torch.nn.Parameter | None:
+    """The parameter ``target`` is, or is a view of (``w[0].mul_(2)``, ``w.T.add_``)."""
+    if isinstance(target, torch.Tensor) and not isinstance(target, torch.nn.Parameter):
+        target = view_base(target)
+    return target if isinstance(target, torch.nn.Parameter) else None
 
 
 def freezes(func: Any, args: tuple[Any, ...]) -> bool:

@@ -263,6 +263,7 @@ def _targets() -> list[tuple[Any, str, str, str]]:
     targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
     # a new alias made without an op, as .data is: a trace would bake it as a constant
     targets.append((torch.Tensor, "as_subclass", "data", "Tensor.as_subclass"))
+    targets.append((torch.Tensor, "set_", "data", "Tensor.set_"))  # swaps storage, as .data =
     # Tensor.backward calls torch.autograd.backward
     targets.append((torch.autograd, "grad", "gradients", "torch.autograd.grad"))
     targets.append((torch.autograd, "backward", "autograd", "torch.autograd.backward"))
@@ -369,7 +370,9 @@ def _get_data(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
-    _note_data(tensor)
+    caller = sys._getframe(1)  # torch's code too (vector_to_parameters), called by the user
+    if _from_anyone(caller):
+        _note("data", f".data assigned at {_where(caller)}")
     _BASE_DATA.__set__(tensor, value)  # type: ignore[attr-defined]
 
 

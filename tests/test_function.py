@@ -452,3 +452,84 @@ def test_unmaterialized_gradients_of_several_outputs_run_eagerly(jit_engine: str
         torch.testing.assert_close(x.grad, y.grad)
         assert i > 0 or any("set_materialize_grads" in str(w.message) for w in caught)
     assert "runs eagerly" in jitted.explain()
+
+
+class GraphInForward(torch.autograd.Function):
+    """A forward that builds a graph under ``enable_grad`` and keeps it for its backward (an
+    implicit layer differentiating its own residual): a compiled op's outputs carry no graph,
+    and the first call raised "appears to not have been used in the graph"."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_(True)
+            y = leaf.sin() * leaf
+        ctx.save_for_backward(leaf, y)
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        leaf, y = ctx.saved_tensors
+        (gx,) = torch.autograd.grad(y, leaf, g)
+        return gx
+
+
+class VmappedSine(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x.sin()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * x.cos()
+
+
+@pytest.mark.parametrize("case", ["graph kept by the forward", "under vmap"])
+def test_functions_the_stand_in_cannot_run_run_eagerly_instead_of_raising(
+    jit_engine: str, case: str
+) -> None:
+    """Two Functions that raised under jit and not in eager (found by a probe): a forward
+    keeping an autograd graph for its backward, and a new-style Function under ``torch.vmap``
+    (our stand-in has no setup_context, no vmap rule). Both run eagerly, warned."""
+    if case == "under vmap":
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return torch.vmap(VmappedSine.apply)(x).sum(-1)
+
+    else:
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return GraphInForward.apply(x)
+
+    jitted = ptj.jit(step)
+    for i in range(3):
+        x0 = torch.linspace(0.1, 1.0, 6, dtype=torch.float64).reshape(2, 3) * (i + 1)
+        x, y = x0.clone().requires_grad_(True), x0.clone().requires_grad_(True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ptj.JitWarning)
+            got = jitted(x)
+        want = step(y)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x.grad, y.grad)
+    assert "runs eagerly" in jitted.explain()
+
+
+def test_an_alias_under_no_grad_compiles() -> None:
+    """No backward can run through an aliased apply under ``no_grad`` (inference with a
+    library holding an alias): no reason to run eagerly; the grad mode is in the key."""
+    jitted = ptj.jit(_aliased)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for i in range(3):
+            x = torch.tensor([0.3, 1.7, -2.2], dtype=torch.float64) * (i + 1)
+            torch.testing.assert_close(jitted(x), _aliased(x))
+    assert "runs eagerly" not in jitted.explain()

@@ -69,6 +69,7 @@ from ._calls import (
     unaliased,
     value_trace,
     version,
+    view_base,
     watch_backward_nodes,
 )
 from ._calls import graph_kept as graph_kept
@@ -158,6 +159,7 @@ __all__ = [
     "MODULE_HOOK_DICTS",
     "tensor_conversion",
     "is_view",
+    "view_base",
     "unaliased",
     "storage_address",
     "version",

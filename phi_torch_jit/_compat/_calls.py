@@ -152,6 +152,11 @@ def is_view(tensor: torch.Tensor) -> bool:
     return bool(tensor._is_view())
 
 
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``tensor`` is a view of (None if it is no view)."""
+    return tensor._base if tensor._is_view() else None
+
+
 def unaliased(results: Sequence[Any], arguments: Sequence[torch.Tensor]) -> list[Any]:
     """``results`` with a copy of each that is a view, an argument, or shares memory with an
     argument or an earlier result: a custom op's outputs may alias nothing. torch checks it
