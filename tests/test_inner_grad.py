@@ -236,13 +236,17 @@ class SoftStep(torch.autograd.Function):
         return dx * dy
 
 
-class BranchingBackward(torch.autograd.Function):
-    """A backward whose Python branches on a tensor value."""
+class _Sine(torch.autograd.Function):
+    """``sin``, its input saved; subclasses give the backward."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
         return x.sin()
+
+
+class BranchingBackward(_Sine):
+    """A backward whose Python branches on a tensor value."""
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
@@ -297,14 +301,9 @@ def test_a_gradient_through_a_custom_function_runs_its_own_backward_as_ops(
     assert _compiled(through) == captures_graph(jit_engine)
 
 
-class NoGradInBackward(torch.autograd.Function):
+class NoGradInBackward(_Sine):
     """A backward computing its derivative under ``no_grad``: eager's double backward takes it
     as a constant."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x.sin()
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
