@@ -18,10 +18,11 @@ import torch
 from ._compat import view_base
 from ._context import Phase, current_frame
 
-__all__ = ["before_writes", "freezes", "IN_PLACE_DUNDERS"]
+__all__ = ["before_writes", "freezes", "IN_PLACE_DUNDERS", "REQUIRES_GRAD"]
 
-_REQUIRES_GRAD = torch.Tensor.requires_grad
-"""The attribute's descriptor: a write reaches a torch-function mode as its ``__set__``."""
+REQUIRES_GRAD = torch.Tensor.requires_grad
+"""The attribute's descriptor: a read reaches a torch-function mode as a call of its
+``__get__``, a write as its ``__set__``."""
 
 
 def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
@@ -60,6 +61,6 @@ def _parameter_of(target: Any) -> torch.nn.Parameter | None:
 
 def freezes(func: Any, args: tuple[Any, ...]) -> bool:
     """``p.requires_grad_(...)`` or ``p.requires_grad = ...`` on a parameter."""
-    setter = getattr(func, "__self__", None) is _REQUIRES_GRAD and func.__name__ == "__set__"
+    setter = getattr(func, "__self__", None) is REQUIRES_GRAD and func.__name__ == "__set__"
     named = getattr(func, "__name__", "") == "requires_grad_"
     return (setter or named) and bool(args) and isinstance(args[0], torch.nn.Parameter)

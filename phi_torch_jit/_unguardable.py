@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._compat import grad_mode_setter
 from ._context import Phase, current_frame
-from ._param_writes import before_writes, freezes
+from ._param_writes import REQUIRES_GRAD, before_writes, freezes
 from ._patches import RefCounted
 from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
 
@@ -278,11 +278,6 @@ _TORCH_RNG = ("manual_seed", "seed", "set_rng_state", "initial_seed", "get_rng_s
 _TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")
 
 
-_REQUIRES_GRAD = torch.Tensor.requires_grad
-"""The ``requires_grad`` attribute's descriptor: a read reaches a torch-function mode as a call
-of its ``__get__``."""
-
-
 class RecordMode(TorchFunctionMode):
     """The record phase's torch-function mode. Entered per record frame (a mode is per thread).
 
@@ -303,7 +298,7 @@ class RecordMode(TorchFunctionMode):
             _note("random", f"a torch.Generator draw ({name}) at {_where(sys._getframe(1))}")
         elif freezes(func, args):
             _note("grad_state", f"Parameter.requires_grad_ at {_where(sys._getframe(1))}")
-        elif getattr(func, "__self__", None) is _REQUIRES_GRAD:
+        elif getattr(func, "__self__", None) is REQUIRES_GRAD:
             caller = sys._getframe(1)
             if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
                 _note("grad_reads", _where(caller) if _from_user(caller) else _at(caller))
@@ -324,7 +319,7 @@ class _Watch:
 
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
-        self._data = self._grad = False
+        self._properties: list[str] = []
 
     def install(self) -> None:
         for owner, name, kind, label in _targets():
@@ -335,18 +330,14 @@ class _Watch:
             self._saved.append((owner, name, original))
             setattr(owner, name, _noted(kind, label, getattr(owner, name)))
 
-        self._data = "data" not in torch.Tensor.__dict__  # else someone else's: leave it
-        if self._data:
-            torch.Tensor.data = _DATA  # type: ignore[assignment,method-assign]
-        self._grad = "grad" not in torch.Tensor.__dict__
-        if self._grad:
-            torch.Tensor.grad = _GRAD  # type: ignore[assignment,method-assign]
+        for name, watched in (("data", _DATA), ("grad", _GRAD)):
+            if name not in torch.Tensor.__dict__:  # else someone else's: leave it
+                setattr(torch.Tensor, name, watched)
+                self._properties.append(name)
 
     def remove(self) -> None:
-        if self._data:
-            del torch.Tensor.data  # back to TensorBase's descriptor
-        if self._grad:
-            del torch.Tensor.grad
+        while self._properties:  # back to TensorBase's descriptors
+            delattr(torch.Tensor, self._properties.pop())
         while self._saved:
             owner, name, original = self._saved.pop()
             if original is _INHERITED:

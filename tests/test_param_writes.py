@@ -9,7 +9,6 @@ compiled program kept the first call's ``.grad`` and skipped ``zero_grad``.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -175,10 +174,13 @@ def test_an_optimizer_step_inside_the_step_steps_once_per_call() -> None:
     assert float(states[0]) == float(states[1]) == 2.0  # no gradients at the first call
 
 
-def test_a_module_copied_for_eager_runs_does_not_share_the_jitted_ones_state() -> None:
-    """The helper's two models are independent (a check of the test itself)."""
-    a = _model()
-    b = copy.deepcopy(a)
+def test_the_two_models_compared_start_equal_and_share_no_tensor() -> None:
+    """What :func:`_calls` relies on: its eager and jitted models start from equal values, and
+    a write to one is not seen by the other."""
+    a, b = _model(), _model()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q)
+        assert p.data_ptr() != q.data_ptr()
     with torch.no_grad():
         a[0].bias.add_(1.0)
     assert not torch.equal(a[0].bias, b[0].bias)
