@@ -90,7 +90,8 @@ def specialize(
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     written_before = versions(tensors)
     as_called = _as_called(tensors)
-    result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]))
+    result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]),
+                               before.modules)  # fmt: skip
     written = written_inputs(tensors, written_before)
     output_spec, _ = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start

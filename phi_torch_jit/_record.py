@@ -130,13 +130,17 @@ def record(
     kwargs: dict[str, Any],
     owner: str,
     modules: list[nn.Module],
+    known: Sequence[nn.Module] = (),
 ) -> tuple[Any, Recording]:
     """Run ``fn`` eagerly in a record frame; return its result and what was recorded.
 
-    ``modules`` (e.g. modules passed as arguments) are recorded up front.
+    ``modules`` (e.g. modules passed as arguments) are recorded up front. ``known``: modules
+    reachable before the call (arguments, globals, closures); which buffers they hold is
+    noted, so that buffers lent to them for a while are not taken for replaced ones.
     Exceptions from ``fn`` propagate unchanged.
     """
     recording = Recording()
+    recording.state.hold([*modules, *known])
     for module in modules:
         recording.add_module(module)
     with recording_phase(owner, recording):  # patches: see _phases.PATCHES

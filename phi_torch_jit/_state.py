@@ -10,7 +10,7 @@ in docs/design.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -71,12 +71,20 @@ def buffer_slots(modules: Sequence[nn.Module]) -> list[BufferSlot]:
     ]
 
 
-def put_back(slots: Sequence[BufferSlot]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def put_back(
+    slots: Sequence[BufferSlot], held: Mapping[tuple[int, str], torch.Tensor] | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(original, new) for each slot whose module now holds another tensor (a buffer replaced
-    in forward); the original object is put back in the module."""
+    in forward); the original object is put back in the module.
+
+    ``held``: (module id, name) -> the buffer the module held before the step. A module that
+    holds it again was lent other tensors for a while (``torch.func.functional_call``, a
+    swap of the user's): the slot saw a stand-in, and nothing was replaced."""
     replaced = []
     for owner, name, original in slots:
         current = owner._buffers.get(name)
+        if held is not None and current is not None and held.get((id(owner), name)) is current:
+            continue
         if current is not original and isinstance(current, torch.Tensor):
             owner._buffers[name] = original
             replaced.append((original, current))
@@ -104,6 +112,14 @@ class StateSnapshot:
     place, its value before that write."""
     slots: list[BufferSlot] = field(default_factory=list)
     """(module, buffer name, buffer object) as they were before the module first ran."""
+    held: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    """(module id, buffer name) -> buffer object, for the modules known before the pass
+    (:meth:`hold`): what a module lent other tensors during the pass holds again after it."""
+
+    def hold(self, modules: Sequence[nn.Module]) -> None:
+        """Note which buffer objects ``modules`` hold before the pass (identities, no copies)."""
+        for owner, name, buffer in buffer_slots(modules):
+            self.held[id(owner), name] = buffer
 
     def add_module(self, module: nn.Module) -> None:
         """Remember the current value of every buffer of ``module`` not seen yet."""
@@ -125,7 +141,7 @@ class StateSnapshot:
         holding the new values: compiled programs write into the original objects.
         See NOTE [side effects once]."""
         with torch.no_grad():
-            for original, new in put_back(self.slots):
+            for original, new in put_back(self.slots, self.held):
                 original.copy_(new)
 
     @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -108,3 +109,43 @@ def test_running_statistics_under_no_grad_from_inputs_requiring_grad() -> None:
             x = torch.randn(4, 3, requires_grad=True)
             assert torch.allclose(jitted(x), eager_net(x))
     assert torch.allclose(jitted_net.mean, eager_net.mean) and not jitted_net.mean.requires_grad
+
+
+def _lent(module: nn.Module, buffers: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """A swap of the user's: the module runs with ``buffers``, then gets its own back."""
+    own = {name: module._buffers[name] for name in buffers}
+    module._buffers.update(buffers)
+    try:
+        return module(x)
+    finally:
+        module._buffers.update(own)
+
+
+@pytest.mark.parametrize("lend", ["functional_call", "own swap"])
+@pytest.mark.parametrize("module_type", [nn.BatchNorm1d, RunningMean])
+def test_buffers_lent_to_a_module_for_one_call_are_updated_once_and_given_back(
+    lend: str, module_type: type[nn.Module]
+) -> None:
+    """Buffers lent for the module's call (``torch.func.functional_call``, a swap written by
+    hand) are updated as eagerly, once per call; the module keeps its own buffers."""
+
+    def build() -> tuple[nn.Module, dict[str, torch.Tensor], Any]:
+        module = module_type(2) if module_type is nn.BatchNorm1d else module_type()
+        lent = {k: v.clone() + 1 for k, v in module.named_buffers()}
+        if lend == "functional_call":
+            return module, lent, lambda x: torch.func.functional_call(module, lent, (x,))
+        return module, lent, lambda x: _lent(module, lent, x)
+
+    (mine, my_lent, step), (theirs, their_lent, eager) = build(), build()
+    own = dict(mine.named_buffers())
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # engine torchscript runs functional_call eagerly
+        for i in range(4):
+            x = torch.tensor([[1.0, 2.0], [3.0, 6.0]]) * (i + 1)
+            assert torch.allclose(jitted(x), eager(x))
+            for name, value in their_lent.items():
+                assert torch.allclose(my_lent[name], value), (i, name)
+    assert all(mine._buffers[name] is buffer for name, buffer in own.items())
+    for name, value in theirs.named_buffers():  # untouched, as eagerly
+        assert torch.equal(own[name], value)
