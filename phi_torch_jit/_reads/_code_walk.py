@@ -2,35 +2,29 @@
 
 Bytecode is read, nothing is run: the globals and free variables each code object loads
 (:func:`names_read`), the attribute and constant-subscript chains it spells out from them
-(:func:`attribute_chains`), the user functions reachable from the jitted callable through closures,
-globals, classes, bound methods and the user's own modules (:func:`user_functions`); what a
-jitted callable holds besides code is :mod:`._held`'s. Only the user's files count
-(:mod:`._sources`). See
+(:func:`attribute_chains`), the globals it may look up by a name held in a variable
+(:func:`names_looked_up`), and what is the user's (:func:`user_function`, :func:`user_class`,
+:func:`user_module`; only the user's files count, :mod:`._sources`). Which functions a call
+reaches is :mod:`._reachable`'s; what a jitted callable holds besides code is :mod:`._held`'s. See
 NOTE [Python reads] and NOTE [attribute paths] in docs/design.md.
 """
 
 from __future__ import annotations
 
 import builtins
-import collections
 import dis
 import functools
 import sys
 import types
-from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
-
 from .._sources import is_user_file
-from ._records import PRIMITIVES, Source, Step
+from ._records import Source, Step
 
-__all__ = ["names_read", "attribute_chains", "user_functions", "user_module", "user_class",
-           "modules_imported", "names_in_user_code", "callbacks_held", "MAX_DEPTH",
-           "added_builtins", "Shadowing", "names_environment"]  # fmt: skip
+__all__ = ["names_read", "attribute_chains", "user_module", "user_class", "user_function",
+           "modules_imported", "names_in_user_code", "MAX_DEPTH", "added_builtins", "Shadowing",
+           "names_environment", "names_looked_up"]  # fmt: skip
 
-MAX_FUNCTIONS = 400
-"""The walk over user code stops after this many functions."""
 MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
 
@@ -52,7 +46,7 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
         for inner in _codes(code):
             instructions = list(dis.get_instructions(inner))
             called = {i.argval for i in instructions if i.opname in _LOADS_GLOBAL}
-            by_name = "globals" in called  # globals()["G"]: each string constant may name one
+            by_name = _looks_up(inner)  # globals()["G"]: each string constant may name one
             evaluates = not called.isdisjoint(("eval", "exec"))  # eval("ALPHA * 2"): its names
             for instruction in instructions:
                 line = instruction.positions.lineno if instruction.positions else None
@@ -70,6 +64,43 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
                         cells_read.setdefault(name, line or inner.co_firstlineno)
         found = _NAMES[code] = (globals_read, cells_read)
     return found
+
+
+def _looks_up(code: types.CodeType) -> bool:
+    """Whether ``code`` itself looks globals up in a dict: ``globals()``, ``builtins.globals()``,
+    ``vars(sys.modules[__name__])``, ``sys.modules[__name__].__dict__``."""
+    names = code.co_names
+    return "globals" in names or ("modules" in names and ("vars" in names or "__dict__" in names))
+
+
+def names_looked_up(function: types.FunctionType) -> frozenset[str]:
+    """Globals ``function`` may look up by a name held in a variable (``globals()[WHICH]``,
+    ``globals()[NAMES[0]]``; ``globals`` called under another name: ``GL = globals``): each
+    string that a global or closure variable it reads holds, or a small container of them
+    holds, and, with ``globals`` renamed, each string constant. Those variables are guarded
+    by value, so another name retraces and reads anew."""
+    code = function.__code__
+    globals_read, cells_read = names_read(code)
+    namespace = function.__globals__
+    values = [namespace[n] for n in globals_read if n in namespace]
+    for name, cell in zip(code.co_freevars, function.__closure__ or ()):
+        if name in cells_read:
+            try:
+                values.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    renamed = any(value is builtins.globals for value in values)
+    if not renamed and not any(map(_looks_up, _codes(code))):
+        return frozenset()
+    found: set[str] = set()
+    for value in values:
+        items = value if isinstance(value, (list, tuple, set, frozenset)) else (value,)
+        if isinstance(value, dict):
+            items = (*value, *value.values())
+        found.update(v for v in list(items)[:64] if isinstance(v, str))
+    if renamed:
+        found.update(c for inner in _codes(code) for c in inner.co_consts if isinstance(c, str))
+    return frozenset(n for n in found if n.isidentifier())
 
 
 _ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb", "expandvars",
@@ -229,156 +260,6 @@ def _chains_of(
 
 
 _NO_KEY = object()
-
-
-def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
-    """User functions reachable from ``roots`` through closures, globals read, classes and
-    bound methods (a static walk; at most ``MAX_FUNCTIONS``)."""
-    pending = list(roots)
-    seen: set[int] = set()
-    found = 0
-    while pending and found < MAX_FUNCTIONS and len(seen) < _MAX_VISITS:
-        obj = pending.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if not isinstance(obj, types.FunctionType):
-            try:
-                pending.extend(_parts(obj))
-            except Exception:  # a user __getattr__ raising KeyError: no code found there
-                pass
-            continue
-        if not user_function(obj):
-            pending.extend(_wrapped_by(obj))  # @torch.no_grad() on a function of yours
-            continue
-        found += 1
-        yield obj
-        for cell in obj.__closure__ or ():
-            try:
-                pending.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                continue
-        globals_read, _ = names_read(obj.__code__)
-        pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
-        pending.extend(_through_modules(obj))
-
-
-def _wrapped_by(function: types.FunctionType) -> list[Any]:
-    """What a library's wrapper runs of the user's (a decorator made with ``functools.wraps``:
-    ``@torch.no_grad()``, ``@functools.singledispatch``): the function it wraps and, for a
-    single-dispatch function, the implementations registered on it."""
-    wrapped = function.__dict__.get("__wrapped__")
-    if wrapped is None:
-        return []
-    registry = function.__dict__.get("registry")
-    registered = list(registry.values()) if isinstance(registry, Mapping) else []
-    return [wrapped, *registered]
-
-
-def _through_modules(function: types.FunctionType) -> list[Any]:
-    """What ``function`` reaches through the user's modules it names (``physics.step``, a
-    function of the user's own module, read as an attribute): the end of each chain."""
-    found = []
-    for (is_cell, name), chains in attribute_chains(function.__code__).items():
-        if is_cell or not isinstance(function.__globals__.get(name), types.ModuleType):
-            continue
-        for chain in chains:
-            value = function.__globals__[name]
-            for step in chain:
-                if not (isinstance(value, types.ModuleType) and user_module(value)):
-                    break
-                value = getattr(value, step.key, None) if step.attribute else None
-            if value is not None and not isinstance(value, types.ModuleType):
-                found.append(value)
-    return found
-
-
-def _parts(obj: Any) -> list[Any]:
-    """What a non-function object leads to: a method's function and owner, a wrapped
-    function, the functions of a user-defined class (for an instance: of its class)."""
-    if isinstance(obj, types.MethodType):
-        return [obj.__func__, obj.__self__]
-    if isinstance(obj, functools.partial):
-        return [obj.func, *obj.args, *obj.keywords.values()]
-    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
-        return []
-    if type(obj) is collections.defaultdict and obj.default_factory is not None:
-        return [obj.default_factory, *obj.values()][:32]  # its factory (a lambda reading state)
-    if type(obj) in (list, tuple, dict):  # functions kept in a registry: TERMS = [term], and
-        items = obj.values() if type(obj) is dict else obj  # objects whose methods Python
-        return [item for item in list(items)[:32] if _may_hold_code(item)]
-        # calls for the step (sorted(ITEMS) runs Item.__lt__), nested registries
-    wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
-    cls = obj if isinstance(obj, type) else type(obj)
-    parts: list[Any] = [wrapped] if wrapped is not None else []
-    if isinstance(obj, type) and user_class(type(obj)):  # a metaclass of yours: its __call__
-        parts.append(type(obj))
-    for klass in cls.__mro__:
-        if klass.__module__ in ("builtins",) or not user_class(klass):
-            continue
-        for member in vars(klass).values():
-            if isinstance(member, (staticmethod, classmethod)):
-                member = member.__func__
-            elif isinstance(member, functools.singledispatchmethod):  # what is registered
-                parts.append(member.dispatcher)
-            elif isinstance(member, property):
-                member = member.fget
-            if isinstance(member, types.FunctionType):
-                parts.append(member)
-    if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
-        for held in callbacks_held(obj).values():  # yours it holds (an integrator's ``rhs``)
-            parts += list(held) if type(held) in (list, tuple) else [held]
-    elif not isinstance(obj, type) and isinstance(getattr(obj, "__dict__", None), dict):
-        held = list(vars(obj).values())[:64]  # an object of yours: functions it holds
-        parts += [value for value in held if _may_hold_code(value)]  # (H.fn = helper)
-    return parts
-
-
-def _may_hold_code(value: Any) -> bool:
-    """Whether the walk looks into ``value`` for code: a callable, an object of a user class,
-    a list, tuple or dict (a registry of registries)."""
-    return callable(value) or type(value) in (list, tuple, dict) or _users_code(value)
-
-
-_MAX_VISITS = 4000
-"""Objects the walk for code looks at, at most (nested registries are walked too)."""
-
-
-def callbacks_held(obj: Any) -> dict[str, Any]:
-    """The attributes of a library's object that hold code of the user's: functions, bound
-    methods and partials of them, instances of user classes, or a list or tuple with one
-    (an integrator's right-hand side, a scheduler's ``lr_lambdas``), by name; the first 64
-    attributes (and 32 items) are looked at."""
-    try:
-        namespace = vars(obj)
-    except TypeError:  # no __dict__ (slots, builtins)
-        return {}
-    found = {}
-    for name, value in list(namespace.items())[:64]:
-        items = value[:32] if type(value) in (list, tuple) else (value,)  # LambdaLR's list
-        if any(_users_code(item) for item in items):
-            found[name] = value
-    return found
-
-
-def tensors_held(obj: Any) -> list[str]:
-    """The attributes of a library's object that hold tensors (``Normal(loc, scale).loc``),
-    by name; the first 64 attributes are looked at."""
-    try:
-        namespace = vars(obj)
-    except TypeError:  # no __dict__ (slots, builtins)
-        return []
-    return [n for n, v in list(namespace.items())[:64] if isinstance(v, torch.Tensor)]
-
-
-def _users_code(value: Any) -> bool:
-    """Whether ``value`` is a function of the user's, a bound method or partial of one, or an
-    instance of a user class."""
-    code = value.func if isinstance(value, functools.partial) else value
-    code = code.__func__ if isinstance(code, types.MethodType) else code
-    if isinstance(code, types.FunctionType):
-        return user_function(code)
-    return not isinstance(value, type) and user_class(type(value))
 
 
 def user_class(klass: type) -> bool:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._code_walk import names_read, user_functions
+from ._code_walk import names_read
+from ._reachable import user_functions
 from ._records import Kind, Read, Step
 
 __all__ = ["roots_read_by", "held_by_identity"]

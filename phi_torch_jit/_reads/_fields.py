@@ -26,7 +26,8 @@ from typing import Any
 from torch import nn
 
 from .._signature import NAMESPACES
-from ._code_walk import callbacks_held, tensors_held, user_class
+from ._code_walk import user_class
+from ._reachable import callbacks_held, tensors_held
 from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",

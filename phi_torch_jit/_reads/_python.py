@@ -37,10 +37,10 @@ from ._code_walk import (
     modules_imported,
     names_environment,
     names_in_user_code,
+    names_looked_up,
     names_read,
     names_used,
     user_class,
-    user_functions,
     user_module,
 )
 from ._content import plain_container, snapshot, strict
@@ -57,6 +57,7 @@ from ._fields import (
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, drawn_through, kind_of
+from ._reachable import user_functions
 from ._records import (
     GONE,
     LENGTH,
@@ -174,7 +175,9 @@ def collect_reads(
         globals_read, cells_read = names_read(code)
         namespace = function.__globals__
         chains = attribute_chains(code)
-        for name, line in globals_read.items():
+        looked_up = dict.fromkeys(names_looked_up(function) - globals_read.keys(),
+                                  code.co_firstlineno)  # fmt: skip
+        for name, line in {**globals_read, **looked_up}.items():
             space = namespace if name in namespace else added_builtins(name)
             if space is not namespace:  # a builtin, or undefined: until the module defines it
                 _undefined(shadowing, namespace, name)

@@ -1,0 +1,202 @@
+"""Stage 1 (reads), the static walk's reach: the user functions a call can reach from the
+jitted callable (:func:`user_functions`) through closures, globals read (also by a name held in
+a variable, :func:`._code_walk.names_looked_up`), containers, classes, bound methods, partials,
+the user's own modules and the code of the user's that a library's object holds
+(:func:`callbacks_held`). Nothing is run. See NOTE [Python reads] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ._code_walk import (
+    attribute_chains,
+    names_looked_up,
+    names_read,
+    user_class,
+    user_function,
+    user_module,
+)
+from ._records import PRIMITIVES
+
+__all__ = ["user_functions", "callbacks_held", "tensors_held", "CONTAINERS", "MAX_ITEMS"]
+
+MAX_FUNCTIONS = 400
+"""The walk over user code stops after this many functions."""
+
+
+def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
+    """User functions reachable from ``roots`` through closures, globals read, classes and
+    bound methods (a static walk; at most ``MAX_FUNCTIONS``)."""
+    pending = list(roots)
+    seen: set[int] = set()
+    found = 0
+    while pending and found < MAX_FUNCTIONS and len(seen) < _MAX_VISITS:
+        obj = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if not isinstance(obj, types.FunctionType):
+            try:
+                pending.extend(_parts(obj))
+            except Exception:  # a user __getattr__ raising KeyError: no code found there
+                pass
+            continue
+        if not user_function(obj):
+            pending.extend(_wrapped_by(obj))  # @torch.no_grad() on a function of yours
+            continue
+        found += 1
+        yield obj
+        for cell in obj.__closure__ or ():
+            try:
+                pending.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        globals_read, _ = names_read(obj.__code__)
+        pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
+        pending.extend(obj.__globals__[n] for n in names_looked_up(obj) if n in obj.__globals__)
+        pending.extend(_through_modules(obj))
+
+
+def _wrapped_by(function: types.FunctionType) -> list[Any]:
+    """What a library's wrapper runs of the user's (a decorator made with ``functools.wraps``:
+    ``@torch.no_grad()``, ``@functools.singledispatch``): the function it wraps and, for a
+    single-dispatch function, the implementations registered on it."""
+    wrapped = function.__dict__.get("__wrapped__")
+    if wrapped is None:
+        return []
+    registry = function.__dict__.get("registry")
+    registered = list(registry.values()) if isinstance(registry, Mapping) else []
+    return [wrapped, *registered]
+
+
+def _through_modules(function: types.FunctionType) -> list[Any]:
+    """What ``function`` reaches through the user's modules it names (``physics.step``, a
+    function of the user's own module, read as an attribute): the end of each chain."""
+    found = []
+    for (is_cell, name), chains in attribute_chains(function.__code__).items():
+        if is_cell or not isinstance(function.__globals__.get(name), types.ModuleType):
+            continue
+        for chain in chains:
+            value = function.__globals__[name]
+            for step in chain:
+                if not (isinstance(value, types.ModuleType) and user_module(value)):
+                    break
+                value = getattr(value, step.key, None) if step.attribute else None
+            if value is not None and not isinstance(value, types.ModuleType):
+                found.append(value)
+    return found
+
+
+def _parts(obj: Any) -> list[Any]:
+    """What a non-function object leads to: a method's function and owner, a wrapped
+    function, the functions of a user-defined class (for an instance: of its class)."""
+    if isinstance(obj, types.MethodType):
+        return [obj.__func__, obj.__self__]
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
+        return []
+    parts: list[Any] = []
+    if isinstance(obj, CONTAINERS):  # functions kept in a registry: TERMS = [term], and
+        parts = _held_items(obj)  # objects whose methods Python calls for the step
+        if not user_class(type(obj)):  # (sorted(ITEMS) runs Item.__lt__), nested registries
+            return parts  # a list subclass of yours: its methods too
+    wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
+    cls = obj if isinstance(obj, type) else type(obj)
+    parts += [wrapped] if wrapped is not None else []
+    if isinstance(obj, type) and user_class(type(obj)):  # a metaclass of yours: its __call__
+        parts.append(type(obj))
+    for klass in cls.__mro__:
+        if klass.__module__ in ("builtins",) or not user_class(klass):
+            continue
+        for name, member in vars(klass).items():
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, functools.singledispatchmethod):  # what is registered
+                parts.append(member.dispatcher)
+            elif isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                parts.append(member)
+            elif not name.startswith("__") and _may_hold_code(member):  # a partial, a table
+                parts.append(member)  # of lambdas, a callable object kept on the class
+    if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
+        for held in callbacks_held(obj).values():  # yours it holds (an integrator's ``rhs``)
+            parts += list(held) if type(held) in (list, tuple) else [held]
+    elif not isinstance(obj, type) and isinstance(getattr(obj, "__dict__", None), dict):
+        held = list(vars(obj).values())[:64]  # an object of yours: functions it holds
+        parts += [value for value in held if _may_hold_code(value)]  # (H.fn = helper)
+    return parts
+
+
+def _may_hold_code(value: Any) -> bool:
+    """Whether the walk looks into ``value`` for code: a callable, an object of a user class,
+    a container (a registry of registries)."""
+    return callable(value) or isinstance(value, CONTAINERS) or _users_code(value)
+
+
+CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
+"""Containers (and their subclasses: an OrderedDict, a namedtuple) whose items the walk looks
+into for code."""
+MAX_ITEMS = 1024
+"""Items of one container the walk looks at (at most :data:`_MAX_VISITS` objects in all): the
+code of a registry's later entries is not walked, as docs/guarded.md says."""
+
+
+def _held_items(container: Any) -> list[Any]:
+    """The items of ``container`` (a dict's values; a defaultdict's factory first) that may
+    hold code, of the first :data:`MAX_ITEMS`."""
+    items = container.values() if isinstance(container, dict) else container
+    held = list(itertools.islice(items, MAX_ITEMS))
+    if isinstance(container, collections.defaultdict) and container.default_factory is not None:
+        held.insert(0, container.default_factory)  # its factory (a lambda reading state)
+    return [item for item in held if _may_hold_code(item)]
+
+
+_MAX_VISITS = 4000
+"""Objects the walk for code looks at, at most (nested registries are walked too)."""
+
+
+def callbacks_held(obj: Any) -> dict[str, Any]:
+    """The attributes of a library's object that hold code of the user's: functions, bound
+    methods and partials of them, instances of user classes, or a list or tuple with one
+    (an integrator's right-hand side, a scheduler's ``lr_lambdas``), by name; the first 64
+    attributes (and 32 items) are looked at."""
+    try:
+        namespace = vars(obj)
+    except TypeError:  # no __dict__ (slots, builtins)
+        return {}
+    found = {}
+    for name, value in list(namespace.items())[:64]:
+        items = value[:32] if type(value) in (list, tuple) else (value,)  # LambdaLR's list
+        if any(_users_code(item) for item in items):
+            found[name] = value
+    return found
+
+
+def tensors_held(obj: Any) -> list[str]:
+    """The attributes of a library's object that hold tensors (``Normal(loc, scale).loc``),
+    by name; the first 64 attributes are looked at."""
+    try:
+        namespace = vars(obj)
+    except TypeError:  # no __dict__ (slots, builtins)
+        return []
+    return [n for n, v in list(namespace.items())[:64] if isinstance(v, torch.Tensor)]
+
+
+def _users_code(value: Any) -> bool:
+    """Whether ``value`` is a function of the user's, a bound method or partial of one, or an
+    instance of a user class."""
+    code = value.func if isinstance(value, functools.partial) else value
+    code = code.__func__ if isinstance(code, types.MethodType) else code
+    if isinstance(code, types.FunctionType):
+        return user_function(code)
+    return not isinstance(value, type) and user_class(type(value))
