@@ -166,8 +166,13 @@ class Recorder(Protocol):
 
     def add_module(self, module: nn.Module) -> None: ...
 
-    def before_write(self, parameter: torch.Tensor) -> None:
-        """``parameter`` is about to be written in place by the pass."""
+    def before_write(self, tensor: torch.Tensor) -> None:
+        """``tensor`` (not made by the pass) is about to be written in place by the pass."""
+
+    @property
+    def made(self) -> set[int]:
+        """Ids of the tensors torch calls of the pass made (their writes need no rewinding)."""
+        ...
 
     def add_call(
         self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None

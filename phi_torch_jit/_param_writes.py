@@ -1,11 +1,13 @@
-"""The record phase's watch on parameters the step writes (see :mod:`._unguardable`, whose
+"""The record phase's watch on tensors the step writes (see :mod:`._unguardable`, whose
 torch-function mode calls it for every torch call of the record pass).
 
-A parameter written in place inside the step (``p.add_(...)`` under ``no_grad``, ``p[i] = v``,
-a foreach update, ``out=p``) is noted *before* the write, its value kept
-(``StateSnapshot.before_write``): the trace is rewound past the write, as buffers are, and
-does not write it a second time (it did: twice per call on the default engine, three times on
-"compile", with the warm-up run). A parameter whose ``requires_grad`` the step changes is a
+A tensor that existed before the pass and is written in place inside the step (a parameter:
+``p.add_(...)`` under ``no_grad``, ``p[i] = v``, a foreach update, ``out=p``; a buffer of a
+module the step does not call; a global or closure tensor) is noted *before* the write, its
+value kept (``StateSnapshot.before_write``): the trace is rewound past the write, as the
+buffers of called modules are, and does not write it a second time (it did: twice per call on
+the default engine, three times on "compile", with the warm-up run). Tensors the pass made
+(:func:`note_made`) are left alone. A parameter whose ``requires_grad`` the step changes is a
 reason to run eagerly (:func:`freezes`).
 """
 
@@ -18,7 +20,7 @@ import torch
 from ._compat import view_base
 from ._context import Phase, current_frame
 
-__all__ = ["before_writes", "freezes", "IN_PLACE_DUNDERS", "REQUIRES_GRAD"]
+__all__ = ["before_writes", "note_made", "freezes", "IN_PLACE_DUNDERS", "REQUIRES_GRAD"]
 
 REQUIRES_GRAD = torch.Tensor.requires_grad
 """The attribute's descriptor: a read reaches a torch-function mode as a call of its
@@ -26,9 +28,10 @@ REQUIRES_GRAD = torch.Tensor.requires_grad
 
 
 def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
-    """Parameters ``func`` writes in place (``p.add_``, ``p[i] = v``, ``p += v``, a foreach op
-    over parameters, ``out=p``), directly or through a view (``w[0].mul_(2)``), are noted
-    before the write: the trace is rewound past it."""
+    """Tensors ``func`` writes in place (``p.add_``, ``p[i] = v``, ``p += v``, a foreach op,
+    ``out=p``), directly or through a view (``w[0].mul_(2)``), are noted before the write
+    unless the pass made them: parameters, buffers (of modules the step calls or not), global
+    and closure tensors. The trace is rewound past the write."""
     name = getattr(func, "__name__", "")
     in_place = (name.endswith("_") and not name.endswith("__")) or name in IN_PLACE_DUNDERS
     targets = list(args[:1]) if in_place else []
@@ -37,11 +40,38 @@ def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
     if kwargs and kwargs.get("out") is not None:
         out = kwargs["out"]
         targets += list(out) if isinstance(out, (list, tuple)) else [out]
-    written = [p for p in map(_parameter_of, targets) if p is not None]
-    frame = current_frame() if written else None
-    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        for parameter in written:
-            frame.recording.before_write(parameter)
+    if not targets:
+        return
+    frame = current_frame()
+    if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
+        return
+    made = frame.recording.made
+    for target in targets:
+        if isinstance(target, torch.Tensor):
+            base = None if isinstance(target, torch.nn.Parameter) else view_base(target)
+            written = target if base is None else base  # w[0].mul_(2) writes w
+            if id(written) not in made:
+                frame.recording.before_write(written)
+
+
+def note_made(args: tuple[Any, ...], kwargs: Any, result: Any) -> None:
+    """Note the tensors a torch call of the record pass made (not one of its inputs, as an
+    in-place op or ``x.to(x.dtype)`` returns): written in place later, they need no
+    rewinding. A tensor made otherwise is rewound needlessly, never missed."""
+    if isinstance(result, torch.Tensor):
+        outputs: Any = (result,)
+    elif isinstance(result, (tuple, list)):
+        outputs = result
+    else:
+        return
+    frame = current_frame()
+    if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
+        return
+    inputs = {id(a) for a in (*args, *(kwargs.values() if kwargs else ()))}
+    made = frame.recording.made
+    for output in outputs:
+        if isinstance(output, torch.Tensor) and id(output) not in inputs:
+            made.add(id(output))
 
 
 IN_PLACE_DUNDERS = frozenset(
@@ -50,13 +80,6 @@ IN_PLACE_DUNDERS = frozenset(
      "__imatmul__")
 )  # fmt: skip
 """Tensor methods that write their tensor (``p[i] = v``, ``p += v``)."""
-
-
-def _parameter_of(target: Any) -> torch.nn.Parameter | None:
-    """The parameter ``target`` is, or is a view of (``w[0].mul_(2)``, ``w.T.add_``)."""
-    if isinstance(target, torch.Tensor) and not isinstance(target, torch.nn.Parameter):
-        target = view_base(target)
-    return target if isinstance(target, torch.nn.Parameter) else None
 
 
 def freezes(func: Any, args: tuple[Any, ...]) -> bool:

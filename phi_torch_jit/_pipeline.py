@@ -36,6 +36,7 @@ from ._reads._mutations import modules_known_before, snapshot
 from ._reads._records import Kind, Read
 from ._reads._written_inputs import WrittenInputs, versions, written_inputs
 from ._record import Recording, check_modules, record
+from ._registries import Registries
 from ._signature import (
     Spec,
     callables_in,
@@ -126,8 +127,12 @@ def specialize(
     if not eager_reason:
         arguments = tensors if written is None else as_called  # the trace sees them unwritten
         inputs = [*arguments, *(guard.captured() if guard is not None else ())]
+        registries = Registries([*recording.modules.values(), *before.modules])
         try:
             traced, calls, compile_s = _compile(target, recording, wrapper, inputs)
+            if added := registries.added_back_out():  # NOTE [side effects once]
+                reason = f"it adds to {added[0]} on every run, which compiled calls would not"
+                eager_reason = _cannot_trace(target, f"{reason}; register it once, outside")
         except NotNow:
             return result, None
         except RunEagerly as signal:  # what the engine cannot compile faithfully: warned
@@ -158,8 +163,16 @@ def specialize(
     n_outputs = count_program_outputs(program_spec)
     grads_read = tuple(recording.unguardable.grad_reads)
     parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard, written,
-                   grads_read)  # fmt: skip
+                   grads_read, tuple(recording.state.written()))  # fmt: skip
     return result, _assemble(target, program_spec, parts)
+
+
+def _undone(modules: Sequence[nn.Module], written: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """What a compiled call whose value guard fails must put back: the modules' buffers and
+    the other tensors the record pass wrote (a global counter, a parameter)."""
+    tensors = {id(b): b for m in modules for b in m.buffers()}
+    tensors.update((id(t), t) for t in written)
+    return tuple(tensors.values())
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,8 @@ class _Parts:
     written: WrittenInputs | None
     grads_read: tuple[str, ...]
     """Where Python read a tensor's ``requires_grad`` in the record pass (module guard)."""
+    state_written: tuple[torch.Tensor, ...]
+    """Tensors the record pass wrote besides arguments (``StateSnapshot.written``)."""
 
 
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
@@ -202,7 +217,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         eager_reason=parts.eager_reason,
         value_guards=traced.value_guards,
         n_outputs=parts.n_outputs,
-        buffers=tuple(b for m in modules for b in m.buffers()) if traced.value_guards else (),
+        buffers=_undone(modules, parts.state_written) if traced.value_guards else (),
         uses_rng=traced.module.uses_rng,
         engine_notes=traced.module.notes,
         engine_status=traced.module.describe,

@@ -88,9 +88,14 @@ class Recording:
             self.modules[id(module)] = module
             self.state.add_module(module)
 
-    def before_write(self, parameter: torch.Tensor) -> None:
-        """Keep ``parameter``'s value before the pass writes it in place (see ``_state``)."""
-        self.state.before_write(parameter)
+    def before_write(self, tensor: torch.Tensor) -> None:
+        """Keep ``tensor``'s value before the pass writes it in place (see ``_state``)."""
+        self.state.before_write(tensor)
+
+    @property
+    def made(self) -> set[int]:
+        """Ids of the tensors the pass made (``_param_writes.note_made``)."""
+        return self.state.made
 
     def add_call(
         self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None

@@ -115,6 +115,9 @@ class StateSnapshot:
     held: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     """(module id, buffer name) -> buffer object, for the modules known before the pass
     (:meth:`hold`): what a module lent other tensors during the pass holds again after it."""
+    made: set[int] = field(default_factory=set)
+    """Ids of the tensors torch calls of the pass made: written in place, they need no
+    rewinding (they did not exist before the pass)."""
 
     def hold(self, modules: Sequence[nn.Module]) -> None:
         """Note which buffer objects ``modules`` hold before the pass (identities, no copies)."""
@@ -129,12 +132,18 @@ class StateSnapshot:
                 self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
                 self.slots.append(slot)
 
-    def before_write(self, parameter: torch.Tensor) -> None:
-        """Remember ``parameter``'s value before the record pass first writes it in place
-        (``p.add_(...)`` under ``no_grad``: parameters are not copied unless written); it is
-        rewound as a buffer is, so that the trace does not write it again."""
-        if id(parameter) not in self.buffers:
-            self.buffers[id(parameter)] = (parameter, parameter.detach().clone())
+    def before_write(self, tensor: torch.Tensor) -> None:
+        """Remember ``tensor``'s value before the record pass first writes it in place (a
+        parameter, ``p.add_(...)`` under ``no_grad``; a buffer of a module the pass does not
+        call; a global tensor: these are not copied unless written); it is rewound as a
+        buffer is, so that the trace does not write it again."""
+        if id(tensor) not in self.buffers:
+            self.buffers[id(tensor)] = (tensor, tensor.detach().clone())
+
+    def written(self) -> list[torch.Tensor]:
+        """The tensors the pass wrote or may have written: the buffers of the modules it
+        called, and what it wrote in place besides."""
+        return [tensor for tensor, _ in self.buffers.values()]
 
     def reinstate(self) -> None:
         """Put back buffer objects the pass replaced (``self.avg = 0.9 * self.avg + ...``),

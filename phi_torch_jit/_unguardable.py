@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._compat import grad_mode_setter
 from ._context import Phase, current_frame
-from ._param_writes import REQUIRES_GRAD, before_writes, freezes
+from ._param_writes import REQUIRES_GRAD, before_writes, freezes, note_made
 from ._patches import RefCounted
 from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
 
@@ -302,7 +302,9 @@ class RecordMode(TorchFunctionMode):
             caller = sys._getframe(1)
             if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
                 _note("grad_reads", _where(caller) if _from_user(caller) else _at(caller))
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        note_made(args, kwargs, result)
+        return result
 
 
 def _at(frame: types.FrameType) -> str:

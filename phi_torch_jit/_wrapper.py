@@ -87,6 +87,13 @@ class WrapperModule(nn.Module):
         object.__setattr__(self, "recorded", tuple(modules))
         self.tensors = TensorHolder(modules)
 
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``forward``, without torch's global module hooks (``register_module_forward_pre_hook``):
+        they are the user's, for the user's modules, which the function calls; run on this
+        stand-in too, a hook shifting every module's input was applied twice by compiled
+        calls."""
+        return self.forward(*tensors)
+
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = len(tensors) - len(self.captured)
         args, kwargs = unflatten_arguments(self.arg_spec, tensors[:n])

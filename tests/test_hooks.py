@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from contextlib import nullcontext
 from typing import Any
 
@@ -183,3 +184,79 @@ def test_assigning_a_new_parameter_retraces() -> None:
     net[0].weight = nn.Parameter(torch.zeros(4, 4))
     _check_same(step, net, x)
     assert step.num_traces == 2
+
+
+def test_a_global_hook_changing_inputs_applies_to_the_users_modules_only() -> None:
+    """torch's global module hooks run for the user's modules, as eagerly, not for the
+    stand-in module the trace calls (it shifted the input a second time, probe round 12)."""
+    net = _net()
+    shift = nn.modules.module.register_module_forward_pre_hook(lambda m, args: (args[0] + 1,))
+    always = nn.modules.module.register_module_forward_hook(
+        lambda m, args, out: out - 1 if isinstance(out, torch.Tensor) else None, always_call=True
+    )
+    try:
+        jitted = ptj.jit(lambda x: net(x))
+        x = torch.ones(3, 4)
+        for _ in range(4):
+            torch.testing.assert_close(jitted(x), net(x))
+        assert jitted.num_traces == 1
+    finally:
+        shift.remove()
+        always.remove()
+
+
+class _Double(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+REGISTERS: dict[str, Any] = {
+    "a forward hook": lambda net: net[0].register_forward_hook(lambda m, a, out: out * 2),
+    "a submodule": lambda net: net.append(_Double()) if len(net) < 6 else None,
+    "a buffer": lambda net: net[0].register_buffer(f"b{len(net[0]._buffers)}", torch.ones(1)),
+}
+
+
+@pytest.mark.parametrize("register", list(REGISTERS))
+def test_a_step_that_registers_on_every_call_runs_eagerly_warned(register: str) -> None:
+    """The record pass registers once, the trace pass did again, compiled calls never: the
+    trace's registration is taken back out and the step runs eagerly, as eager code does."""
+
+    def make() -> tuple[Any, nn.Sequential]:
+        net = _net()
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            REGISTERS[register](net)
+            return net(x)
+
+        return step, net
+
+    (step, net), (eager, their_net) = make(), make()
+    jitted = ptj.jit(step)
+    x = torch.ones(3, 4)
+    with pytest.warns(ptj.JitWarning, match="on every run"):
+        torch.testing.assert_close(jitted(x), eager(x))
+    for _ in range(4):
+        torch.testing.assert_close(jitted(x), eager(x))
+    assert len(net) == len(their_net)
+    assert len(net[0]._forward_hooks) == len(their_net[0]._forward_hooks)
+    assert len(net[0]._buffers) == len(their_net[0]._buffers)
+
+
+def test_a_buffer_registered_on_the_first_call_only_compiles() -> None:
+    """Registered once (``if not hasattr``): the trace registers nothing more; no warning."""
+
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not hasattr(self, "mask"):
+                self.register_buffer("mask", torch.tril(torch.ones(4, 4)))
+            return x @ self.mask
+
+    net, their_net = Masked(), Masked()
+    jitted = ptj.jit(net)
+    x = torch.ones(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(4):
+            torch.testing.assert_close(jitted(x), their_net(x))
+    assert jitted.num_traces == 1 and not jitted.specializations[0].eager_reason

@@ -184,3 +184,81 @@ def test_the_two_models_compared_start_equal_and_share_no_tensor() -> None:
     with torch.no_grad():
         a[0].bias.add_(1.0)
     assert not torch.equal(a[0].bias, b[0].bias)
+
+
+class _Stats(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+
+def _other_state() -> tuple[nn.Module, torch.Tensor, nn.Module]:
+    """A model, a closure tensor and a module the step never calls."""
+    torch.manual_seed(0)
+    return nn.Linear(2, 2), torch.zeros(()), _Stats()
+
+
+STATE_WRITES: dict[str, Callable[[nn.Module, torch.Tensor, nn.Module], Any]] = {
+    "a closure tensor": lambda model, count, stats: count.add_(1),
+    "a buffer of a module not called": lambda model, count, stats: stats.calls.add_(1),
+    "a module's buffer through a view": lambda model, count, stats: stats.calls.view(1).add_(1),
+}
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["straight", "branching on values"])
+@pytest.mark.parametrize("write", list(STATE_WRITES))
+def test_tensors_the_step_did_not_make_are_written_once_per_call(write: str, branch: bool) -> None:
+    """State written in place besides arguments and the called modules' buffers (a counter in
+    a closure, a module used only for its buffers) is written once per call: the trace is
+    rewound past the write, and a compiled call whose value guard fails is undone."""
+
+    def make() -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, nn.Module]:
+        model, count, stats = _other_state()
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            STATE_WRITES[write](model, count, stats)
+            y = model(x) + count + stats.calls
+            return (y * 2 if x.sum() > 0 else y * 3) if branch else y
+
+        return step, count, stats
+
+    (step, count, stats), (eager, their_count, their_stats) = make(), make()
+    jitted = ptj.jit(step)
+    for i in range(6):
+        x = torch.ones(2) * (1 if i % 2 == 0 or not branch else -1)
+        torch.testing.assert_close(jitted(x), eager(x))
+        torch.testing.assert_close(count, their_count)
+        torch.testing.assert_close(stats.calls, their_stats.calls)
+
+
+def test_a_hook_writing_another_modules_buffer_writes_it_once_per_call() -> None:
+    def make() -> tuple[Callable[[torch.Tensor], torch.Tensor], nn.Module]:
+        model, _, stats = _other_state()
+        model.register_forward_hook(lambda module, args, out: stats.calls.add_(1) and None)
+        return model, stats
+
+    (model, stats), (eager, their_stats) = make(), make()
+    jitted = ptj.jit(lambda x: model(x))
+    for _ in range(4):
+        x = torch.ones(1, 2)
+        torch.testing.assert_close(jitted(x), eager(x))
+        assert stats.calls.item() == their_stats.calls.item()
+
+
+def test_tensors_the_step_makes_and_writes_are_not_copied() -> None:
+    """A temporary written in place (``y = x * 2; y.add_(1)``) is the pass's own: nothing to
+    rewind; a global tensor written in place is kept before its first write."""
+    from phi_torch_jit._record import record
+
+    total = torch.zeros(3)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)
+        y[0] = 5.0
+        total.add_(y)
+        return y
+
+    _, recording = record(step, (torch.ones(3),), {}, "step", [])
+    assert [t for t, _ in recording.state.buffers.values()] == [total]
+    torch.testing.assert_close(recording.state.buffers[id(total)][1], torch.zeros(3))
