@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -26,27 +28,38 @@ def _check_same(step: Any, net: nn.Module, x: torch.Tensor) -> None:
         assert torch.allclose(step(x), net(x))
 
 
+@contextmanager
+def _python_calls(*functions: Any) -> Iterator[dict[str, int]]:
+    """Count the calls of ``functions`` in this thread (a profile function: no state of the
+    functions' own, which would be a side effect of the step)."""
+    codes = {f.__code__: f.__name__ for f in functions}
+    counts = dict.fromkeys(codes.values(), 0)
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            counts[codes[frame.f_code]] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield counts
+    finally:
+        sys.setprofile(None)
+
+
 def test_forward_hooks_of_every_kind_are_compiled_in() -> None:
     net = _net()
-    calls = {"pre": 0, "post": 0, "kw": 0, "global": 0}
 
     def pre(m: nn.Module, args: Any) -> Any:
-        calls["pre"] += 1
         return (args[0] * 2,)
 
     def post(m: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
-        calls["post"] += 1
         return out + 1
 
     def with_kwargs(m: nn.Module, args: Any, kwargs: Any, out: torch.Tensor) -> torch.Tensor:
-        calls["kw"] += 1
         return out * 3
 
     def global_hook(m: nn.Module, args: Any, out: Any) -> Any:
-        if isinstance(m, nn.Tanh):
-            calls["global"] += 1
-            return out - 0.5
-        return None
+        return out - 0.5 if isinstance(m, nn.Tanh) else None
 
     net[0].register_forward_pre_hook(pre)
     net[0].register_forward_hook(post)
@@ -56,13 +69,40 @@ def test_forward_hooks_of_every_kind_are_compiled_in() -> None:
         x = torch.randn(3, 4)
         want = net(x)
         step = ptj.jit(net)
-        for _ in range(3):
+        for _ in range(3):  # the record pass, the trace pass; engine "compile" compiles
             assert torch.allclose(step(x), want)
-        # eager call + record pass + trace pass; compiled calls run no hook Python
-        assert calls == {"pre": 3, "post": 3, "kw": 3, "global": 3}
+        with _python_calls(pre, post, with_kwargs) as calls:
+            for _ in range(2):
+                assert torch.allclose(step(x), want)
+        assert calls == {"pre": 0, "post": 0, "with_kwargs": 0}  # compiled: no hook Python
     finally:
         handle.remove()
     assert step.num_traces == 1  # the global hook was there for all compiled calls
+
+
+def test_hooks_that_change_their_own_state_run_eagerly_warned() -> None:
+    """A hook counting calls into its output, or collecting activations: compiled calls run
+    no hook Python, so the step runs eagerly, warned (it was silently stale, probe round 12)."""
+
+    def make() -> tuple[nn.Module, list[torch.Tensor], dict[str, int]]:
+        net, seen, state = _net(), [], {"n": 0}
+
+        def counted(m: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+            state["n"] += 1
+            return out * state["n"]
+
+        net[0].register_forward_hook(counted)
+        net[2].register_forward_hook(lambda m, args, out: seen.append(out.detach()))
+        return net, seen, state
+
+    (net, seen, state), (eager, their_seen, their_state) = make(), make()
+    jitted = ptj.jit(net)
+    x = torch.ones(2, 4)
+    with pytest.warns(ptj.JitWarning, match="changes Python state"):
+        torch.testing.assert_close(jitted(x), eager(x))
+    for _ in range(3):
+        torch.testing.assert_close(jitted(x), eager(x))
+    assert state == their_state and len(seen) == len(their_seen) == 4
 
 
 def test_hooks_added_removed_or_replaced_later_retrace() -> None:

@@ -1224,19 +1224,19 @@ class _Gain:
 HOOK_SHIFT = 0.5
 
 
-def test_what_a_modules_hooks_read_is_guarded_and_what_they_change_is_theirs() -> None:
+def test_what_a_modules_hooks_read_is_guarded() -> None:
     """A forward hook that is a bound method (``gain.factor``), a pre-hook partial with a
     keyword dict, a hook closing over a config dict and a global hook reading a global: their
-    state was never guarded (hooks by identity only). A hook's own counter and the list it
-    appends to change on every pass: they are not guarded, and the step stays compiled."""
+    state was never guarded (hooks by identity only). (What a hook changes on every call runs
+    the step eagerly: ``test_hooks::test_hooks_that_change_their_own_state_run_eagerly_warned``.)
+    """
     net = nn.Linear(3, 3)
-    gain, config, seen = _Gain(), {"k": 1.0}, []
+    gain, config = _Gain(), {"k": 1.0}
 
     def pre(module: nn.Module, args: Any, scale: float) -> Any:
         return (args[0] * scale,)
 
     def post(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
-        seen.append(out.shape)  # the hook's own state
         return out + config["k"]
 
     def shifted(module: nn.Module, args: Any, out: Any) -> Any:

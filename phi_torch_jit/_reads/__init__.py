@@ -28,14 +28,14 @@ a random generator or a clock under any      eager, one warning (a new value   `
 name (``from random import random``,         on every call)
 ``rng.normal``, ``from time import time``)
 what the step changes (counters, appended    snapshot before/after the record  ``_mutations``
-lists, attributes of held objects)           pass; repeated after compiled
-                                             calls or eager with a warning
+lists, attributes of held objects; what the  pass; repeated after compiled
+hooks of the modules known before change)    calls or eager with a warning
 arguments written in place, and how the      version counters and storage      ``_written_inputs``
 arguments share memory                       aliasing, part of the key
 a tensor read as a Python value in traced    a per-call value guard, or a      ``_value_guards``
 code (``float(t)``, ``t.item()``, ``if t``)  program input                     (trace phase)
 what the modules' hooks read (their          as a callable argument's; what    ``_hooks``
-closures, ``self``, globals)                 a hook changes is its own
+closures, ``self``, globals)                 a hook changes: ``_mutations``
 module state (training flags, hooks,         ``ModuleGuard``, checked per      ``_guards``
 parameter identity)                          call                              (stage 5)
 a user module imported by a computed name    its public data, as a global's    ``_modules_seen``

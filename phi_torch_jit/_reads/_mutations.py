@@ -7,7 +7,9 @@ each trace pass applying the change once more. :func:`snapshot` records, before 
 pass, the state a guard would read -- the globals and closure variables reachable user code
 reads, their attribute paths (:mod:`._reads`), and the plain attributes of the modules known
 before the call (arguments, modules read from globals and closures, a bound method's
-``self``, and their submodules). :meth:`Snapshot.changes` says, after the record pass, what
+``self``, and their submodules), and what the hooks of those modules and torch's global module
+hooks read (a hook counting calls, or collecting activations, changes state on every call as
+the step's own code does). :meth:`Snapshot.changes` says, after the record pass, what
 the function changed. Such a specialization runs eagerly (its side effects then happen once
 per call, as eagerly) with one warning that names the state: NOTE [side effects of the step].
 
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._hooks import hook_reads
 from ._kinds import generator_of, generator_state
 from ._python import collect_reads
 from ._records import Kind, Read, array_copy, immutable, same_value
@@ -156,6 +159,7 @@ def snapshot(
     object's counter)."""
     reads = tuple(collect_reads(fn, modules, callables))
     modules = tuple(modules_known_before(fn, reads, modules))
+    reads += tuple(hook_reads([m for root in modules for m in root.modules()]))  # theirs too
     return Snapshot(reads, tuple(map(_safe_fingerprint, reads)), modules,
                     _module_attributes(modules))  # fmt: skip
 
