@@ -25,14 +25,15 @@ from __future__ import annotations
 import enum
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
+
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "entered",
     "no_frame",
     "inside_custom_function",
+    "CustomBody",
+    "custom_body",
     "note_module_call",
     "Replaying",
     "CallState",
@@ -174,6 +177,11 @@ class Recorder(Protocol):
         """Ids of the tensors torch calls of the pass made (their writes need no rewinding)."""
         ...
 
+    @property
+    def aliases(self) -> dict[int, torch.Tensor]:
+        """Id of an alias a torch call made (``p.data``) -> the tensor it aliases."""
+        ...
+
     def add_call(
         self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None
     ) -> None: ...
@@ -235,16 +243,46 @@ def no_frame() -> AbstractContextManager[Frame | None]:
     return entered(None)
 
 
-def inside_custom_function() -> AbstractContextManager[Frame | None]:
-    """Run the body of a custom function (its ``f`` or ``gradient``).
+@dataclass(frozen=True)
+class CustomBody:
+    """The body of a custom function running in a record pass (its frame hidden)."""
+
+    recording: Recorder
+    """The record pass's recording."""
+    inputs: frozenset[int]
+    """Ids of the tensors the body was given (it may write them: ``ctx.mark_dirty``)."""
+    label: str
+    """The custom function, ``name (file:line)``."""
+
+
+_BODY: ContextVar[CustomBody | None] = ContextVar("phi_torch_jit_body", default=None)
+
+custom_body: Callable[[], CustomBody | None] = _BODY.get
+"""The custom function body running in this context's record pass, if any (the record phase's
+watches note what it writes besides its inputs: ``_param_writes``)."""
+
+
+@contextmanager
+def inside_custom_function(inputs: Sequence[Any] = (), label: str = "") -> Iterator[Frame | None]:
+    """Run the body of a custom function (its ``f`` or ``gradient``, given ``inputs``).
 
     What it calls belongs to that function, not to the surrounding jitted
     function, so record and trace frames are hidden. A compile frame stays
     visible: custom functions called by a function being compiled are
-    compiled too (e.g. the adjoint solve inside a gradient).
+    compiled too (e.g. the adjoint solve inside a gradient). In a record pass the body is
+    noted (:func:`custom_body`).
     """
     frame = _FRAME.get()
-    return entered(frame if frame is not None and frame.phase is Phase.COMPILE else None)
+    body = None
+    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+        ids = frozenset(id(t) for t in inputs if isinstance(t, torch.Tensor))
+        body = _BODY.set(CustomBody(frame.recording, ids, label))
+    try:
+        with entered(frame if frame is not None and frame.phase is Phase.COMPILE else None) as kept:
+            yield kept
+    finally:
+        if body is not None:
+            _BODY.reset(body)
 
 
 def note_module_call(module: Any) -> None:

@@ -141,7 +141,7 @@ class CustomFunction:
 
         The call context it leaves is this thread's ``call_state().last_context``.
         """
-        with inside_custom_function():
+        with inside_custom_function(args, self.label):
             out, context = self._forward(tuple(args), source)
         call_state().last_context = context
         return self.check_outputs(out)
@@ -189,7 +189,7 @@ class CustomFunction:
         (None for plain custom functions). ``source``: a function to run in place of
         :attr:`gradient_source` (the same function with its loops captured).
         """
-        with inside_custom_function():
+        with inside_custom_function((*inputs, *outputs, *grad_outputs), self.label):
             result = self._call_gradient(
                 inputs, outputs, grad_outputs, needs_input_grad, context, source
             )

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ._compat import view_base
-from ._context import Phase, current_frame
+from ._compat import is_view, view_base
+from ._context import CustomBody, Phase, current_frame, custom_body
 
 __all__ = ["before_writes", "note_made", "freezes", "IN_PLACE_DUNDERS", "REQUIRES_GRAD"]
 
@@ -43,21 +43,57 @@ def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
     if not targets:
         return
     frame = current_frame()
+    body = custom_body() if frame is None else None
+    if body is not None:  # a custom function's body: its own inputs and what it makes only
+        _body_writes(body, targets)
+        return
     if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
         return
-    made = frame.recording.made
+    made, aliases = frame.recording.made, frame.recording.aliases
     for target in targets:
-        if isinstance(target, torch.Tensor):
-            base = None if isinstance(target, torch.nn.Parameter) else view_base(target)
-            written = target if base is None else base  # w[0].mul_(2) writes w
-            if id(written) not in made:
-                frame.recording.before_write(written)
+        written = _written(target, aliases)
+        if written is not None and id(written) not in made:
+            frame.recording.before_write(written)
+
+
+def _written(target: Any, aliases: dict[int, torch.Tensor]) -> torch.Tensor | None:
+    """The tensor an in-place write to ``target`` writes: itself, the tensor it views
+    (``w[0].mul_(2)`` writes ``w``), or the tensor it is an alias of (``p.data``,
+    ``p.detach()``: :func:`note_made`)."""
+    if not isinstance(target, torch.Tensor):
+        return None
+    base = None if isinstance(target, torch.nn.Parameter) else view_base(target)
+    written = target if base is None else base
+    return aliases.get(id(written), written)
+
+
+def _body_writes(body: CustomBody, targets: list[Any]) -> None:
+    """A custom function's forward (or gradient) writing a tensor it was not given and did not
+    make (a global counter, a module's buffer): its compiled forward would not repeat the
+    write faithfully (a captured graph drops it; the compile step runs it once more), so the
+    step runs eagerly."""
+    made = body.recording.made
+    for target in targets:
+        written = _written(target, body.recording.aliases)
+        if written is None or id(written) in made or id(written) in body.inputs:
+            continue
+        if target is not written and id(target) in body.inputs:  # a view of an input
+            continue
+        reason = (
+            f"the custom function {body.label} writes a tensor in place that it is not given "
+            "(a global or a module's buffer), which its compiled forward would not repeat "
+            "faithfully; pass the tensor to it as an argument to have it compiled"
+        )
+        if reason not in body.recording.eager_reasons:
+            body.recording.eager_reasons.append(reason)
 
 
 def note_made(args: tuple[Any, ...], kwargs: Any, result: Any) -> None:
     """Note the tensors a torch call of the record pass made (not one of its inputs, as an
     in-place op or ``x.to(x.dtype)`` returns): written in place later, they need no
-    rewinding. A tensor made otherwise is rewound needlessly, never missed."""
+    rewinding. An alias of an input that is no view (``p.data``, ``p.detach()``) is noted as
+    that input's alias: a write to it writes the input. A tensor made otherwise is rewound
+    needlessly, never missed."""
     if isinstance(result, torch.Tensor):
         outputs: Any = (result,)
     elif isinstance(result, (tuple, list)):
@@ -65,13 +101,41 @@ def note_made(args: tuple[Any, ...], kwargs: Any, result: Any) -> None:
     else:
         return
     frame = current_frame()
-    if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
+    body = custom_body() if frame is None else None
+    if body is not None:
+        recording = body.recording
+    elif frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
         return
-    inputs = {id(a) for a in (*args, *(kwargs.values() if kwargs else ()))}
-    made = frame.recording.made
+    else:
+        recording = frame.recording
+    given = [
+        a for a in (*args, *(kwargs.values() if kwargs else ())) if isinstance(a, torch.Tensor)
+    ]
+    inputs = {id(a) for a in given}
+    storages: dict[int, torch.Tensor] | None = None
     for output in outputs:
-        if isinstance(output, torch.Tensor) and id(output) not in inputs:
-            made.add(id(output))
+        if not isinstance(output, torch.Tensor) or id(output) in inputs:
+            continue
+        if given and not is_view(output):
+            storages = _storages(given) if storages is None else storages
+            source = storages.get(_storage(output))
+            if source is not None:  # p.data, p.detach()
+                recording.aliases[id(output)] = recording.aliases.get(id(source), source)
+                continue
+        recording.made.add(id(output))
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, functional wrappers)
+        return 0
+
+
+def _storages(tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    found = {_storage(t): t for t in reversed(tensors)}  # the first of each storage
+    found.pop(0, None)
+    return found
 
 
 IN_PLACE_DUNDERS = frozenset(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -77,6 +77,10 @@ class Target:
     """What ``jit()`` was asked for."""
     report: Reporter
     """Its logs and warnings."""
+    changing: list[int] = field(default_factory=lambda: [0])
+    """How many record passes in a row changed the Python state they read: the second runs
+    its signature eagerly for good (one that fills a cache, ``if k not in cache:``, does it
+    once, on its first call with that signature)."""
 
 
 def specialize(
@@ -99,6 +103,9 @@ def specialize(
     check_modules(recording, target.owner)
     watched = target.options.side_effects == "eager"
     changed = before.changes() if watched else []
+    target.changing[0] = target.changing[0] + 1 if changed else 0
+    if target.changing[0] == 1:  # NOTE [side effects of the step]: once is no reason yet
+        return result, None
     held, drawn = before.drawn() if watched else (set(), set())
     imported = recording.unguardable.imports, recording.unguardable.module_reads
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
@@ -127,22 +134,25 @@ def specialize(
     if not eager_reason:
         arguments = tensors if written is None else as_called  # the trace sees them unwritten
         inputs = [*arguments, *(guard.captured() if guard is not None else ())]
-        registries = Registries([*recording.modules.values(), *before.modules])
+        registries, failure = Registries([*recording.modules.values(), *before.modules]), ""
         try:
             traced, calls, compile_s = _compile(target, recording, wrapper, inputs)
-            if added := registries.added_back_out():  # NOTE [side effects once]
-                reason = f"it adds to {added[0]} on every run, which compiled calls would not"
-                eager_reason = _cannot_trace(target, f"{reason}; register it once, outside")
         except NotNow:
+            registries.added_back_out()
             return result, None
         except RunEagerly as signal:  # what the engine cannot compile faithfully: warned
-            eager_reason = _cannot_trace(target, signal.reason)
+            failure = signal.reason
         except (TraceError, ReplayError) as error:  # our diagnosis, with a fix
             message = str(error).removeprefix("phi_torch_jit: ").removeprefix(target.owner)
-            eager_reason = _cannot_trace(target, message.strip().rstrip("."))
+            failure = message.strip().rstrip(".")
         except Exception as error:
-            eager_reason = _cannot_trace(target, f"engine {target.options.engine.name!r} could not "
-                                         f"trace it: {describe_error(error)}")  # fmt: skip
+            failure = (f"engine {target.options.engine.name!r} could not trace it: "
+                       f"{describe_error(error)}")  # fmt: skip
+        if added := registries.added_back_out():  # the trace did it again: NOTE [side effects once]
+            failure = (f"it changes {added[0]} on every run, which compiled calls would not; "
+                       "register it once, outside")  # fmt: skip
+        if failure:
+            eager_reason = _cannot_trace(target, failure)
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
         reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
                               customs=customs)  # fmt: skip

@@ -83,10 +83,14 @@ class Recording:
     changes, tensor hooks), noted by the phase's patches."""
 
     def add_module(self, module: nn.Module) -> None:
-        """Note that ``module`` runs in this call (idempotent)."""
+        """Note that ``module`` runs in this call (idempotent); on a later call, buffers it
+        holds that were not seen yet (its own, given back after ``functional_call`` lent it
+        others for its first call) are remembered too."""
         if id(module) not in self.modules:
             self.modules[id(module)] = module
             self.state.add_module(module)
+        else:
+            self.state.add_values(module._buffers.values())
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Keep ``tensor``'s value before the pass writes it in place (see ``_state``)."""
@@ -96,6 +100,11 @@ class Recording:
     def made(self) -> set[int]:
         """Ids of the tensors the pass made (``_param_writes.note_made``)."""
         return self.state.made
+
+    @property
+    def aliases(self) -> dict[int, torch.Tensor]:
+        """Aliases the pass made -> the tensors they alias (``_param_writes.note_made``)."""
+        return self.state.aliases
 
     def add_call(
         self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None

@@ -5,9 +5,11 @@ run (``lin.register_forward_hook(...)``, ``layers.append(Block())``, ``register_
 new name) did it once in the record pass and again in the trace, and compiled calls, which run
 no Python, never again: eager code would have one more hook or layer per call. A step that
 registers once (a buffer made on the first call, ``if not hasattr(self, "mask")``) does nothing
-in the trace. :class:`Registries` copies the registries of the modules involved (and torch's
-global module hooks) before the trace; afterwards, what the trace registered is taken back out
-and named, and the specialization runs eagerly, warned (NOTE [side effects once]).
+in the trace. The same holds for an entry replaced on every run (``lin.bias =
+nn.Parameter(...)``, ``net.act = nn.Tanh()``). :class:`Registries` copies the registries of
+the modules involved (and torch's global module hooks) before the trace; afterwards, what the
+trace registered or replaced is put back as it was and named, and the specialization runs
+eagerly, warned (NOTE [side effects once]).
 """
 
 from __future__ import annotations
@@ -47,15 +49,19 @@ class Registries:
         ]  # fmt: skip
 
     def added_back_out(self) -> list[str]:
-        """What the trace added to the registries (``Linear._forward_hooks``), each entry taken
-        back out; our own record-pass hook (another thread's) excepted. Removals are left: a
-        one-shot hook that removes itself did so in the record pass already."""
+        """What the trace added to the registries (``Linear._forward_hooks``) or put in an
+        entry's place (``lin.bias = nn.Parameter(...)``), each taken back out; our own
+        record-pass hook (another thread's) excepted. Removals are left: a one-shot hook that
+        removes itself did so in the record pass already."""
         ours = MODULE_HOOK.handle_id
         added = []
         for label, table, before in self._copies:
             new = [key for key in table if key not in before and key != ours]
-            if new:
+            replaced = [k for k, v in before.items() if k in table and table[k] is not v]
+            if new or replaced:
                 added.append(label)
-                for key in new:
-                    del table[key]
+            for key in new:
+                del table[key]
+            for key in replaced:
+                table[key] = before[key]
         return added

@@ -15,7 +15,7 @@ compare, which matters because every jitted call builds one):
 tag    node                                                 meaning
 =====  ===================================================  ==================
 ``T``  ``("T", shape, dtype, device, requires_grad,        tensor leaf
-       strides, type)``
+       strides, type, is_inference)``
 ``S``  ``("S", type, value[, attributes])``                 static leaf (a callable object:
                                                               with its plain attributes)
 ``M``  ``("M", module)``                                    nn.Module (identity)
@@ -125,7 +125,7 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
         tensors.append(obj)
         if meta:  # strides: traced Python may read them (stride(), is_contiguous())
             return ("T", tuple(obj.shape), obj.dtype, obj.device, obj.requires_grad,
-                    obj.stride(), type(obj))  # fmt: skip
+                    obj.stride(), type(obj), obj.is_inference())  # fmt: skip
         return ("T",)
     cls = type(obj)
     if cls is tuple or cls is list:
@@ -423,7 +423,7 @@ def _difference(a: Spec, b: Spec, path: str) -> str | None:
         return None
     if a[0] != b[0] or a[0] in ("T", "S", "M", "X") or a[:-1] != b[:-1]:
         if a[0] == b[0] == "T":
-            fields = ("shape", "dtype", "device", "requires_grad", "strides", "type")
+            fields = ("shape", "dtype", "device", "requires_grad", "strides", "type", "inference")
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
             return f"{path}: " + ", ".join(changes)
         if a[0] == b[0] == "S" and len(a) == len(b) == 4 and a[2] is b[2]:

@@ -68,7 +68,10 @@ def ambient_state() -> Any:
     ``("function modes", classes)`` where torch-function modes of the user's are active
     around the call (``with MyMode():``): such a call runs eagerly (:func:`modes_around`),
     and ``("PhiML settings", pairs)`` for a registered library's settings
-    (``extend.Library.ambient``: PhiML's precision)."""
+    (``extend.Library.ambient``: PhiML's precision), and ``("torch flags", bits)`` where
+    inference mode, anomaly detection or deterministic algorithms are on (:func:`_flags`:
+    grad mode is off in ``torch.inference_mode()`` too, as under ``no_grad``, but tensors it
+    makes are inference tensors and ``torch.is_inference_mode_enabled()`` reads True)."""
     dtype = torch.get_default_dtype()
     modes = function_modes()
     settings = tuple(
@@ -76,13 +79,16 @@ def ambient_state() -> Any:
         for library in REGISTERED
         if (value := library.ambient()) is not None
     )
-    if dtype is torch.float32 and not modes and not settings and not any_autocast():
+    flags = _flags()  # inference mode, anomaly detection, deterministic algorithms
+    if dtype is torch.float32 and not modes and not settings and not any_autocast() and not flags:
         return None
     state: tuple[Any, ...] = tuple(
         (device, torch.get_autocast_dtype(device))
         for device in _AUTOCAST_DEVICES
         if torch.is_autocast_enabled(device)
     )
+    if flags:
+        state = (*state, ("torch flags", flags))
     if dtype is not torch.float32:
         state = (*state, ("default dtype", dtype))
     default = torch.get_default_device() if modes else None
@@ -93,6 +99,17 @@ def ambient_state() -> Any:
     if foreign:
         state = (*state, (_MODES, foreign))
     return (*state, *settings) or None
+
+
+def _flags() -> int:
+    """Torch's global switches that the traced Python may branch on, as bits (0 when all are
+    off): inference mode (``no_grad``'s key otherwise), anomaly detection, deterministic
+    algorithms."""
+    return (
+        torch.is_inference_mode_enabled()
+        | torch.is_anomaly_enabled() << 1
+        | torch.are_deterministic_algorithms_enabled() << 2
+    )
 
 
 _MODES = "function modes"

@@ -10,7 +10,7 @@ in docs/design.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -118,6 +118,9 @@ class StateSnapshot:
     made: set[int] = field(default_factory=set)
     """Ids of the tensors torch calls of the pass made: written in place, they need no
     rewinding (they did not exist before the pass)."""
+    aliases: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Id of an alias that is no view (``p.data``, ``p.detach()``) a torch call of the pass
+    made -> the tensor it aliases: a write to it writes that tensor."""
 
     def hold(self, modules: Sequence[nn.Module]) -> None:
         """Note which buffer objects ``modules`` hold before the pass (identities, no copies)."""
@@ -131,6 +134,13 @@ class StateSnapshot:
             if id(buffer) not in self.buffers:
                 self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
                 self.slots.append(slot)
+
+    def add_values(self, buffers: Iterable[torch.Tensor | None]) -> None:
+        """Remember the current value of each of ``buffers`` not seen yet (no slot: the
+        module's first call decided what it holds)."""
+        for buffer in buffers:
+            if buffer is not None and id(buffer) not in self.buffers:
+                self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Remember ``tensor``'s value before the record pass first writes it in place (a

@@ -533,3 +533,53 @@ def test_an_alias_under_no_grad_compiles() -> None:
             x = torch.tensor([0.3, 1.7, -2.2], dtype=torch.float64) * (i + 1)
             torch.testing.assert_close(jitted(x), _aliased(x))
     assert "runs eagerly" not in jitted.explain()
+
+
+_CALLS = torch.zeros(1)
+
+
+class _CountsCalls(torch.autograd.Function):
+    """Counts its calls in a global tensor (a side effect of its forward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        _CALLS.add_(1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+class _CountsInto(torch.autograd.Function):
+    """The same, writing a tensor it is given (``ctx.mark_dirty`` not needed: not an output)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, calls: torch.Tensor) -> torch.Tensor:
+        calls.add_(1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * 2, None
+
+
+def test_a_forward_writing_a_tensor_it_is_not_given_runs_eagerly_once_per_call() -> None:
+    """Its compiled forward would not repeat the write (a captured graph dropped it: the count
+    stayed 2; the compile step ran it once more: 3, 4, 5...); eager, warned, it counts as
+    eager does (probe round 13). Given the tensor, the step compiles and counts right."""
+    _CALLS.zero_()
+    jitted = ptj.jit(lambda x: _CountsCalls.apply(x))
+    with pytest.warns(ptj.JitWarning, match="writes a tensor in place that it is not given"):
+        jitted(torch.ones(2))
+    for calls in range(2, 6):
+        torch.testing.assert_close(jitted(torch.ones(2) * calls), torch.ones(2) * calls * 2)
+        assert _CALLS.item() == calls
+    counted = torch.zeros(1)
+    given = ptj.jit(lambda x: _CountsInto.apply(x, counted))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for calls in range(1, 5):
+            given(torch.ones(2))
+            assert counted.item() == calls
+    assert not given.specializations[0].eager_reason

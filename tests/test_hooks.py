@@ -98,11 +98,12 @@ def test_hooks_that_change_their_own_state_run_eagerly_warned() -> None:
     (net, seen, state), (eager, their_seen, their_state) = make(), make()
     jitted = ptj.jit(net)
     x = torch.ones(2, 4)
-    with pytest.warns(ptj.JitWarning, match="changes Python state"):
-        torch.testing.assert_close(jitted(x), eager(x))
+    with pytest.warns(ptj.JitWarning, match="changes Python state"):  # on the second call:
+        for _ in range(2):  # a first one may fill a cache once
+            torch.testing.assert_close(jitted(x), eager(x))
     for _ in range(3):
         torch.testing.assert_close(jitted(x), eager(x))
-    assert state == their_state and len(seen) == len(their_seen) == 4
+    assert state == their_state and len(seen) == len(their_seen) == 5
 
 
 def test_hooks_added_removed_or_replaced_later_retrace() -> None:
@@ -254,6 +255,9 @@ REGISTERS: dict[str, Any] = {
     "a forward hook": lambda net: net[0].register_forward_hook(lambda m, a, out: out * 2),
     "a submodule": lambda net: net.append(_Double()) if len(net) < 6 else None,
     "a buffer": lambda net: net[0].register_buffer(f"b{len(net[0]._buffers)}", torch.ones(1)),
+    "a parameter replaced": lambda net: setattr(
+        net[0], "bias", nn.Parameter(net[0].bias.detach() + 1)
+    ),
 }
 
 
@@ -274,7 +278,7 @@ def test_a_step_that_registers_on_every_call_runs_eagerly_warned(register: str) 
     (step, net), (eager, their_net) = make(), make()
     jitted = ptj.jit(step)
     x = torch.ones(3, 4)
-    with pytest.warns(ptj.JitWarning, match="on every run"):
+    with pytest.warns(ptj.JitWarning, match="on every run"):  # the trace's undone
         torch.testing.assert_close(jitted(x), eager(x))
     for _ in range(4):
         torch.testing.assert_close(jitted(x), eager(x))

@@ -262,3 +262,38 @@ def test_tensors_the_step_makes_and_writes_are_not_copied() -> None:
     _, recording = record(step, (torch.ones(3),), {}, "step", [])
     assert [t for t, _ in recording.state.buffers.values()] == [total]
     torch.testing.assert_close(recording.state.buffers[id(total)][1], torch.zeros(3))
+
+
+class _LazyInit(nn.Module):
+    """Initializes its weight on the first call, behind a flag buffer, through an alias of the
+    parameter (as gpytorch's variational strategies do with ``.data``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(2))
+        self.register_buffer("ready", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.ready.item():
+            with torch.no_grad():
+                self.w.detach().copy_(torch.randn(2))
+            self.ready.fill_(1)
+        return x * self.w
+
+
+def test_a_parameter_initialized_through_an_alias_behind_a_flag_matches_eager() -> None:
+    """The trace is rewound to before the first call (the flag unset), so it traces the
+    initialization; the compiled call whose value guard then fails wrote the weight through
+    the alias, and is undone (it was not: the weight drawn again, a 1.5% loss difference on
+    gpytorch's SVGP)."""
+    mine, theirs = _LazyInit(), _LazyInit()
+    jitted = ptj.jit(mine)
+    for i in range(4):
+        x = torch.ones(2) * (i + 1)
+        torch.manual_seed(i)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # engine torchscript runs no_grad eagerly
+            got = jitted(x)
+        torch.manual_seed(i)
+        torch.testing.assert_close(got, theirs(x))
+        torch.testing.assert_close(mine.w, theirs.w)

@@ -149,3 +149,61 @@ def test_buffers_lent_to_a_module_for_one_call_are_updated_once_and_given_back(
     assert all(mine._buffers[name] is buffer for name, buffer in own.items())
     for name, value in theirs.named_buffers():  # untouched, as eagerly
         assert torch.equal(own[name], value)
+
+
+def test_a_module_run_with_lent_buffers_and_with_its_own_updates_each_once() -> None:
+    """``functional_call(bn, lent, x)`` then ``bn(x)`` in one step: the module's own running
+    statistics, first seen on its second call, are rewound like the others (they were
+    updated once more per pass on the first call)."""
+
+    def make() -> tuple[Any, nn.Module, dict[str, torch.Tensor]]:
+        bn = nn.BatchNorm1d(1)
+        lent = {"running_mean": torch.zeros(1)}
+        step = lambda x: torch.func.functional_call(bn, lent, (x,)) + bn(x)  # noqa: E731
+        return step, bn, lent
+
+    (step, bn, lent), (eager, their_bn, their_lent) = make(), make()
+    jitted = ptj.jit(step)
+    for i in range(4):
+        x = torch.full((2, 1), 10.0) * torch.tensor([[1.0], [2.0]]) * (i + 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # engine torchscript runs functional_call eagerly
+            torch.testing.assert_close(jitted(x), eager(x))
+        torch.testing.assert_close(bn.running_mean, their_bn.running_mean)
+        torch.testing.assert_close(bn.running_var, their_bn.running_var)
+        torch.testing.assert_close(lent["running_mean"], their_lent["running_mean"])
+
+
+def test_a_cache_filled_on_the_first_call_compiles_from_the_second() -> None:
+    """``if "acc" not in cache: cache["acc"] = ...`` changes the state the step reads on its
+    first call only: that call runs as its record pass, and the next compiles (it ran eagerly
+    for good, warned, probe round 13). A counter that changes on every call still runs
+    eagerly, warned on its second call, each call counted once."""
+    cache: dict[str, torch.Tensor] = {}
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        if "acc" not in cache:
+            cache["acc"] = torch.zeros(2)
+        cache["acc"].add_(x)
+        return cache["acc"] * 2
+
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for calls in range(1, 6):
+            torch.testing.assert_close(jitted(torch.ones(2)), torch.full((2,), 2.0 * calls))
+    assert jitted.num_traces == 1 and not jitted.specializations[0].eager_reason
+
+    state = {"t": 0}
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        state["t"] += 1
+        return x * state["t"]
+
+    jitted = ptj.jit(counted)
+    jitted(torch.ones(2))
+    with pytest.warns(ptj.JitWarning, match="changes Python state"):
+        jitted(torch.ones(2))
+    for calls in range(3, 6):
+        torch.testing.assert_close(jitted(torch.ones(2)), torch.full((2,), float(calls)))
+    assert state["t"] == 5

@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import dis
 import functools
+import os
 import sys
 import types
 from typing import Any
@@ -23,7 +24,7 @@ from ._records import Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_module", "user_class", "user_function",
            "modules_imported", "names_in_user_code", "MAX_DEPTH", "added_builtins", "Shadowing",
-           "names_environment", "names_looked_up"]  # fmt: skip
+           "names_environment", "names_looked_up", "holds_environment_reader"]  # fmt: skip
 
 MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
@@ -118,6 +119,32 @@ def names_environment(code: types.CodeType, names: frozenset[str] = _ENVIRONMENT
     return any(
         isinstance(c, types.CodeType) and names_environment(c, names) for c in code.co_consts
     )
+
+
+_ENVIRONMENT_READERS = (os.getenv, os.getenvb, os.path.expandvars, os.path.expanduser)
+"""Functions that read the process environment, held under any name (``from os import getenv
+as env``, ``GETTERS = {"env": os.getenv}``, ``def step(x, get=os.getenv)``)."""
+
+
+def holds_environment_reader(function: types.FunctionType) -> bool:
+    """Whether a global or closure variable ``function`` reads, or one of its defaults, is a
+    function that reads the environment (:data:`_ENVIRONMENT_READERS`), or a list, tuple or
+    dict holding one."""
+    globals_read, cells_read = names_read(function.__code__)
+    values = [function.__globals__[n] for n in globals_read if n in function.__globals__]
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        if name in cells_read:
+            try:
+                values.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    values += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    for value in values:
+        items = value.values() if isinstance(value, dict) else value
+        held = list(items)[:64] if isinstance(value, (list, tuple, dict)) else [value]
+        if any(any(v is reader for reader in _ENVIRONMENT_READERS) for v in held):
+            return True
+    return False
 
 
 def _names_in_source(text: str) -> tuple[str, ...]:

@@ -62,7 +62,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if type(value) in (dict, collections.OrderedDict, collections.defaultdict, _PROXY):
         keys = list(value)  # entries by name or number; objects used as keys, by position
         objects = [(_KEYS, LISTED, Step(False, i)) for i, k in enumerate(keys) if _object_key(k)]
-        return [*(Step(False, k) for k in keys if type(k) in (str, int)), *objects]
+        order = [(_KEYS, LISTED)] if len(keys) > 1 and not objects else []  # keys in order:
+        return [*order, *(Step(False, k) for k in keys if type(k) in (str, int)), *objects]
+        # a loop over the values sees a reordering (TERMS["a"] = TERMS.pop("a"), move_to_end)
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
     if type(value) in (set, frozenset):  # objects in a set: each member in the set's order

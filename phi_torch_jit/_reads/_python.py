@@ -34,6 +34,7 @@ from ._code_walk import (
     Shadowing,
     added_builtins,
     attribute_chains,
+    holds_environment_reader,
     modules_imported,
     names_environment,
     names_in_user_code,
@@ -190,7 +191,7 @@ def collect_reads(
                 _add_draws(reads, (id(space), name), source, code)
         found = modules_imported(code).items()
         _add_imported(reads, {name: f"{code.co_filename}:{line}" for name, line in found})
-        _add_environment(reads, code)
+        _add_environment(reads, code, holds_environment_reader(function))
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             if name in cells_read:
                 location = f"{code.co_filename}:{cells_read[name]}"
@@ -255,16 +256,16 @@ def _add_module_reads(
     return reached
 
 
-def _add_environment(reads: dict[Any, Read], code: types.CodeType) -> None:
+def _add_environment(reads: dict[Any, Read], code: types.CodeType, held: bool) -> None:
     """The process environment, where a function's code names it: its whole content (a dict
     of a few dozen byte strings: copied and compared in about a microsecond), so a variable
     exported between calls (``os.environ["SIM_SCALE"] = "3"``) retraces. Shown shortened in
     logs (``<dict object>``), never with its values. Likewise ``sys.argv``, where the code
-    names ``argv``."""
+    names ``argv``. ``held``: the function holds an environment reader under another name."""
     where = f"{code.co_filename}:{code.co_firstlineno}"
     if names_environment(code, _ARGV):  # sys.argv, changed in place (a list of strings)
         _add(reads, ("argv",), Source("sys.argv", where, vars(sys), "argv"))
-    if not names_environment(code):
+    if not (held or names_environment(code)):
         return
     source = Source("the environment (os.environ)", where, vars(os.environ), "_data")
     _add(reads, ("environment",), source)

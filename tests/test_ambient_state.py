@@ -1,0 +1,125 @@
+"""State around the call that is not a variable of the step's (stage 0 keys and the guard stage):
+inference mode and inference-tensor arguments, anomaly detection and deterministic algorithms
+(part of the cache key, as the grad mode is), an environment reader held under another name,
+and the order of a dict whose values are objects (guarded). Each case was found silently wrong
+by a probe of state-change programs (round 13): the program kept what it had traced."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from os import getenv as _env
+from typing import Any
+
+import pytest
+import torch
+from helpers import like_eager_then_retraced
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _by_mode(x: torch.Tensor) -> torch.Tensor:
+    return x * (2.0 if torch.is_inference_mode_enabled() else 3.0)
+
+
+def test_inference_mode_and_no_grad_get_their_own_programs() -> None:
+    jitted = ptj.jit(_by_mode)
+    for _ in range(2):
+        for mode in (torch.no_grad, torch.inference_mode, torch.no_grad):
+            with mode():
+                torch.testing.assert_close(jitted(torch.ones(2)), _by_mode(torch.ones(2)))
+    assert jitted.num_traces == 2
+
+
+def _written(x: torch.Tensor) -> torch.Tensor:
+    x.add_(1)
+    return x * 2
+
+
+def test_an_inference_tensor_argument_gets_its_own_program() -> None:
+    """Written in place outside inference mode, an inference tensor makes eager raise; the
+    program compiled for ordinary tensors wrote it (engine "compile")."""
+    jitted = ptj.jit(_written)
+    for _ in range(2):
+        torch.testing.assert_close(jitted(torch.ones(2)), _written(torch.ones(2)))
+    with torch.inference_mode():
+        mine, theirs = torch.ones(2), torch.ones(2)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"[Ii]nference"):
+            _written(theirs)
+        with pytest.raises(RuntimeError, match=r"[Ii]nference"):
+            jitted(mine)
+    torch.testing.assert_close(mine, theirs)  # (torch writes, then raises)
+
+
+def _by_flags(x: torch.Tensor) -> torch.Tensor:
+    anomaly = 2.0 if torch.is_anomaly_enabled() else 3.0
+    return x * anomaly + (1.0 if torch.are_deterministic_algorithms_enabled() else 0.0)
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [torch.autograd.set_detect_anomaly, torch.use_deterministic_algorithms],
+    ids=["anomaly detection", "deterministic algorithms"],
+)
+def test_torch_flags_the_step_branches_on_are_part_of_the_key(switch: Callable[..., Any]) -> None:
+    try:
+        like_eager_then_retraced(ptj.jit(_by_flags), _by_flags, lambda: switch(True))
+    finally:
+        switch(False)
+
+
+_GETTERS = {"env": os.getenv}
+
+
+def _aliased(x: torch.Tensor) -> torch.Tensor:
+    return x * float(_env("PTJ_TEST_SCALE", "1"))
+
+
+def _in_a_table(x: torch.Tensor) -> torch.Tensor:
+    return x * float(_GETTERS["env"]("PTJ_TEST_SCALE", "1"))
+
+
+def _as_a_default(x: torch.Tensor, get: Callable[..., Any] = os.getenv) -> torch.Tensor:
+    return x * float(get("PTJ_TEST_SCALE", "1"))
+
+
+@pytest.mark.parametrize("step", [_aliased, _in_a_table, _as_a_default], ids=lambda f: f.__name__)
+def test_the_environment_read_through_a_renamed_getenv_is_guarded(step: Any) -> None:
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, lambda: os.environ.update(PTJ_TEST_SCALE="3"))
+    finally:
+        os.environ.pop("PTJ_TEST_SCALE", None)
+
+
+class _Term:
+    def __init__(self, c: float) -> None:
+        self.c = c
+
+
+TERMS: dict[str, Any] = {}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        lambda: {"a": torch.tensor(1.0), "b": torch.tensor(2.0)},
+        lambda: {"a": _Term(1.0), "b": _Term(2.0)},
+        lambda: {"a": lambda x: x + 1.0, "b": lambda x: x + 2.0},
+    ],
+    ids=["tensors", "objects", "functions"],
+)
+def test_a_dict_reordered_in_place_retraces(values: Callable[[], dict[str, Any]]) -> None:
+    """``TERMS["a"] = TERMS.pop("a")``: same keys and values, another order, which a loop over
+    the values follows (guarded per key before, not the order)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for term in TERMS.values():
+            x = x * 0.5 + (term(0.0) if callable(term) else getattr(term, "c", term))
+        return x
+
+    TERMS.clear()
+    TERMS.update(values())
+    like_eager_then_retraced(ptj.jit(step), step, lambda: TERMS.update(a=TERMS.pop("a")))
