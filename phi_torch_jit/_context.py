@@ -177,6 +177,9 @@ class Recorder(Protocol):
         """Ids of the tensors torch calls of the pass made (their writes need no rewinding)."""
         ...
 
+    def lent_to_numpy(self, tensor: torch.Tensor) -> None:
+        """``tensor.numpy()`` ran in the pass: NumPy may write it unseen."""
+
     @property
     def aliases(self) -> dict[int, torch.Tensor]:
         """Id of an alias a torch call made (``p.data``) -> the tensor it aliases."""

@@ -378,11 +378,24 @@ def dispatch(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         adapter = _adapter(cls)
         if len(plan):
             adapter.closure = plan
+        kept = _dirtied_inputs(cls, positional or ())
         try:
             return adapter(*positional)  # type: ignore[misc]
         except Unsupported as error:
             reason = f"autograd.Function {adapter.custom.label} cannot be compiled: {error}"
+            with torch.no_grad():  # its forward wrote them before ctx.mark_dirty said so:
+                for tensor, value in kept:  # torch's apply below writes them (once)
+                    tensor.copy_(value)
     return _run_eagerly(frame.phase, reason, cls, args, kwargs)
+
+
+def _dirtied_inputs(cls: Any, args: Sequence[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the tensor arguments of a Function whose forward calls ``ctx.mark_dirty``
+    (it writes them, then the capture refuses it: ``_function_ctx``); none for others."""
+    code = getattr(getattr(cls.forward, "__func__", cls.forward), "__code__", None)
+    if code is None or "mark_dirty" not in code.co_names:
+        return []
+    return [(a, a.detach().clone()) for a in args if isinstance(a, torch.Tensor)]
 
 
 def _closures_of(cls: Any, frame: Any) -> ClosurePlan | None:

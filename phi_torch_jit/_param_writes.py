@@ -33,6 +33,9 @@ def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
     unless the pass made them: parameters, buffers (of modules the step calls or not), global
     and closure tensors. The trace is rewound past the write."""
     name = getattr(func, "__name__", "")
+    if name == "numpy" and args and isinstance(args[0], torch.Tensor):
+        _lent_to_numpy(args[0])
+        return
     in_place = (name.endswith("_") and not name.endswith("__")) or name in IN_PLACE_DUNDERS
     targets = list(args[:1]) if in_place else []
     if targets and isinstance(targets[0], (list, tuple)):  # torch._foreach_add_(params, ...)
@@ -56,6 +59,18 @@ def before_writes(func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
             frame.recording.before_write(written)
 
 
+def _lent_to_numpy(tensor: torch.Tensor) -> None:
+    """``t.numpy()`` of a tensor the record pass did not make: NumPy may write it where no
+    torch call sees it (``n = a.numpy(); n += 1``); its value is kept to compare after the
+    pass (``StateSnapshot.written_unseen``)."""
+    frame = current_frame()
+    if frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
+        return
+    written = _written(tensor, frame.recording.aliases)
+    if written is not None and id(written) not in frame.recording.made:
+        frame.recording.lent_to_numpy(written)
+
+
 def _written(target: Any, aliases: dict[int, torch.Tensor]) -> torch.Tensor | None:
     """The tensor an in-place write to ``target`` writes: itself, the tensor it views
     (``w[0].mul_(2)`` writes ``w``), or the tensor it is an alias of (``p.data``,
@@ -72,17 +87,21 @@ def _body_writes(body: CustomBody, targets: list[Any]) -> None:
     make (a global counter, a module's buffer): its compiled forward would not repeat the
     write faithfully (a captured graph drops it; the compile step runs it once more), so the
     step runs eagerly."""
-    made = body.recording.made
+    made, aliases = body.recording.made, body.recording.aliases
     for target in targets:
-        written = _written(target, body.recording.aliases)
-        if written is None or id(written) in made or id(written) in body.inputs:
+        written = _written(target, aliases)
+        through_alias = isinstance(target, torch.Tensor) and id(target) in aliases  # s.data
+        if written is None or id(written) in made:
             continue
-        if target is not written and id(target) in body.inputs:  # a view of an input
+        if id(written) in body.inputs and not through_alias:  # its own input: as eagerly
             continue
+        if target is not written and id(target) in body.inputs and not through_alias:
+            continue  # a view of an input
         reason = (
             f"the custom function {body.label} writes a tensor in place that it is not given "
-            "(a global or a module's buffer), which its compiled forward would not repeat "
-            "faithfully; pass the tensor to it as an argument to have it compiled"
+            "(a global or a module's buffer) or writes one through .data, which its compiled "
+            "forward would not repeat faithfully; pass the tensor to it as an argument and "
+            "write it directly to have it compiled"
         )
         if reason not in body.recording.eager_reasons:
             body.recording.eager_reasons.append(reason)

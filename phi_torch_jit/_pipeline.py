@@ -32,9 +32,9 @@ from ._reads import PythonGuard, collect_reads
 from ._reads._code_walk import user_class
 from ._reads._hooks import held_by_hooks, hook_reads
 from ._reads._kinds import generator_of
-from ._reads._mutations import modules_known_before, snapshot
+from ._reads._mutations import Changing, modules_known_before, snapshot
 from ._reads._records import Kind, Read
-from ._reads._written_inputs import WrittenInputs, versions, written_inputs
+from ._reads._written_inputs import WrittenInputs, aliased, versions, written_inputs
 from ._record import Recording, check_modules, record
 from ._registries import Registries
 from ._signature import (
@@ -50,7 +50,7 @@ from ._signature import (
     unflatten_arguments,
 )
 from ._specialization import Key, Specialization, Timings, modes_around
-from ._state import rng_restored
+from ._state import module_tensors, rng_restored, undone
 from ._trace import Traced, trace, trace_input
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
@@ -77,10 +77,8 @@ class Target:
     """What ``jit()`` was asked for."""
     report: Reporter
     """Its logs and warnings."""
-    changing: list[int] = field(default_factory=lambda: [0])
-    """How many record passes in a row changed the Python state they read: the second runs
-    its signature eagerly for good (one that fills a cache, ``if k not in cache:``, does it
-    once, on its first call with that signature)."""
+    changing: Changing = field(default_factory=lambda: Changing())
+    """Record passes in a row that changed the Python state they read."""
 
 
 def specialize(
@@ -103,8 +101,7 @@ def specialize(
     check_modules(recording, target.owner)
     watched = target.options.side_effects == "eager"
     changed = before.changes() if watched else []
-    target.changing[0] = target.changing[0] + 1 if changed else 0
-    if target.changing[0] == 1:  # NOTE [side effects of the step]: once is no reason yet
+    if not target.changing.settled(key, bool(changed)):  # NOTE [side effects of the step]
         return result, None
     held, drawn = before.drawn() if watched else (set(), set())
     imported = recording.unguardable.imports, recording.unguardable.module_reads
@@ -122,6 +119,10 @@ def specialize(
     quiet = held - drawn  # generators held but not drawn from in the record pass
     eager_reason = _eager_reason(target, recording, changed, written, reads, quiet)
     overriding = _overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
+    inputs = [*tensors, *(guard.captured() if guard else ()), *module_tensors(modules)]
+    if target.options.engine.captures_graph and aliased(recording.state.written(), inputs):
+        overriding = ("it writes a tensor that shares memory with another of its inputs "
+                      "(an alias kept from an earlier call?), read apart by a graph")  # fmt: skip
     modes = modes_around(key)
     if modes:
         overriding = (f"a torch-function mode of yours is active around the call ({modes}), "
@@ -177,14 +178,6 @@ def specialize(
     return result, _assemble(target, program_spec, parts)
 
 
-def _undone(modules: Sequence[nn.Module], written: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    """What a compiled call whose value guard fails must put back: the modules' buffers and
-    the other tensors the record pass wrote (a global counter, a parameter)."""
-    tensors = {id(b): b for m in modules for b in m.buffers()}
-    tensors.update((id(t), t) for t in written)
-    return tuple(tensors.values())
-
-
 @dataclass(frozen=True)
 class _Parts:
     """What the stages produced, for stage 5."""
@@ -227,7 +220,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         eager_reason=parts.eager_reason,
         value_guards=traced.value_guards,
         n_outputs=parts.n_outputs,
-        buffers=_undone(modules, parts.state_written) if traced.value_guards else (),
+        buffers=undone(modules, parts.state_written) if traced.value_guards else (),
         uses_rng=traced.module.uses_rng,
         engine_notes=traced.module.notes,
         engine_status=traced.module.describe,

@@ -101,6 +101,10 @@ class Recording:
         """Ids of the tensors the pass made (``_param_writes.note_made``)."""
         return self.state.made
 
+    def lent_to_numpy(self, tensor: torch.Tensor) -> None:
+        """``tensor.numpy()`` ran in the pass (see ``_state``)."""
+        self.state.lent_to_numpy(tensor)
+
     @property
     def aliases(self) -> dict[int, torch.Tensor]:
         """Aliases the pass made -> the tensors they alias (``_param_writes.note_made``)."""
@@ -160,6 +164,11 @@ def record(
     with recording_phase(owner, recording):  # patches: see _phases.PATCHES
         result = fn(*args, **kwargs)
     recording.state.reinstate()
+    if recording.state.written_unseen():
+        recording.eager_reasons.append(
+            "it writes a tensor through a NumPy view (t.numpy()), which no torch call sees and a "
+            "compiled program would not repeat; write it with torch ops to have it compiled"
+        )
     return result, recording
 
 

@@ -69,7 +69,7 @@ def ambient_state() -> Any:
     around the call (``with MyMode():``): such a call runs eagerly (:func:`modes_around`),
     and ``("PhiML settings", pairs)`` for a registered library's settings
     (``extend.Library.ambient``: PhiML's precision), and ``("torch flags", bits)`` where
-    inference mode, anomaly detection or deterministic algorithms are on (:func:`_flags`:
+    inference mode or deterministic algorithms are on (:func:`_flags`:
     grad mode is off in ``torch.inference_mode()`` too, as under ``no_grad``, but tensors it
     makes are inference tensors and ``torch.is_inference_mode_enabled()`` reads True)."""
     dtype = torch.get_default_dtype()
@@ -79,7 +79,7 @@ def ambient_state() -> Any:
         for library in REGISTERED
         if (value := library.ambient()) is not None
     )
-    flags = _flags()  # inference mode, anomaly detection, deterministic algorithms
+    flags = _flags()  # inference mode, deterministic algorithms
     if dtype is torch.float32 and not modes and not settings and not any_autocast() and not flags:
         return None
     state: tuple[Any, ...] = tuple(
@@ -103,13 +103,10 @@ def ambient_state() -> Any:
 
 def _flags() -> int:
     """Torch's global switches that the traced Python may branch on, as bits (0 when all are
-    off): inference mode (``no_grad``'s key otherwise), anomaly detection, deterministic
-    algorithms."""
-    return (
-        torch.is_inference_mode_enabled()
-        | torch.is_anomaly_enabled() << 1
-        | torch.are_deterministic_algorithms_enabled() << 2
-    )
+    off): inference mode (``no_grad``'s key otherwise), deterministic algorithms. Not anomaly
+    detection: AOTAutograd switches it on, process-wide, while it captures a graph, and a call
+    on another thread then took another key (a retrace)."""
+    return torch.is_inference_mode_enabled() | torch.are_deterministic_algorithms_enabled() << 1
 
 
 _MODES = "function modes"

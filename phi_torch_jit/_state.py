@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,6 +29,8 @@ __all__ = [
     "BufferSlot",
     "buffer_slots",
     "put_back",
+    "undone",
+    "module_tensors",
 ]
 
 
@@ -118,6 +121,8 @@ class StateSnapshot:
     made: set[int] = field(default_factory=set)
     """Ids of the tensors torch calls of the pass made: written in place, they need no
     rewinding (they did not exist before the pass)."""
+    numpy_views: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
+    """id -> (tensor, its value, its version) when the pass first took ``.numpy()`` of it."""
     aliases: dict[int, torch.Tensor] = field(default_factory=dict)
     """Id of an alias that is no view (``p.data``, ``p.detach()``) a torch call of the pass
     made -> the tensor it aliases: a write to it writes that tensor."""
@@ -141,6 +146,19 @@ class StateSnapshot:
         for buffer in buffers:
             if buffer is not None and id(buffer) not in self.buffers:
                 self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
+
+    def lent_to_numpy(self, tensor: torch.Tensor) -> None:
+        """Keep ``tensor``'s value and version before NumPy got a view of it."""
+        if id(tensor) not in self.numpy_views:
+            self.numpy_views[id(tensor)] = (tensor, tensor.detach().clone(), version(tensor))
+
+    def written_unseen(self) -> bool:
+        """Whether a tensor lent to NumPy changed value without a torch write (its version
+        counter did not move): a write a compiled program would not repeat."""
+        return any(
+            version(tensor) == before_version and not torch.equal(tensor, before)
+            for tensor, before, before_version in self.numpy_views.values()
+        )
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Remember ``tensor``'s value before the record pass first writes it in place (a
@@ -187,3 +205,16 @@ def _write(pairs: object) -> None:
     with torch.no_grad():
         for buffer, value in pairs:  # type: ignore[attr-defined]
             buffer.copy_(value)
+
+
+def undone(modules: Sequence[nn.Module], written: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """What a compiled call whose value guard fails must put back: the modules' buffers and
+    the other tensors the record pass wrote (a global counter, a parameter)."""
+    tensors = {id(b): b for m in modules for b in m.buffers()}
+    tensors.update((id(t), t) for t in written)
+    return tuple(tensors.values())
+
+
+def module_tensors(modules: Sequence[nn.Module]) -> list[torch.Tensor]:
+    """The parameters and buffers of ``modules``: inputs of a program besides its arguments."""
+    return [t for m in modules for t in (*m.parameters(), *m.buffers())]

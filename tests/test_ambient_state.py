@@ -1,6 +1,6 @@
 """State around the call that is not a variable of the step's (stage 0 keys and the guard stage):
-inference mode and inference-tensor arguments, anomaly detection and deterministic algorithms
-(part of the cache key, as the grad mode is), an environment reader held under another name,
+inference mode and inference-tensor arguments, deterministic algorithms (part of the cache
+key, as the grad mode is), an environment reader held under another name,
 and the order of a dict whose values are objects (guarded). Each case was found silently wrong
 by a probe of state-change programs (round 13): the program kept what it had traced."""
 
@@ -55,20 +55,16 @@ def test_an_inference_tensor_argument_gets_its_own_program() -> None:
 
 
 def _by_flags(x: torch.Tensor) -> torch.Tensor:
-    anomaly = 2.0 if torch.is_anomaly_enabled() else 3.0
-    return x * anomaly + (1.0 if torch.are_deterministic_algorithms_enabled() else 0.0)
+    return x * (2.0 if torch.are_deterministic_algorithms_enabled() else 3.0)
 
 
-@pytest.mark.parametrize(
-    "switch",
-    [torch.autograd.set_detect_anomaly, torch.use_deterministic_algorithms],
-    ids=["anomaly detection", "deterministic algorithms"],
-)
-def test_torch_flags_the_step_branches_on_are_part_of_the_key(switch: Callable[..., Any]) -> None:
+def test_deterministic_algorithms_are_part_of_the_key() -> None:
     try:
-        like_eager_then_retraced(ptj.jit(_by_flags), _by_flags, lambda: switch(True))
+        like_eager_then_retraced(
+            ptj.jit(_by_flags), _by_flags, lambda: torch.use_deterministic_algorithms(True)
+        )
     finally:
-        switch(False)
+        torch.use_deterministic_algorithms(False)
 
 
 _GETTERS = {"env": os.getenv}

@@ -583,3 +583,42 @@ def test_a_forward_writing_a_tensor_it_is_not_given_runs_eagerly_once_per_call()
             given(torch.ones(2))
             assert counted.item() == calls
     assert not given.specializations[0].eager_reason
+
+
+class _AddsThroughData(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        total.data.add_(x)  # its input, through an alias a captured graph does not follow
+        return x * 1
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g, None
+
+
+class _AddsDirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        total.add_(x)
+        ctx.mark_dirty(total)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return g, g
+
+
+@pytest.mark.parametrize("function", [_AddsThroughData, _AddsDirty], ids=lambda f: f.__name__)
+def test_a_forward_writing_its_input_through_data_or_marked_dirty_writes_once(
+    function: Any,
+) -> None:
+    """Engine "compile"'s captured forward dropped a write through ``.data`` (the total
+    stayed 1); a ``mark_dirty`` Function wrote its input twice on the first call (the
+    capture ran its forward before refusing it). Both run eagerly, each write once."""
+    total = torch.zeros(2)
+    jitted = ptj.jit(lambda x, t: function.apply(x, t) * 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ptj.JitWarning)
+        for calls in range(1, 5):
+            jitted(torch.ones(2), total)
+            torch.testing.assert_close(total, torch.full((2,), float(calls)))

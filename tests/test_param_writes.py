@@ -297,3 +297,53 @@ def test_a_parameter_initialized_through_an_alias_behind_a_flag_matches_eager() 
         torch.manual_seed(i)
         torch.testing.assert_close(got, theirs(x))
         torch.testing.assert_close(mine.w, theirs.w)
+
+
+def test_a_tensor_written_through_a_numpy_view_runs_eagerly_once_per_call() -> None:
+    """``n = a.numpy(); n += 1``: no torch call sees the write (compiled calls dropped it: the
+    tensor stopped at 2); reading through NumPy (``a.numpy().sum()``) is no write."""
+    total = torch.zeros(2)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        view = total.numpy()
+        view += 1.0
+        return x + total
+
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="NumPy view"):
+        jitted(torch.ones(2))
+    for calls in range(2, 6):
+        torch.testing.assert_close(jitted(torch.ones(2)), torch.full((2,), 1.0 + calls))
+    torch.testing.assert_close(total, torch.full((2,), 5.0))
+
+    reader = ptj.jit(lambda x: x * float(total.numpy().sum()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(3):
+            torch.testing.assert_close(reader(torch.ones(2)), torch.full((2,), 10.0))
+
+
+def test_a_kept_alias_of_a_parameter_written_later_is_not_read_apart() -> None:
+    """``cache["v"] = lin.weight.detach()`` on the first call, ``cache["v"].mul_(0.5)`` on
+    every call: the captured tensor and the parameter share memory, which a captured graph
+    took as two inputs (engine "compile" served the output of the weight before the write)."""
+
+    def make() -> tuple[Callable[[torch.Tensor], torch.Tensor], nn.Module]:
+        torch.manual_seed(0)
+        lin, cache = nn.Linear(2, 2), {}
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            if "v" not in cache:
+                cache["v"] = lin.weight.detach()
+            cache["v"].mul_(0.5)
+            return lin(x)
+
+        return step, lin
+
+    (step, lin), (eager, their_lin) = make(), make()
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ptj.JitWarning)
+        for _ in range(5):
+            torch.testing.assert_close(jitted(torch.ones(2)), eager(torch.ones(2)))
+            torch.testing.assert_close(lin.weight, their_lin.weight)

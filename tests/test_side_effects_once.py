@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import captures_graph
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -207,3 +208,25 @@ def test_a_cache_filled_on_the_first_call_compiles_from_the_second() -> None:
     for calls in range(3, 6):
         torch.testing.assert_close(jitted(torch.ones(2)), torch.full((2,), float(calls)))
     assert state["t"] == 5
+
+
+def test_a_cache_per_shape_filled_while_shapes_alternate_compiles(jit_engine: str) -> None:
+    """Shapes 2, 3, 2, 3: each shape's first call fills its entry (two changing passes in a
+    row, of two signatures); each shape's second call changes nothing and compiles."""
+    if not captures_graph(jit_engine):
+        pytest.skip("TorchScript traces sizes: cache[x.shape[0]] looks a tensor up")
+    cache: dict[int, torch.Tensor] = {}
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if n not in cache:
+            cache[n] = torch.arange(float(n))
+        return x * cache[n]
+
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for n in (2, 3, 2, 3, 2, 3):
+            torch.testing.assert_close(jitted(torch.ones(n)), torch.arange(float(n)))
+    assert jitted.num_traces == 2
+    assert not any(s.eager_reason for s in jitted.specializations)

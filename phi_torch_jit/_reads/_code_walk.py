@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import dis
 import functools
+import itertools
 import os
 import sys
 import types
@@ -97,8 +98,8 @@ def names_looked_up(function: types.FunctionType) -> frozenset[str]:
     for value in values:
         items = value if isinstance(value, (list, tuple, set, frozenset)) else (value,)
         if isinstance(value, dict):
-            items = (*value, *value.values())
-        found.update(v for v in list(items)[:64] if isinstance(v, str))
+            items = (*_first(value, 64), *_first(value.values(), 64))
+        found.update(v for v in _first(items, 64) if isinstance(v, str))
     if renamed:
         found.update(c for inner in _codes(code) for c in inner.co_consts if isinstance(c, str))
     return frozenset(n for n in found if n.isidentifier())
@@ -141,10 +142,19 @@ def holds_environment_reader(function: types.FunctionType) -> bool:
     values += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
     for value in values:
         items = value.values() if isinstance(value, dict) else value
-        held = list(items)[:64] if isinstance(value, (list, tuple, dict)) else [value]
+        held = _first(items, 64) if isinstance(value, (list, tuple, dict)) else [value]
         if any(any(v is reader for reader in _ENVIRONMENT_READERS) for v in held):
             return True
     return False
+
+
+def _first(items: Any, n: int) -> list[Any]:
+    """Up to ``n`` items of a container of any class (a library's tuple subclass may refuse
+    ``len()``, which ``list()`` asks: e3nn's ``Irreps``)."""
+    try:
+        return list(itertools.islice(iter(items), n))
+    except Exception:  # its own iteration rules
+        return []
 
 
 def _names_in_source(text: str) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ import array
 import collections
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from ._kinds import generator_of, generator_state
 from ._python import collect_reads
 from ._records import Kind, Read, array_copy, immutable, same_value
 
-__all__ = ["Snapshot", "snapshot", "modules_known_before"]
+__all__ = ["Snapshot", "snapshot", "modules_known_before", "Changing"]
 
 
 def _fingerprint(read: Read) -> Any:
@@ -180,3 +180,27 @@ def modules_known_before(
     found += [r.expected for r in reads if r.kind is Kind.IDENTITY]
     unique = {id(m): m for m in found if isinstance(m, nn.Module)}
     return list(unique.values())
+
+
+@dataclass
+class Changing:
+    """Record passes in a row that changed the Python state they read (NOTE [side effects of
+    the step]): one that fills a cache (``if k not in cache:``) does it once per signature, on
+    its first call; a counter does it on every call."""
+
+    in_a_row: int = 0
+    """Of any signature (a loader argument advancing its counter is a new signature each
+    call)."""
+    by_key: dict[Any, int] = field(default_factory=dict)
+    """Of each signature."""
+
+    def settled(self, key: Any, changed: bool) -> bool:
+        """Whether a pass that ``changed`` state decides: the second in a row for its
+        signature, or the third of any; else it returns its result and keeps no program."""
+        if not changed:
+            self.in_a_row = 0
+            self.by_key.pop(key, None)
+            return True
+        self.in_a_row += 1
+        self.by_key[key] = self.by_key.get(key, 0) + 1
+        return self.by_key[key] >= 2 or self.in_a_row >= 3

@@ -155,7 +155,7 @@ def _held_items(container: Any) -> list[Any]:
     """The items of ``container`` (a dict's values; a defaultdict's factory first) that may
     hold code, of the first :data:`MAX_ITEMS`."""
     items = container.values() if isinstance(container, dict) else container
-    held = list(itertools.islice(items, MAX_ITEMS))
+    held = list(itertools.islice(iter(items), MAX_ITEMS))
     if isinstance(container, collections.defaultdict) and container.default_factory is not None:
         held.insert(0, container.default_factory)  # its factory (a lambda reading state)
     return [item for item in held if _may_hold_code(item)]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["WrittenInputs", "versions", "written_inputs", "sharing"]
+__all__ = ["WrittenInputs", "versions", "written_inputs", "sharing", "aliased"]
 
 
 def versions(tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -86,3 +86,29 @@ def written_inputs(tensors: Sequence[torch.Tensor], before: list[int]) -> Writte
         i for i, (t, v) in enumerate(zip(tensors, before)) if v != -1 and t._version != v
     )
     return WrittenInputs(indices, sharing(tensors)) if indices else None
+
+
+def aliased(written: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether a tensor the record pass wrote in place shares memory with another object
+    among a program's ``inputs`` (arguments, captured tensors, parameters: ``cache["v"] =
+    w.detach()`` kept from an earlier call, then ``cache["v"].mul_(0.5)``): a captured graph
+    takes them as separate inputs and reads the other one's old value."""
+    if not written:
+        return False
+    by_storage: dict[int, set[int]] = {}
+    for tensor in inputs:
+        pointer = _pointer(tensor)
+        if pointer:
+            by_storage.setdefault(pointer, set()).add(id(tensor))
+    for tensor in written:
+        others = by_storage.get(_pointer(tensor), set()) - {id(tensor)}
+        if others:
+            return True
+    return False
+
+
+def _pointer(tensor: torch.Tensor) -> int:
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, functional wrappers)
+        return 0
