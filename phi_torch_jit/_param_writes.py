@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ._compat import is_view, view_base
+from ._compat import is_view, storage_pointer, view_base
 from ._context import CustomBody, Phase, current_frame, custom_body
 
 __all__ = ["before_writes", "note_made", "freezes", "IN_PLACE_DUNDERS", "REQUIRES_GRAD"]
@@ -137,22 +137,15 @@ def note_made(args: tuple[Any, ...], kwargs: Any, result: Any) -> None:
             continue
         if given and not is_view(output):
             storages = _storages(given) if storages is None else storages
-            source = storages.get(_storage(output))
+            source = storages.get(storage_pointer(output))
             if source is not None:  # p.data, p.detach()
                 recording.aliases[id(output)] = recording.aliases.get(id(source), source)
                 continue
         recording.made.add(id(output))
 
 
-def _storage(tensor: torch.Tensor) -> int:
-    try:
-        return tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # no storage (sparse, functional wrappers)
-        return 0
-
-
 def _storages(tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
-    found = {_storage(t): t for t in reversed(tensors)}  # the first of each storage
+    found = {storage_pointer(t): t for t in reversed(tensors)}  # the first of each storage
     found.pop(0, None)
     return found
 

@@ -77,7 +77,7 @@ class Target:
     """What ``jit()`` was asked for."""
     report: Reporter
     """Its logs and warnings."""
-    changing: Changing = field(default_factory=lambda: Changing())
+    changing: Changing = field(default_factory=Changing)
     """Record passes in a row that changed the Python state they read."""
 
 
@@ -119,8 +119,9 @@ def specialize(
     quiet = held - drawn  # generators held but not drawn from in the record pass
     eager_reason = _eager_reason(target, recording, changed, written, reads, quiet)
     overriding = _overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
+    state_written = tuple(recording.state.written())
     inputs = [*tensors, *(guard.captured() if guard else ()), *module_tensors(modules)]
-    if target.options.engine.captures_graph and aliased(recording.state.written(), inputs):
+    if target.options.engine.captures_graph and aliased(state_written, inputs):
         overriding = ("it writes a tensor that shares memory with another of its inputs "
                       "(an alias kept from an earlier call?), read apart by a graph")  # fmt: skip
     modes = modes_around(key)
@@ -174,7 +175,7 @@ def specialize(
     n_outputs = count_program_outputs(program_spec)
     grads_read = tuple(recording.unguardable.grad_reads)
     parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard, written,
-                   grads_read, tuple(recording.state.written()))  # fmt: skip
+                   grads_read, state_written)  # fmt: skip
     return result, _assemble(target, program_spec, parts)
 
 

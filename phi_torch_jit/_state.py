@@ -140,12 +140,12 @@ class StateSnapshot:
                 self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
                 self.slots.append(slot)
 
-    def add_values(self, buffers: Iterable[torch.Tensor | None]) -> None:
-        """Remember the current value of each of ``buffers`` not seen yet (no slot: the
+    def add_values(self, tensors: Iterable[torch.Tensor | None]) -> None:
+        """Remember the current value of each of ``tensors`` not seen yet (no slot: the
         module's first call decided what it holds)."""
-        for buffer in buffers:
-            if buffer is not None and id(buffer) not in self.buffers:
-                self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
+        for tensor in tensors:
+            if tensor is not None and id(tensor) not in self.buffers:
+                self.buffers[id(tensor)] = (tensor, tensor.detach().clone())
 
     def lent_to_numpy(self, tensor: torch.Tensor) -> None:
         """Keep ``tensor``'s value and version before NumPy got a view of it."""
@@ -165,8 +165,7 @@ class StateSnapshot:
         parameter, ``p.add_(...)`` under ``no_grad``; a buffer of a module the pass does not
         call; a global tensor: these are not copied unless written); it is rewound as a
         buffer is, so that the trace does not write it again."""
-        if id(tensor) not in self.buffers:
-            self.buffers[id(tensor)] = (tensor, tensor.detach().clone())
+        self.add_values((tensor,))
 
     def written(self) -> list[torch.Tensor]:
         """The tensors the pass wrote or may have written: the buffers of the modules it

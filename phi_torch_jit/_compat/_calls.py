@@ -147,6 +147,15 @@ def tensor_conversion(kind: str) -> Callable[..., Any]:
     return getattr(TENSOR_BASE.find(), kind)  # type: ignore[no-any-return]
 
 
+def storage_pointer(tensor: torch.Tensor) -> int:
+    """The address of ``tensor``'s storage (tensors sharing memory share it); 0 for a tensor
+    without storage (sparse, functional wrappers) or an empty one."""
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
 def is_view(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a view of another tensor."""
     return bool(tensor._is_view())

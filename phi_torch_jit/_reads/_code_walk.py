@@ -75,6 +75,19 @@ def _looks_up(code: types.CodeType) -> bool:
     return "globals" in names or ("modules" in names and ("vars" in names or "__dict__" in names))
 
 
+def _values_read(function: types.FunctionType) -> list[Any]:
+    """The current values of the globals and closure variables ``function``'s code reads."""
+    globals_read, cells_read = names_read(function.__code__)
+    values = [function.__globals__[n] for n in globals_read if n in function.__globals__]
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        if name in cells_read:
+            try:
+                values.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    return values
+
+
 def names_looked_up(function: types.FunctionType) -> frozenset[str]:
     """Globals ``function`` may look up by a name held in a variable (``globals()[WHICH]``,
     ``globals()[NAMES[0]]``; ``globals`` called under another name: ``GL = globals``): each
@@ -82,15 +95,7 @@ def names_looked_up(function: types.FunctionType) -> frozenset[str]:
     holds, and, with ``globals`` renamed, each string constant. Those variables are guarded
     by value, so another name retraces and reads anew."""
     code = function.__code__
-    globals_read, cells_read = names_read(code)
-    namespace = function.__globals__
-    values = [namespace[n] for n in globals_read if n in namespace]
-    for name, cell in zip(code.co_freevars, function.__closure__ or ()):
-        if name in cells_read:
-            try:
-                values.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                continue
+    values = _values_read(function)
     renamed = any(value is builtins.globals for value in values)
     if not renamed and not any(map(_looks_up, _codes(code))):
         return frozenset()
@@ -131,14 +136,7 @@ def holds_environment_reader(function: types.FunctionType) -> bool:
     """Whether a global or closure variable ``function`` reads, or one of its defaults, is a
     function that reads the environment (:data:`_ENVIRONMENT_READERS`), or a list, tuple or
     dict holding one."""
-    globals_read, cells_read = names_read(function.__code__)
-    values = [function.__globals__[n] for n in globals_read if n in function.__globals__]
-    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-        if name in cells_read:
-            try:
-                values.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                continue
+    values = _values_read(function)
     values += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
     for value in values:
         items = value.values() if isinstance(value, dict) else value

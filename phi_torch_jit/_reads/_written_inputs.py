@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._compat import storage_pointer
+
 __all__ = ["WrittenInputs", "versions", "written_inputs", "sharing", "aliased"]
 
 
@@ -38,10 +40,7 @@ def sharing(tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
     first: dict[int, int] = {}
     groups = []
     for i, t in enumerate(tensors):
-        try:
-            pointer = t.untyped_storage().data_ptr()
-        except RuntimeError:  # tensors without storage (sparse, functional wrappers)
-            pointer = 0
+        pointer = storage_pointer(t)
         groups.append(first.setdefault(pointer, i) if pointer else i)
     return tuple(groups)
 
@@ -97,18 +96,7 @@ def aliased(written: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> 
         return False
     by_storage: dict[int, set[int]] = {}
     for tensor in inputs:
-        pointer = _pointer(tensor)
+        pointer = storage_pointer(tensor)
         if pointer:
             by_storage.setdefault(pointer, set()).add(id(tensor))
-    for tensor in written:
-        others = by_storage.get(_pointer(tensor), set()) - {id(tensor)}
-        if others:
-            return True
-    return False
-
-
-def _pointer(tensor: torch.Tensor) -> int:
-    try:
-        return int(tensor.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # no storage (sparse, functional wrappers)
-        return 0
+    return any(by_storage.get(storage_pointer(t), set()) - {id(t)} for t in written)
