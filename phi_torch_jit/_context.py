@@ -185,6 +185,11 @@ class Recorder(Protocol):
         """Id of an alias a torch call made (``p.data``) -> the tensor it aliases."""
         ...
 
+    @property
+    def used(self) -> set[int]:
+        """Ids of the tensors torch calls of the pass were given (``note_used``)."""
+        ...
+
     def add_call(
         self, function: CustomCallee, args: tuple[Any, ...], outputs: Any, context: Any = None
     ) -> None: ...

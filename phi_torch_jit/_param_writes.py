@@ -7,7 +7,8 @@ module the step does not call; a global or closure tensor) is noted *before* the
 value kept (``StateSnapshot.before_write``): the trace is rewound past the write, as the
 buffers of called modules are, and does not write it a second time (it did: twice per call on
 the default engine, three times on "compile", with the warm-up run). Tensors the pass made
-(:func:`note_made`) are left alone. A parameter whose ``requires_grad`` the step changes is a
+(:func:`note_made`) are left alone; the tensors its torch calls are given are noted too
+(:func:`note_used`). A parameter whose ``requires_grad`` the step changes is a
 reason to run eagerly (:func:`freezes`).
 """
 
@@ -18,9 +19,10 @@ from typing import Any
 import torch
 
 from ._compat import is_view, storage_pointer, view_base
-from ._context import CustomBody, Phase, current_frame, custom_body
+from ._context import CustomBody, Phase, Recorder, current_frame, custom_body
 
-__all__ = ["before_writes", "note_made", "freezes", "IN_PLACE_DUNDERS", "REQUIRES_GRAD"]
+__all__ = ["before_writes", "note_made", "note_used", "freezes", "IN_PLACE_DUNDERS",
+           "REQUIRES_GRAD"]  # fmt: skip
 
 REQUIRES_GRAD = torch.Tensor.requires_grad
 """The attribute's descriptor: a read reaches a torch-function mode as a call of its
@@ -119,14 +121,9 @@ def note_made(args: tuple[Any, ...], kwargs: Any, result: Any) -> None:
         outputs = result
     else:
         return
-    frame = current_frame()
-    body = custom_body() if frame is None else None
-    if body is not None:
-        recording = body.recording
-    elif frame is None or frame.phase is not Phase.RECORD or frame.recording is None:
+    recording = _recording()
+    if recording is None:
         return
-    else:
-        recording = frame.recording
     given = [
         a for a in (*args, *(kwargs.values() if kwargs else ())) if isinstance(a, torch.Tensor)
     ]
@@ -142,6 +139,40 @@ def note_made(args: tuple[Any, ...], kwargs: Any, result: Any) -> None:
                 recording.aliases[id(output)] = recording.aliases.get(id(source), source)
                 continue
         recording.made.add(id(output))
+
+
+def _recording() -> Recorder | None:
+    """The recording of the record pass (or of the custom body it runs) on this thread."""
+    frame = current_frame()
+    body = custom_body() if frame is None else None
+    if body is not None:
+        return body.recording
+    if frame is None or frame.phase is not Phase.RECORD:
+        return None
+    return frame.recording
+
+
+def note_used(args: tuple[Any, ...], kwargs: Any) -> None:
+    """Note the tensors a torch call of the record pass is given (in lists and tuples too, as
+    ``torch.cat`` and the foreach ops take them): a global or closure tensor that no call of
+    the pass is given, nor a property of it read, plays no part in the program."""
+    recording = _recording()
+    if recording is None:
+        return
+    used = recording.used
+    for value in (*args, *(kwargs.values() if kwargs else ())):
+        if isinstance(value, torch.Tensor):
+            used.add(id(value))
+        elif isinstance(value, (list, tuple)):
+            _note_items(used, value, 3)
+
+
+def _note_items(used: set[int], values: list[Any] | tuple[Any, ...], depth: int) -> None:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            used.add(id(value))
+        elif depth and isinstance(value, (list, tuple)):
+            _note_items(used, value, depth - 1)
 
 
 def _storages(tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:

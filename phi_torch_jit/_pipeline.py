@@ -96,7 +96,7 @@ def specialize(
     result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]),
                                before.modules)  # fmt: skip
     written = written_inputs(tensors, written_before)
-    output_spec, _ = flatten_outputs(result, target.owner)
+    output_spec, outputs = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
     watched = target.options.side_effects == "eager"
@@ -112,7 +112,8 @@ def specialize(
     hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
     reads += hooks_read
     target.report.unguarded(reads)
-    guard = PythonGuard(reads) if reads else None
+    used = recording.tensors_used(outputs)  # a global tensor no op was given is no input
+    guard = PythonGuard(reads, used) if reads else None
     captured = [r.source for r in guard.tensors] if guard is not None else []
     modules = recording.root_modules(modules_known_before(target.fn, guard.reads if guard else ()))
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
@@ -158,9 +159,9 @@ def specialize(
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
         reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
                               customs=customs)  # fmt: skip
-        guard = PythonGuard([*reads, *hooks_read])
+        guard = PythonGuard([*reads, *hooks_read], used)
     if guard is not None and hooks_read:  # what a hook changed in the trace pass is its own
-        guard = PythonGuard(held_by_hooks(guard.reads, hooks_read))
+        guard = PythonGuard(held_by_hooks(guard.reads, hooks_read), used)
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:

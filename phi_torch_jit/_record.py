@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._compat import global_module_hooks
 from ._context import CustomCallee, note_module_call
 from ._custom import CustomFunction
 from ._libraries import LibraryPasses
@@ -81,6 +82,21 @@ class Recording:
     unguardable: Unguardable = field(default_factory=Unguardable)
     """Calls of user code that no compiled program repeats (random draws, clocks, grad-mode
     changes, tensor hooks), noted by the phase's patches."""
+    used: set[int] = field(default_factory=set)
+    """Ids of the tensors torch calls of the pass were given, by anyone's code (a property
+    read, ``t.shape``, is a call): a global tensor not among them plays no part in the
+    program (``_reads.unused_tensors``)."""
+
+    def tensors_used(self, outputs: Sequence[torch.Tensor]) -> set[int] | None:
+        """Ids of the tensors the program may use: those the pass's torch calls were given
+        and those it returned. None (any may be) where Python of the step can run later, in a
+        backward: a custom function's, a module's or torch's global backward hooks."""
+        if self.calls or any(map(any, global_module_hooks()[2:])):
+            return None
+        for module in self.modules.values():
+            if module._backward_hooks or module._backward_pre_hooks:
+                return None
+        return self.used | {id(t) for t in outputs}
 
     def add_module(self, module: nn.Module) -> None:
         """Note that ``module`` runs in this call (idempotent); on a later call, buffers it

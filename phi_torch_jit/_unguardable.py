@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._compat import grad_mode_setter
 from ._context import Phase, current_frame
-from ._param_writes import REQUIRES_GRAD, before_writes, freezes, note_made
+from ._param_writes import REQUIRES_GRAD, before_writes, freezes, note_made, note_used
 from ._patches import RefCounted
 from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
 
@@ -62,7 +62,8 @@ class Unguardable:
     """Places where a torch.func transform (vmap, grad...) was applied."""
     data: list[str] = field(default_factory=list)
     """Places where user code reads or writes ``Tensor.data`` (outside autograd's view) or
-    calls ``Tensor.as_subclass`` (an alias a trace does not follow: it bakes it)."""
+    calls ``Tensor.as_subclass`` or ``torch.from_dlpack`` (an alias a trace does not follow: it
+    bakes it)."""
     autograd: list[str] = field(default_factory=list)
     """Places where ``backward()`` ran inside the function (it writes ``.grad``)."""
     gradients: list[str] = field(default_factory=list)
@@ -122,7 +123,7 @@ class Unguardable:
             )
         if self.data:
             reasons.append(
-                f"it uses Tensor.data or Tensor.as_subclass ({', '.join(self.data[:3])}), "
+                f"it uses Tensor.data, as_subclass or from_dlpack ({', '.join(self.data[:3])}), "
                 "aliases made without an op, which traces do not follow (write `with "
                 "torch.no_grad(): p.clamp_(...)` instead of .data, compiled by engine 'compile')"
             )
@@ -264,6 +265,8 @@ def _targets() -> list[tuple[Any, str, str, str]]:
     # a new alias made without an op, as .data is: a trace would bake it as a constant
     targets.append((torch.Tensor, "as_subclass", "data", "Tensor.as_subclass"))
     targets.append((torch.Tensor, "set_", "data", "Tensor.set_"))  # swaps storage, as .data =
+    for owner in (torch, torch.utils.dlpack):  # a tensor sharing another's memory, made by no op
+        targets.append((owner, "from_dlpack", "data", "torch.from_dlpack"))
     # Tensor.backward calls torch.autograd.backward
     targets.append((torch.autograd, "grad", "gradients", "torch.autograd.grad"))
     targets.append((torch.autograd, "backward", "autograd", "torch.autograd.backward"))
@@ -293,6 +296,7 @@ class RecordMode(TorchFunctionMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         before_writes(func, args, kwargs)
+        note_used(args, kwargs)
         if kwargs and kwargs.get("generator") is not None:
             name = getattr(func, "__name__", "a torch function")
             _note("random", f"a torch.Generator draw ({name}) at {_where(sys._getframe(1))}")

@@ -436,3 +436,18 @@ def test_an_alias_made_by_as_subclass_runs_eagerly_never_baked() -> None:
             torch.testing.assert_close(jitted(x), step(x))
     weight.mul_(3)
     torch.testing.assert_close(jitted(torch.ones(3)), step(torch.ones(3)))
+
+
+def test_an_alias_made_by_from_dlpack_runs_eagerly_never_baked() -> None:
+    """``torch.from_dlpack(G)`` shares G's memory without an op, as ``as_subclass`` does: a
+    graph held the first call's tensor (found by a probe: G rebound was never seen)."""
+    state = {"g": torch.ones(3)}
+
+    def step(t: torch.Tensor) -> torch.Tensor:
+        return t * torch.from_dlpack(state["g"])
+
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="from_dlpack"):
+        for i in range(3):
+            state["g"] = torch.full((3,), float(i + 2))
+            torch.testing.assert_close(jitted(torch.ones(3)), step(torch.ones(3)))

@@ -34,6 +34,13 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
     return scope["fetch"]  # type: ignore[no-any-return]
 
 
+def _used(read: Read, used: set[int]) -> bool:
+    try:
+        return id(read.source.get()) in used
+    except GONE:
+        return True
+
+
 class PythonGuard:
     """Checks before each compiled call that the Python values a trace baked are unchanged.
 
@@ -43,7 +50,11 @@ class PythonGuard:
     are held, so their ids cannot be reused), tensors by metadata.
     """
 
-    def __init__(self, reads: list[Read]) -> None:
+    def __init__(self, reads: list[Read], used: set[int] | None = None) -> None:
+        """``used``: ids of the tensors the program may use (``Recording.tensors_used``); a
+        tensor read that is not among them is left out, neither an input nor guarded."""
+        if used is not None:
+            reads = [r for r in reads if r.kind is not Kind.TENSOR or _used(r, used)]
         order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ITERATOR: 1,
                  Kind.DRAWS: 1, Kind.ARRAY: 2, Kind.TENSOR: 3}  # fmt: skip
         self.reads = tuple(sorted(reads, key=lambda r: order[r.kind]))
