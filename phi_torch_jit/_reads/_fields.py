@@ -15,6 +15,7 @@ import configparser
 import contextvars
 import enum
 import functools
+import operator
 import os
 import sys
 import threading
@@ -28,10 +29,10 @@ from torch import nn
 from .._signature import NAMESPACES
 from ._code_walk import user_class
 from ._reachable import callbacks_held, tensors_held
-from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes
+from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, probe
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
-           "VIEWS", "shows_content", "masked"]  # fmt: skip
+           "VIEWS", "shows_content", "masked", "runs_code"]  # fmt: skip
 
 
 def _class_of(value: Any) -> type:
@@ -81,8 +82,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [(Step(True, "flat"), Step(False, i)) for i in range(value.size)]  # objects
     if isinstance(value, (collections.UserDict, collections.UserList)):
         return [Step(True, "data")]  # the dict or list it wraps
-    if isinstance(value, types.MethodType):  # the object it is bound to: its state is read
-        return [Step(True, "__self__")]
+    if isinstance(value, types.MethodType):  # the object it is bound to: its state is read,
+        hides = not isinstance(value.__func__, types.FunctionType)  # and a partial or callable
+        return [Step(True, "__self__"), *([Step(True, "__func__")] if hides else [])]  # bound
     if isinstance(value, _BUILTIN_BOUND) and _holds_state(getattr(value, "__self__", None)):
         return [Step(True, "__self__")]  # TABLE.get, ARR.sum held: the dict or array it reads
     if isinstance(value, collections.ChainMap):  # every map, a lower one too (c.get("k"))
@@ -114,20 +116,29 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if isinstance(value, type):  # its data, then its methods (replaced on the class), and
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]  # a
         meta = [Step(True, "__class__")] if user_class(type(value)) else []  # metaclass of yours
-        return [*(Step(True, n) for n in _class_data(klasses)), *_methods(value), *meta]
+        listed: list[tuple[Step, ...]] = (
+            [(INSTANCE_DICT, _KEYS, LISTED)] if user_class(value) else []
+        )
+        data = (Step(True, n) for n in _class_data(klasses))  # vars(K) in order, above
+        return [*listed, *data, *_methods(value), *meta]
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
+    if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
+        return _called_with(value)
     klass = _class_of(value)
     plain = _bag(klass) or user_class(klass)  # a library's objects: by identity, and the
     if not plain:  # code of yours they hold (``integrator.rhs = my_rhs``), and tensors
         return [Step(True, n) for n in (*callbacks_held(value), *tensors_held(value))]
+    in_order: list[Step | tuple[Step, ...]] = []
     if has_attribute(value, "__dict__"):
         names = [n for n in vars(value) if n.isidentifier() and not _dunder(n)]
+        if len(names) > 1:  # a loop over vars(cfg) sees them in this order
+            in_order = [(INSTANCE_DICT, _KEYS, LISTED)]
     else:  # a class with __slots__ (a dataclass with slots=True): its set slots
         names = [n for n in _slots(klass) if has_attribute(value, n)]
     names += [n for n in _class_data([k for k in klass.__mro__ if user_class(k)])
               if n not in names]  # fmt: skip
-    steps: list[Step | tuple[Step, ...]] = [Step(True, n) for n in names]
+    steps: list[Step | tuple[Step, ...]] = [*in_order, *(Step(True, n) for n in names)]
     if isinstance(value, dict):  # a dict or list subclass of yours: its entries too
         steps += [Step(False, k) for k in value if type(k) in (str, int)]
     elif isinstance(value, list):
@@ -136,6 +147,23 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
 
 
 _BUILTIN_BOUND = (types.BuiltinMethodType, types.MethodWrapperType)
+
+_REDUCED = Step(True, "__reduce__", call=True)
+
+
+def _called_with(caller: operator.methodcaller) -> list[Step | tuple[Step, ...]]:
+    """Paths to what a ``methodcaller`` binds, each item of the new tuples ``__reduce__``
+    makes: ``(methodcaller, (name, *args))``, or with keywords ``(partial(methodcaller, name,
+    **keywords), args)``."""
+    reduced: Any = caller.__reduce__()
+    made, args = reduced[0], reduced[1]
+    paths: list[Step | tuple[Step, ...]] = [(_REDUCED, Step(False, 1), Step(False, i))
+                                            for i in range(len(args))]  # fmt: skip
+    if isinstance(made, functools.partial):
+        bound = (_REDUCED, Step(False, 0))
+        paths += [(*bound, Step(True, "args"), Step(False, i)) for i in range(len(made.args))]
+        paths += [(*bound, Step(True, "keywords"), Step(False, k)) for k in made.keywords]
+    return paths
 
 
 def _holds_state(owner: Any) -> bool:
@@ -196,22 +224,12 @@ def depth(path: tuple[Step, ...]) -> int:
     return sum(1 for step in path if not (step.attribute and step.key in _STRUCTURE))
 
 
-def _attribute(value: Any, name: str) -> Any:
-    """``getattr(value, name, None)`` that survives a ``__getattr__`` raising something else
-    than AttributeError (a config class looking names up in a dict: KeyError)."""
-    try:
-        return getattr(value, name, None)
-    except Exception:
-        return None
+_attribute = probe
 
 
 def has_attribute(value: Any, name: str) -> bool:
-    """``hasattr`` that survives a ``__getattr__`` raising something else than AttributeError
-    (a config class looking names up in a dict: KeyError)."""
-    try:
-        return hasattr(value, name)
-    except Exception:
-        return False
+    """``hasattr`` as :func:`probe` reads: no ``__getattr__`` of the object's class is run."""
+    return probe(value, name, _MISSING) is not _MISSING
 
 
 def _methods(klass: type) -> list[tuple[Step, ...]]:
@@ -274,6 +292,42 @@ def _dunder(name: str) -> bool:
     """Python's own names (``__dict__``, ``__module__``); private ones (``_dt``, a setter's
     target) are the user's state like public ones."""
     return name.startswith("__") and name.endswith("__")
+
+
+_PLAIN_MEMBERS = (types.FunctionType, staticmethod, classmethod, functools.cached_property,
+                  types.MemberDescriptorType, types.GetSetDescriptorType)  # fmt: skip
+"""Class members a path may read: a method (bound, not run), a cached property (run once, as
+the step would, then a plain attribute), a slot, ``__dict__``."""
+
+
+def runs_code(owner: Any, step: Step) -> bool:
+    """Whether reading ``step`` of ``owner`` runs code of the user's (a property or another
+    descriptor of a user class, its ``__getattr__``, ``__getattribute__`` or ``__getitem__``):
+    the guard must not run it (a property advancing a schedule ran 7 more times a call). What
+    that code reads is guarded where it is walked (the object's attributes, its globals)."""
+    klass = type(owner)
+    if not user_class(klass) or isinstance(owner, type) or step.length or step.listed:
+        return False
+    user_bases = [k for k in klass.__mro__ if user_class(k)]
+    if not step.attribute:
+        return any("__getitem__" in vars(k) for k in user_bases)
+    if any("__getattribute__" in vars(k) for k in user_bases):
+        return True
+    for base in klass.__mro__:
+        member = vars(base).get(step.key, _MISSING)
+        if member is _MISSING:
+            continue
+        if isinstance(member, _PLAIN_MEMBERS) or not hasattr(type(member), "__get__"):
+            return False
+        own = getattr(owner, "__dict__", {})
+        return hasattr(type(member), "__set__") or step.key not in own
+    own = getattr(owner, "__dict__", None)
+    if isinstance(own, dict) and step.key in own:
+        return False
+    return any("__getattr__" in vars(k) for k in user_bases)
+
+
+_MISSING = object()
 
 
 def _class_data(klasses: list[type]) -> list[str]:

@@ -123,7 +123,7 @@ def kind_of(value: Any) -> Kind | None:
         return Kind.IDENTITY if user_module(value) else None
     if draws(value):
         return Kind.DRAWS
-    if isinstance(value, _BOUND) and value.__name__ in ("__next__", "send"):  # it.__next__
+    if isinstance(value, _BOUND) and getattr(value, "__name__", None) in ("__next__", "send"):
         if isinstance(value.__self__, collections.abc.Iterator):
             return Kind.ITERATOR
     if isinstance(value, types.BuiltinFunctionType):  # Python's own (len, min): never rebound

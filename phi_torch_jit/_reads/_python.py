@@ -53,6 +53,7 @@ from ._fields import (
     depth,
     fields,
     has_attributes,
+    runs_code,
     shows_content,
 )
 from ._guard import PythonGuard
@@ -102,8 +103,8 @@ def _add_chains(
             above = reads.get(parent)
             if above is None or above.kind is not Kind.IDENTITY:
                 break
-            if isinstance(above.expected, nn.Module):
-                break
+            if isinstance(above.expected, nn.Module) or runs_code(above.expected, step):
+                break  # a property of yours: what it reads is guarded, it is not run
             owner, parent, child = child, (parent, step), child.child(step)
             try:
                 value = child.get()

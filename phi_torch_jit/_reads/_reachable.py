@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import itertools
 import types
 from collections.abc import Iterator, Mapping
@@ -24,9 +25,14 @@ from ._code_walk import (
     user_function,
     user_module,
 )
-from ._records import PRIMITIVES
+from ._records import PRIMITIVES, probe
 
 __all__ = ["user_functions", "callbacks_held", "tensors_held", "CONTAINERS", "MAX_ITEMS"]
+
+_OPAQUE = frozenset(("functools", "operator"))
+"""Modules whose C callables hide what they hold (``functools.cmp_to_key(mycmp)``, an
+``operator.methodcaller``'s arguments): what they hold is read as the garbage collector sees
+it."""
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -104,12 +110,14 @@ def _parts(obj: Any) -> list[Any]:
         return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
         return []
+    if type(obj).__module__ in _OPAQUE and not isinstance(obj, type) and callable(obj):
+        return [p for p in gc.get_referents(obj) if not isinstance(p, type)]
     parts: list[Any] = []
     if isinstance(obj, CONTAINERS):  # functions kept in a registry: TERMS = [term], and
         parts = _held_items(obj)  # objects whose methods Python calls for the step
         if not user_class(type(obj)):  # (sorted(ITEMS) runs Item.__lt__), nested registries
             return parts  # a list subclass of yours: its methods too
-    wrapped = getattr(obj, "__wrapped__", None) if not isinstance(obj, type) else None
+    wrapped = probe(obj, "__wrapped__") if not isinstance(obj, type) else None
     cls = obj if isinstance(obj, type) else type(obj)
     parts += [wrapped] if wrapped is not None else []
     if isinstance(obj, type) and user_class(type(obj)):  # a metaclass of yours: its __call__

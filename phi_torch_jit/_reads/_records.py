@@ -287,6 +287,30 @@ def same_array(a: Any, b: Any) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _answers_any_name(klass: Any) -> bool:
+    """Whether ``klass`` answers attribute reads in Python (``__getattr__`` or
+    ``__getattribute__``: a config object counting its reads); modules' own aside."""
+    if issubclass(klass, (torch.nn.Module, type)):
+        return False
+    names = ("__getattr__", "__getattribute__")
+    return any(isinstance(vars(k).get(n), types.FunctionType) for k in klass.__mro__ for n in names)
+
+
+def probe(value: Any, name: str, default: Any = None) -> Any:
+    """``getattr(value, name, None)`` for the walk's questions (``__wrapped__``, ``dtype``,
+    ``__array_interface__``): it does not run a ``__getattr__`` of the object's class, which
+    would answer any name (and may count its reads, as the step's own would), and survives a
+    lookup raising something else than AttributeError (a config class reading a dict)."""
+    try:
+        klass: Any = type(value)
+        if _answers_any_name(klass):
+            return object.__getattribute__(value, name)
+        return getattr(value, name, default)
+    except Exception:
+        return default
+
+
 def same_value(a: Any, b: Any) -> bool:
     """Whether a value read now equals the one a trace saw: same type, equal (NaN equals
     NaN, arrays element-wise with their dtype); comparisons that raise are not equal."""

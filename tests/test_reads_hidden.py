@@ -1,0 +1,195 @@
+"""State the step reaches through objects that hide it or run code to show it (_reads):
+the arguments an ``operator.methodcaller`` binds, the function behind ``functools.cmp_to_key``,
+a bound method over a partial, the order of an object's or a class's attributes (a loop over
+``vars(cfg)``), and properties, ``__getattr__`` and ``__getitem__`` of the user's classes, which
+the guard must not run. Each case was found by a probe of state-change programs (round 15):
+silently wrong, or, for code that counts its reads, run seven more times a call."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import types
+from typing import Any
+
+import pytest
+import torch
+from helpers import like_eager_then_retraced
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+COEFFS = [1.0]
+SIGN = 1.0
+
+
+class _Picker:
+    def pick(self, coeffs: list[float], scale: list[float] | None = None) -> float:
+        return coeffs[0] * (scale or [1.0])[0]
+
+
+PICKER = _Picker()
+BY_ARGS = operator.methodcaller("pick", COEFFS)
+BY_KEYWORDS = operator.methodcaller("pick", [1.0], scale=COEFFS)
+
+
+def _compare(a: float, b: float) -> int:
+    return int(a * SIGN > b * SIGN) - int(a * SIGN < b * SIGN)
+
+
+BY_ORDER = functools.cmp_to_key(_compare)
+SETTINGS = types.SimpleNamespace(k=1.0)
+BOUND_PARTIAL = types.MethodType(functools.partial(lambda self, x, b: x * self.k * b[0], b=COEFFS),
+                                 SETTINGS)  # fmt: skip
+
+STEPS = {
+    "methodcaller's arguments": lambda x: x * BY_ARGS(PICKER),
+    "methodcaller's keywords": lambda x: x * BY_KEYWORDS(PICKER),
+    "a partial of a methodcaller": lambda x: x * functools.partial(BY_ARGS)(PICKER),
+    "cmp_to_key's function": lambda x: x * sorted([3.0, 1.0, 2.0], key=BY_ORDER)[0],
+    "a bound method over a partial": lambda x: BOUND_PARTIAL(x),
+}
+
+
+def _change() -> None:
+    global SIGN
+    COEFFS[0] = 3.0
+    SIGN = -1.0
+
+
+@pytest.fixture
+def restore() -> Any:
+    global SIGN
+    yield
+    COEFFS[0], SIGN = 1.0, 1.0
+
+
+@pytest.mark.parametrize("case", list(STEPS))
+def test_what_a_callable_of_the_standard_library_holds_is_guarded(case: str, restore: Any) -> None:
+    step = STEPS[case]
+    like_eager_then_retraced(ptj.jit(step), step, _change)
+
+
+class _Settings:
+    def __init__(self) -> None:
+        self.a, self.b = 2.0, 3.0
+
+
+SET = _Settings()
+
+
+class _Table:
+    a = 2.0
+    b = 3.0
+
+
+def _over_an_objects_attributes(x: torch.Tensor) -> torch.Tensor:
+    for value in vars(SET).values():
+        x = x * value + 1
+    return x
+
+
+def _over_a_classs_attributes(x: torch.Tensor) -> torch.Tensor:
+    for name, value in vars(_Table).items():
+        if not name.startswith("_"):
+            x = x * value + 1
+    return x
+
+
+def _reorder_object() -> None:
+    a = SET.a
+    del SET.a
+    SET.a = a  # the same names and values, in another order
+
+
+def _reorder_class() -> None:
+    a = _Table.a
+    del _Table.a
+    _Table.a = a
+
+
+@pytest.mark.parametrize(
+    ("step", "reorder"),
+    [(_over_an_objects_attributes, _reorder_object), (_over_a_classs_attributes, _reorder_class)],
+    ids=["object", "class"],
+)
+def test_a_loop_over_attributes_sees_their_order(step: Any, reorder: Any) -> None:
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, reorder)
+    finally:
+        SET.__dict__.clear()
+        SET.a, SET.b = 2.0, 3.0
+        del _Table.a, _Table.b
+        _Table.a, _Table.b = 2.0, 3.0
+
+
+class _Counting:
+    """Code that counts its reads: a schedule advancing, a hit counter."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    @property
+    def rate(self) -> float:
+        self.reads += 1
+        return float(self.reads)
+
+    def __getattr__(self, name: str) -> float:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self.__dict__["reads"] += 1
+        return float(self.reads)
+
+    def __getitem__(self, key: str) -> float:
+        self.reads += 1
+        return float(self.reads)
+
+
+COUNTING = _Counting()
+READS = {
+    "a property": lambda x: x * COUNTING.rate,
+    "__getattr__": lambda x: x * COUNTING.dt,
+    "__getitem__": lambda x: x * COUNTING["dt"],
+}
+
+
+@pytest.mark.parametrize("case", list(READS))
+def test_code_of_yours_answering_a_read_runs_once_per_call_as_eagerly(case: str) -> None:
+    """The step changes state (eager, warned), and the guard never runs the read: call i
+    sees i reads, as eagerly."""
+    step = READS[case]
+    COUNTING.reads = 0
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="changes Python state"):
+        for i in range(1, 5):
+            torch.testing.assert_close(jitted(torch.ones(2)), torch.full((2,), float(i)))
+    assert COUNTING.reads == 4
+
+
+class _Config:
+    """A config answering through ``__getattr__`` from a dict, without side effects."""
+
+    def __init__(self) -> None:
+        self._values = {"dt": 0.5}
+
+    def __getattr__(self, name: str) -> float:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+CONFIG = _Config()
+
+
+def test_a_config_answering_through_getattr_is_guarded_by_what_it_holds() -> None:
+    step = lambda x: x * CONFIG.dt  # noqa: E731
+
+    def change() -> None:
+        CONFIG._values["dt"] = 2.0
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        CONFIG._values["dt"] = 0.5
