@@ -193,3 +193,32 @@ def test_a_config_answering_through_getattr_is_guarded_by_what_it_holds() -> Non
         like_eager_then_retraced(ptj.jit(step), step, change)
     finally:
         CONFIG._values["dt"] = 0.5
+
+
+class _Schedule:
+    """A property that only reads, here a library object's state (an optimizer's rate)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) * 2
+
+
+SCHEDULE = _Schedule(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+
+
+def test_a_property_that_only_reads_is_compared_by_the_guard() -> None:
+    """The guard runs it and compares its value: the optimizer's rate, which no walk into a
+    library's object reaches, is seen (not running properties at all missed it)."""
+    step = lambda x: x * SCHEDULE.lr  # noqa: E731
+    groups = SCHEDULE.optimizer.param_groups
+
+    def change() -> None:
+        groups[0]["lr"] = 0.5
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        groups[0]["lr"] = 0.1

@@ -23,9 +23,10 @@ from typing import Any
 from .._sources import is_user_file
 from ._records import Source, Step
 
-__all__ = ["names_read", "attribute_chains", "user_module", "user_class", "user_function",
-           "modules_imported", "names_in_user_code", "MAX_DEPTH", "added_builtins", "Shadowing",
-           "names_environment", "names_looked_up", "holds_environment_reader"]  # fmt: skip
+__all__ = ["names_read", "attribute_chains", "reads_only", "user_module", "user_class",
+           "user_function", "modules_imported", "names_in_user_code", "MAX_DEPTH",
+           "added_builtins", "Shadowing", "names_environment", "names_looked_up",
+           "holds_environment_reader"]  # fmt: skip
 
 MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
@@ -237,6 +238,67 @@ def _codes(code: types.CodeType, depth: int = 4) -> list[types.CodeType]:
             if isinstance(const, types.CodeType):
                 found += _codes(const, depth - 1)
     return found
+
+
+_WRITES = frozenset(("STORE_ATTR", "STORE_SUBSCR", "STORE_SLICE", "STORE_GLOBAL", "STORE_DEREF",
+                     "DELETE_ATTR", "DELETE_SUBSCR", "DELETE_GLOBAL", "DELETE_DEREF",
+                     "IMPORT_NAME", "YIELD_VALUE", "RETURN_GENERATOR", "BEFORE_WITH",
+                     "SETUP_WITH"))  # fmt: skip
+_READING_METHODS = frozenset(("get", "keys", "values", "items", "copy", "index", "count",
+                              "startswith", "endswith", "lower", "upper", "strip", "split",
+                              "join", "format", "item", "tolist", "size", "dim",
+                              "numel"))  # fmt: skip
+_READING_BUILTINS = frozenset(
+    id(getattr(builtins, n)) for n in ("len", "min", "max", "abs", "float", "int", "bool", "str",
+    "round", "sum", "tuple", "list", "dict", "set", "frozenset", "sorted", "isinstance",
+    "issubclass", "getattr", "hasattr", "any", "all", "zip", "enumerate", "range", "pow",
+    "divmod", "format", "repr", "type", "reversed", "map", "filter", "vars", "slice", "complex")
+)  # fmt: skip
+_READING_MODULES = frozenset(("math", "cmath", "operator"))
+
+
+def reads_only(function: Any) -> bool:
+    """Whether ``function``'s code (a property's getter, a ``__getattr__``) only reads: it
+    writes no attribute, entry, global or cell, makes no generator, and calls only methods
+    and builtins that read (``d.get``, ``len``, ``math.sqrt``), nothing of the user's. The
+    guard runs such code to see its value; other code it must not run (a property advancing
+    a schedule on each read)."""
+    if not isinstance(function, types.FunctionType):
+        return False
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__ or (), strict=False))
+    for code in _codes(function.__code__):
+        for instruction in dis.get_instructions(code):
+            name, value = instruction.opname, instruction.argval
+            if name in _WRITES:
+                return False
+            if name == "LOAD_METHOD" or (
+                name == "LOAD_ATTR" and "NULL|self" in instruction.argrepr
+            ):
+                if value not in _READING_METHODS:
+                    return False
+            elif name in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"):
+                if name == "LOAD_DEREF":
+                    cell = cells.get(value)
+                    if cell is None:
+                        continue
+                    try:
+                        held = cell.cell_contents
+                    except ValueError:
+                        continue
+                else:
+                    held = function.__globals__.get(value, getattr(builtins, value, None))
+                if not _reads(held):
+                    return False
+    return True
+
+
+def _reads(value: Any) -> bool:
+    """Whether calling ``value`` (or what a module holds) only reads."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__ in _READING_MODULES
+    if not callable(value) or id(value) in _READING_BUILTINS:
+        return True
+    return isinstance(value, type) and not user_class(value)
 
 
 def names_used(code: types.CodeType) -> frozenset[str]:

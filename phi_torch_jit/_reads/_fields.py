@@ -27,7 +27,7 @@ from typing import Any
 from torch import nn
 
 from .._signature import NAMESPACES
-from ._code_walk import user_class
+from ._code_walk import reads_only, user_class
 from ._reachable import callbacks_held, tensors_held
 from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, probe
 
@@ -301,18 +301,27 @@ the step would, then a plain attribute), a slot, ``__dict__``."""
 
 
 def runs_code(owner: Any, step: Step) -> bool:
-    """Whether reading ``step`` of ``owner`` runs code of the user's (a property or another
-    descriptor of a user class, its ``__getattr__``, ``__getattribute__`` or ``__getitem__``):
+    """Whether reading ``step`` of ``owner`` runs code of the user's that does more than read
+    (a property, another descriptor, ``__getattr__``, ``__getattribute__`` or ``__getitem__``
+    of a user class that writes state or calls the user's code: ``_code_walk.reads_only``):
     the guard must not run it (a property advancing a schedule ran 7 more times a call). What
-    that code reads is guarded where it is walked (the object's attributes, its globals)."""
+    that code reads is guarded where the walk reaches it (the object's attributes, its
+    globals). Code that only reads (``return self.opt.param_groups[0]["lr"]``) is run by the
+    guard, which compares its value."""
     klass = type(owner)
     if not user_class(klass) or isinstance(owner, type) or step.length or step.listed:
         return False
     user_bases = [k for k in klass.__mro__ if user_class(k)]
+
+    def defined(name: str) -> Any:
+        return next((vars(k)[name] for k in user_bases if name in vars(k)), None)
+
     if not step.attribute:
-        return any("__getitem__" in vars(k) for k in user_bases)
-    if any("__getattribute__" in vars(k) for k in user_bases):
-        return True
+        getitem = defined("__getitem__")
+        return getitem is not None and not reads_only(getitem)
+    answers = defined("__getattribute__")
+    if answers is not None:
+        return not reads_only(answers)
     for base in klass.__mro__:
         member = vars(base).get(step.key, _MISSING)
         if member is _MISSING:
@@ -320,11 +329,15 @@ def runs_code(owner: Any, step: Step) -> bool:
         if isinstance(member, _PLAIN_MEMBERS) or not hasattr(type(member), "__get__"):
             return False
         own = getattr(owner, "__dict__", {})
-        return hasattr(type(member), "__set__") or step.key not in own
+        if not hasattr(type(member), "__set__") and step.key in own:
+            return False  # the instance's own value shadows it
+        getter = member.fget if isinstance(member, property) else type(member).__get__
+        return not reads_only(getter)
     own = getattr(owner, "__dict__", None)
     if isinstance(own, dict) and step.key in own:
         return False
-    return any("__getattr__" in vars(k) for k in user_bases)
+    getattr_ = defined("__getattr__")
+    return getattr_ is not None and not reads_only(getattr_)
 
 
 _MISSING = object()
