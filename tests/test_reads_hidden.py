@@ -222,3 +222,46 @@ def test_a_property_that_only_reads_is_compared_by_the_guard() -> None:
         like_eager_then_retraced(ptj.jit(step), step, change)
     finally:
         groups[0]["lr"] = 0.1
+
+
+K_1 = 2.0
+
+
+def _over_the_modules_globals(x: torch.Tensor) -> torch.Tensor:
+    for name, value in list(globals().items()):
+        if name.startswith("K_"):
+            x = x * value + 1
+    return x
+
+
+def test_a_loop_over_the_modules_globals_reads_each_and_sees_one_defined_later() -> None:
+    """``for name, value in globals().items()`` reads every global: each is guarded, and how
+    many there are (a ``K_2`` defined later retraces)."""
+    jitted = ptj.jit(_over_the_modules_globals)
+    x = torch.ones(2)
+    try:
+        for change in ({}, {"K_1": 3.0}, {"K_2": 5.0}):
+            globals().update(change)
+            for _ in range(2):
+                torch.testing.assert_close(jitted(x), _over_the_modules_globals(x))
+        assert jitted.num_traces == 3
+    finally:
+        globals()["K_1"] = 2.0
+        globals().pop("K_2", None)
+
+
+def test_an_mmap_read_as_configuration_is_guarded_by_what_it_holds() -> None:
+    import mmap
+    import struct
+
+    held = mmap.mmap(-1, 8)
+    held[:] = struct.pack("d", 2.0)
+    step = lambda x: x * struct.unpack_from("d", held)[0]  # noqa: E731
+
+    def change() -> None:
+        held[:] = struct.pack("d", 7.0)
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        held.close()

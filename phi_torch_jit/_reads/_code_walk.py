@@ -26,7 +26,7 @@ from ._records import Source, Step
 __all__ = ["names_read", "attribute_chains", "reads_only", "user_module", "user_class",
            "user_function", "modules_imported", "names_in_user_code", "MAX_DEPTH",
            "added_builtins", "Shadowing", "names_environment", "names_looked_up",
-           "holds_environment_reader"]  # fmt: skip
+           "holds_environment_reader", "iterates_globals"]  # fmt: skip
 
 MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
@@ -108,7 +108,32 @@ def names_looked_up(function: types.FunctionType) -> frozenset[str]:
         found.update(v for v in _first(items, 64) if isinstance(v, str))
     if renamed:
         found.update(c for inner in _codes(code) for c in inner.co_consts if isinstance(c, str))
+    if iterates_globals(function):  # for name, value in globals().items(): each of them
+        found.update(n for n in _first(function.__globals__, _MAX_LISTED) if not _dunder(n))
     return frozenset(n for n in found if n.isidentifier())
+
+
+_MAX_LISTED = 512
+"""Globals read by code that iterates over the module's globals (``globals().items()``)."""
+_LISTING = frozenset(("items", "values", "keys", "copy"))
+
+
+def iterates_globals(function: types.FunctionType) -> bool:
+    """Whether ``function``'s code may iterate over its module's globals (``for name, value
+    in globals().items()``, ``for n in globals()``; a loop beside ``globals()[WHICH]`` counts
+    too): every global is then read, and how many there are."""
+    for inner in _codes(function.__code__):
+        if not _looks_up(inner):
+            continue
+        if not _LISTING.isdisjoint(inner.co_names):
+            return True
+        if any(i.opname == "GET_ITER" for i in dis.get_instructions(inner)):
+            return True
+    return False
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
 
 
 _ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb", "expandvars",

@@ -13,11 +13,12 @@ from __future__ import annotations
 import array
 import collections
 import copy
+import mmap
 from typing import Any
 
-from ._records import Kind, immutable
+from ._records import Kind, Step, immutable
 
-__all__ = ["MAX_CONTENT", "MAX_STRICT", "plain_container", "snapshot", "strict"]
+__all__ = ["MAX_CONTENT", "MAX_STRICT", "plain_container", "snapshot", "strict", "buffer_read"]
 
 MAX_CONTENT = 4096
 """Containers of immutable values up to this many items (recursively, keys counted) are
@@ -83,3 +84,22 @@ def snapshot(value: Any) -> Any:
     if type(value) is tuple:  # immutable, but its lists may not be (a partial's arguments)
         return tuple(snapshot(v) for v in value)
     return value
+
+
+MAX_BUFFER = 1 << 16
+"""A ``memoryview`` or an ``mmap`` of up to this many bytes is guarded by what it holds."""
+_TOBYTES = Step(True, "tobytes", call=True)
+_BYTES = Step(False, "bytes", text=True)
+
+
+def buffer_read(value: Any) -> Step | None:
+    """The step reading what a small buffer holds now (a ``memoryview``'s ``tobytes()``, an
+    open ``mmap``'s ``bytes()``: ``struct.unpack_from("d", MM)`` reads it), or None."""
+    try:
+        if isinstance(value, memoryview) and value.nbytes <= MAX_BUFFER:
+            return _TOBYTES
+        if isinstance(value, mmap.mmap) and len(value) <= MAX_BUFFER:
+            return _BYTES
+    except ValueError:  # released, closed
+        return None
+    return None

@@ -35,6 +35,7 @@ from ._code_walk import (
     added_builtins,
     attribute_chains,
     holds_environment_reader,
+    iterates_globals,
     modules_imported,
     names_environment,
     names_in_user_code,
@@ -44,7 +45,7 @@ from ._code_walk import (
     user_class,
     user_module,
 )
-from ._content import plain_container, snapshot, strict
+from ._content import buffer_read, plain_container, snapshot, strict
 from ._custom_bodies import held_by_identity, roots_read_by
 from ._fields import (
     INSTANCE_DICT,
@@ -85,10 +86,6 @@ hundred stage objects iterated by the step fits; a guard of 413 reads took 46 us
 _SUBCLASSES = Step(True, "__subclasses__")
 _LISTED_SUBCLASSES = Step(True, "__subclasses__", call=True)
 """``Term.__subclasses__()``: a new list on every call, guarded by its length and items."""
-
-_MAX_VIEW = 1 << 16
-"""A ``memoryview`` of up to this many bytes is guarded by what it shows (``tobytes()``)."""
-_TOBYTES = Step(True, "tobytes", call=True)
 
 
 def _add_chains(
@@ -179,6 +176,10 @@ def collect_reads(
         chains = attribute_chains(code)
         looked_up = dict.fromkeys(names_looked_up(function) - globals_read.keys(),
                                   code.co_firstlineno)  # fmt: skip
+        if iterates_globals(function):  # how many globals there are: one defined later
+            where = f"{code.co_filename}:{code.co_firstlineno}"
+            source = Source("len(globals())", where, holder=namespace, path=(LENGTH,))
+            _add(reads, (id(namespace), LENGTH), source)
         for name, line in {**globals_read, **looked_up}.items():
             space = namespace if name in namespace else added_builtins(name)
             if space is not namespace:  # a builtin, or undefined: until the module defines it
@@ -375,8 +376,8 @@ def _add(
         copies = {Kind.TENSOR: tensor_meta, Kind.CONTENT: snapshot, Kind.ARRAY: array_copy}
         expected = copies.get(kind, lambda v: v)(value)
     reads[key] = Read(source, kind, expected)
-    if kind is Kind.IDENTITY and isinstance(value, memoryview) and value.nbytes <= _MAX_VIEW:
-        _add(reads, (key, "bytes"), source.child(_TOBYTES), budget)  # what it shows now
+    if kind is Kind.IDENTITY and (held := buffer_read(value)) is not None:
+        _add(reads, (key, "bytes"), source.child(held), budget)  # what it shows now
     if kind is Kind.IDENTITY and isinstance(value, (list, dict, set, types.MappingProxyType)):
         _add(reads, (key, LENGTH), source.child(LENGTH), budget)
     if kind is Kind.IDENTITY and shows_content(value):  # d.values() held, class T(dict)

@@ -239,6 +239,8 @@ def _decoded(key: str, form: bytes | str) -> str:
     """The value a canonical form of kind ``key`` stands for, as text (a set's: a set)."""
     if isinstance(form, str):  # repr() already
         text = form
+    elif key == "bytes":  # a buffer's bytes
+        text = repr(form)
     else:
         value = marshal.loads(form)
         text = repr(set(value) if key == "set" else value)
@@ -249,8 +251,10 @@ _FORMS: dict[str, Any] = {
     "marshal": lambda v: marshal.dumps(v, 2),  # version 2: no back-references (identity)
     "set": lambda v: marshal.dumps(tuple(v), 2),  # marshal sorts a set: its order is the loop's
     "repr": repr,
+    "bytes": bytes,  # what a buffer (an mmap) holds now
 }
-_EXPRESSIONS = {"marshal": "_marshal({}, 2)", "set": "_marshal(tuple({}), 2)", "repr": "repr({})"}
+_EXPRESSIONS = {"marshal": "_marshal({}, 2)", "set": "_marshal(tuple({}), 2)", "repr": "repr({})",
+                "bytes": "bytes({})"}  # fmt: skip
 """The same forms as code for the guard's fetcher (C calls only: no Python frame per read)."""
 
 
