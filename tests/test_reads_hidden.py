@@ -7,10 +7,11 @@ silently wrong, or, for code that counts its reads, run seven more times a call.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -265,3 +266,138 @@ def test_an_mmap_read_as_configuration_is_guarded_by_what_it_holds() -> None:
         like_eager_then_retraced(ptj.jit(step), step, change)
     finally:
         held.close()
+
+
+SCALE = 1.0
+
+
+def _scale_by_the_global(t: torch.Tensor) -> torch.Tensor:
+    return t * SCALE
+
+
+def _default_lambda(x: torch.Tensor, op: Any = lambda t: t * SCALE) -> torch.Tensor:
+    return op(x)  # type: ignore[no-any-return]
+
+
+def _default_function(x: torch.Tensor, *, op: Any = _scale_by_the_global) -> torch.Tensor:
+    return op(x)  # type: ignore[no-any-return]
+
+
+class _Scaled(contextlib.ContextDecorator):
+    """A context manager of yours used as a decorator: ``__enter__`` reads its state."""
+
+    def __init__(self) -> None:
+        self.k = 1.0
+
+    def __enter__(self) -> _Scaled:
+        _CURRENT.append(self.k * SCALE)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.pop()
+
+
+_CURRENT = [1.0]
+_AROUND = _Scaled()
+
+
+@contextlib.contextmanager
+def _scaled_by_the_global() -> Any:
+    _CURRENT.append(SCALE)
+    try:
+        yield
+    finally:
+        _CURRENT.pop()
+
+
+@_AROUND
+def _decorated_by_an_object(x: torch.Tensor) -> torch.Tensor:
+    return x * _CURRENT[-1]
+
+
+@_scaled_by_the_global()
+def _decorated_by_a_generator(x: torch.Tensor) -> torch.Tensor:
+    return x * _CURRENT[-1]
+
+
+class _Point(NamedTuple):
+    a: float = 1.0
+
+
+CALLEES = {
+    "a lambda as a default value": _default_lambda,
+    "a function as a keyword-only default": _default_function,
+    "a ContextDecorator object around a helper": lambda x: _decorated_by_an_object(x),
+    "the jitted function decorated by one": _decorated_by_an_object,
+    "a @contextmanager used as a decorator": lambda x: _decorated_by_a_generator(x),
+    "a namedtuple's defaults": lambda x: x * _Point().a,
+}
+
+
+def _change_the_callees() -> None:
+    global SCALE
+    SCALE = 3.0
+    _Point.__new__.__defaults__ = (3.0,)
+
+
+@pytest.mark.parametrize("case", list(CALLEES))
+def test_code_held_by_defaults_decorators_and_namedtuples_is_walked(case: str) -> None:
+    """Found by probe round 16: code held as a parameter's default value, a context manager
+    of the standard library's decorators, a namedtuple's defaults set on its ``__new__``."""
+    global SCALE
+    step = CALLEES[case]
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, _change_the_callees)
+    finally:
+        SCALE = 1.0
+        _Point.__new__.__defaults__ = (1.0,)
+
+
+class _Parent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = 1.0
+        self.offset = torch.zeros(3)
+
+
+class _Child(torch.nn.Module):
+    def __init__(self, parent: torch.nn.Module) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        object.__setattr__(self, "parent", parent)  # a back-reference, not a submodule
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parent: Any = self.parent
+        return self.lin(x) * parent.gain + parent.offset + (1.0 if parent.training else 0.0)
+
+
+def test_a_module_held_apart_from_its_submodules_is_guarded() -> None:
+    """A child's reference to its parent set with ``object.__setattr__``: the parent's
+    attributes and mode were guarded by neither the module guard nor the walk."""
+    parent = _Parent()
+    child = _Child(parent)
+    step = lambda x: child(x)  # noqa: E731
+
+    def change() -> None:
+        parent.gain = 3.0
+        parent.offset = torch.ones(3)
+        parent.eval()
+
+    like_eager_then_retraced(ptj.jit(step), step, change, x=torch.randn(2, 3))
+
+
+def test_a_lazy_modules_first_call_initializes_it_as_eagerly() -> None:
+    """``nn.LazyLinear`` before its first call: the record pass asked its uninitialized
+    parameter for its storage (a ValueError)."""
+    x = torch.randn(4, 3)
+
+    def run(jitted: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.LazyLinear(2))
+        step = ptj.jit(lambda t: model(t)) if jitted else (lambda t: model(t))
+        return [step(x) for _ in range(3)], torch.rand(2)
+
+    (eager, after_eager), (jitted, after_jitted) = run(False), run(True)
+    for e, j in zip(eager, jitted, strict=True):
+        torch.testing.assert_close(j, e)
+    torch.testing.assert_close(after_jitted, after_eager)  # the same draws, as many

@@ -149,11 +149,11 @@ def tensor_conversion(kind: str) -> Callable[..., Any]:
 
 def storage_pointer(tensor: torch.Tensor) -> int:
     """The address of ``tensor``'s storage (tensors sharing memory share it); 0 for a tensor
-    without storage (sparse, functional wrappers) or an empty one."""
+    without storage (sparse, functional wrappers, uninitialized) or an empty one."""
     try:
         return int(tensor.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return 0
+    except (RuntimeError, NotImplementedError, ValueError):  # ValueError: a lazy module's
+        return 0  # parameter, not initialized yet
 
 
 def is_view(tensor: torch.Tensor) -> bool:

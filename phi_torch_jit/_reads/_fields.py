@@ -27,8 +27,8 @@ from typing import Any
 from torch import nn
 
 from .._signature import NAMESPACES
-from ._code_walk import reads_only, user_class
-from ._reachable import callbacks_held, tensors_held
+from ._code_walk import reads_only, user_class, user_function
+from ._reachable import callbacks_held, tensors_held, wrapper_cells
 from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, probe
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
@@ -102,7 +102,7 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if isinstance(value, types.FunctionType):  # code, walked by user_functions; a single-
         registry = value.__dict__.get("registry")  # dispatch function: what is registered,
         if not isinstance(registry, Mapping):  # how many and each implementation (replaced
-            return []  # by a later register() of the same type)
+            return _wrapper_held(value)  # by a later register() of the same type)
         held = [(Step(True, "registry"), *path) for path in _listed_values(len(registry))]
         return [(Step(True, "registry"), LENGTH), *held]
     if isinstance(value, nn.Module):
@@ -116,10 +116,11 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if isinstance(value, type):  # its data, then its methods (replaced on the class), and
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]  # a
         meta = [Step(True, "__class__")] if user_class(type(value)) else []  # metaclass of yours
-        listed: list[tuple[Step, ...]] = (
-            [(INSTANCE_DICT, _KEYS, LISTED)] if user_class(value) else []
-        )
-        data = (Step(True, n) for n in _class_data(klasses))  # vars(K) in order, above
+        ordered = user_class(value)  # vars(K) in its order
+        listed: list[tuple[Step, ...]] = [(INSTANCE_DICT, _KEYS, LISTED)] if ordered else []
+        if issubclass(value, tuple) and hasattr(value, "_fields"):  # a namedtuple's defaults,
+            listed.append((Step(True, "__new__"), Step(True, "__defaults__")))  # set there too
+        data = (Step(True, n) for n in _class_data(klasses))
         return [*listed, *data, *_methods(value), *meta]
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
@@ -149,6 +150,19 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
 _BUILTIN_BOUND = (types.BuiltinMethodType, types.MethodWrapperType)
 
 _REDUCED = Step(True, "__reduce__", call=True)
+
+
+def _wrapper_held(function: types.FunctionType) -> list[Step | tuple[Step, ...]]:
+    """Paths to what a library's wrapper of a function holds in its closure (the context
+    manager of ``@Scaled(k)``: ``Scaled.k`` is read around every call)."""
+    if "__wrapped__" not in function.__dict__ or user_function(function):
+        return []
+    held = wrapper_cells(function)
+    return [(_CLOSURE, Step(False, i), _CONTENTS)
+            for i, name in enumerate(function.__code__.co_freevars) if name in held]  # fmt: skip
+
+
+_CLOSURE, _CONTENTS = Step(True, "__closure__"), Step(True, "cell_contents")
 
 
 def _called_with(caller: operator.methodcaller) -> list[Step | tuple[Step, ...]]:

@@ -13,7 +13,8 @@ from typing import Any
 
 from torch import nn
 
-from ._code_walk import MAX_DEPTH
+from ._code_walk import MAX_DEPTH, user_function
+from ._reachable import wrapper_cells
 from ._records import LENGTH, Source
 
 __all__ = ["held_objects", "describe_callable"]
@@ -44,6 +45,12 @@ def held_objects(fn: Any) -> list[tuple[Any, Source]]:
             role = "(cls" if isinstance(owner, type) else "object (self"
             label = f"{name} {role} of {obj.__name__})"
             found.append(((id(owner), "self"), Source(label, where, holder=owner)))
+        elif isinstance(obj, types.FunctionType) and "__wrapped__" in obj.__dict__:
+            cells = dict(zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False))
+            for name in wrapper_cells(obj) if not user_function(obj) else ():
+                source = Source(f"closure {name} of {obj.__qualname__}", where, cell=cells[name])
+                found.append(((id(cells[name]), "cell"), source))  # @Scaled(k) around fn
+            pending.append(obj.__dict__["__wrapped__"])
         elif isinstance(obj, nn.Module):
             label = f"{type(obj).__name__} object (the jitted module)"
             found.append(((id(obj), "self"), Source(label, where, holder=obj)))

@@ -343,7 +343,10 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
             continue
         if name.startswith("_") and name not in names_in_user_code(type(module)):
             continue  # private state only your code names: a library base's is its own
-        if isinstance(value, (nn.Module, *_CODE)):
+        if isinstance(value, nn.Module) and name not in namespace.get("_modules", {}):
+            pass  # held apart from _modules (a parent, set with object.__setattr__): known,
+            # by identity, so the module guard checks it as it checks submodules
+        elif isinstance(value, (nn.Module, *_CODE)):
             continue  # submodules: the module guard; functions: not data (a bound method's
             # object is: ``self.fn = schedule.weight`` reads ``schedule``; so is a callable
             # object's: ``self.counter = Counter()``, its ``__call__`` changing ``self.k``)

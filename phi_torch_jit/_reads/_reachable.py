@@ -27,7 +27,14 @@ from ._code_walk import (
 )
 from ._records import PRIMITIVES, probe
 
-__all__ = ["user_functions", "callbacks_held", "tensors_held", "CONTAINERS", "MAX_ITEMS"]
+__all__ = [
+    "user_functions",
+    "callbacks_held",
+    "tensors_held",
+    "wrapper_cells",
+    "CONTAINERS",
+    "MAX_ITEMS",
+]
 
 _OPAQUE = frozenset(("functools", "operator"))
 """Modules whose C callables hide what they hold (``functools.cmp_to_key(mycmp)``, an
@@ -60,6 +67,8 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
             continue
         found += 1
         yield obj
+        pending.extend(obj.__defaults__ or ())  # def f(x, op=lambda t: t * K): its code
+        pending.extend((obj.__kwdefaults__ or {}).values())
         for cell in obj.__closure__ or ():
             try:
                 pending.append(cell.cell_contents)
@@ -80,7 +89,22 @@ def _wrapped_by(function: types.FunctionType) -> list[Any]:
         return []
     registry = function.__dict__.get("registry")
     registered = list(registry.values()) if isinstance(registry, Mapping) else []
-    return [wrapped, *registered]
+    return [wrapped, *registered, *wrapper_cells(function).values()]
+
+
+def wrapper_cells(function: types.FunctionType) -> dict[str, Any]:
+    """What a library's wrapper (a function with ``__wrapped__``) holds in its closure besides
+    the function it wraps: the context manager of a ``ContextDecorator`` (``@Scaled(k)``, a
+    ``@contextmanager`` used as a decorator) runs around the wrapped function."""
+    held = {}
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if not isinstance(value, (types.FunctionType, *PRIMITIVES)):
+            held[name] = value
+    return held
 
 
 def _through_modules(function: types.FunctionType) -> list[Any]:
