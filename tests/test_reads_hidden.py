@@ -11,6 +11,7 @@ import contextlib
 import functools
 import operator
 import types
+import weakref
 from typing import Any, NamedTuple
 
 import pytest
@@ -401,3 +402,50 @@ def test_a_lazy_modules_first_call_initializes_it_as_eagerly() -> None:
     for e, j in zip(eager, jitted, strict=True):
         torch.testing.assert_close(j, e)
     torch.testing.assert_close(after_jitted, after_eager)  # the same draws, as many
+
+
+class _Damper:
+    def __init__(self) -> None:
+        self.gamma = 1.0
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+DAMPER = _Damper()
+WEAK_APPLY = weakref.WeakMethod(DAMPER.apply)
+
+
+def _through_a_weak_method(x: torch.Tensor) -> torch.Tensor:
+    apply = WEAK_APPLY()
+    assert apply is not None
+    return apply(x)
+
+
+def _over_the_class_namespace(x: torch.Tensor) -> torch.Tensor:
+    for name, value in _Table.__dict__.items():
+        if not name.startswith("_"):
+            x = x * value + 1
+    return x
+
+
+def _weaker_damping() -> None:
+    DAMPER.gamma = 3.0
+
+
+@pytest.mark.parametrize(
+    ("step", "change"),
+    [(_through_a_weak_method, _weaker_damping), (_over_the_class_namespace, _reorder_class)],
+    ids=["WeakMethod", "K.__dict__"],
+)
+def test_reads_that_make_a_new_object_each_time_compile_and_are_guarded(
+    step: Any, change: Any
+) -> None:
+    """A ``WeakMethod`` makes a new bound method on each call, ``K.__dict__`` a new proxy:
+    both were taken for state the step changes (eager, warned); what they show is guarded."""
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        DAMPER.gamma = 1.0
+        del _Table.a, _Table.b
+        _Table.a, _Table.b = 2.0, 3.0

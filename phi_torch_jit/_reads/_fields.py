@@ -111,8 +111,10 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "value"), *(Step(True, n) for n in enum_attributes(value))]
     if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context,
         return [Step(True, "get", call=True, argument=UNSET)]  # or that it holds nothing
+    if isinstance(value, weakref.WeakMethod):  # a new bound method on each call: its parts
+        return [(_DEREFERENCED, Step(True, "__self__")), (_DEREFERENCED, Step(True, "__func__"))]
     if isinstance(value, weakref.ref):  # the object it refers to (None once that is gone)
-        return [Step(True, "__call__", call=True)]
+        return [_DEREFERENCED]
     if isinstance(value, type):  # its data, then its methods (replaced on the class), and
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]  # a
         meta = [Step(True, "__class__")] if user_class(type(value)) else []  # metaclass of yours
@@ -150,6 +152,7 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
 _BUILTIN_BOUND = (types.BuiltinMethodType, types.MethodWrapperType)
 
 _REDUCED = Step(True, "__reduce__", call=True)
+_DEREFERENCED = Step(True, "__call__", call=True)
 
 
 def _wrapper_held(function: types.FunctionType) -> list[Step | tuple[Step, ...]]:

@@ -102,6 +102,8 @@ def _add_chains(
                 break
             if isinstance(above.expected, nn.Module) or runs_code(above.expected, step):
                 break  # a property of yours: what it reads is guarded, it is not run
+            if step == INSTANCE_DICT and isinstance(above.expected, type):
+                break  # K.__dict__: a new proxy each read; the class's walk has its entries
             owner, parent, child = child, (parent, step), child.child(step)
             try:
                 value = child.get()
