@@ -96,6 +96,8 @@ class Recording:
         for module in self.modules.values():
             if module._backward_hooks or module._backward_pre_hooks:
                 return None
+            if isinstance(module, torch.jit.ScriptModule):  # its ops are not seen
+                return None
         return self.used | {id(t) for t in outputs}
 
     def add_module(self, module: nn.Module) -> None:

@@ -8,6 +8,7 @@ tensors are rebound, written in place or reshaped between calls.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -148,3 +149,30 @@ def test_a_tensor_read_in_a_backward_only_is_still_seen() -> None:
             torch.testing.assert_close(y.grad, x.grad)
     finally:
         SCALE = saved
+
+
+@pytest.mark.uses_torchscript
+def test_a_tensor_given_to_torchscript_code_stays_an_input() -> None:
+    """A TorchScript function's ops reach no torch-function mode: the record pass cannot see
+    which tensors it uses, so every tensor read stays an input (a trace baked the first
+    call's global, found when the pruning above was first written)."""
+    global G
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.11+: TorchScript is
+        scripted = torch.jit.script(_multiply)  # deprecated, and still used by libraries
+    saved = G
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return scripted(x, G)  # type: ignore[no-any-return]
+
+    jitted = ptj.jit(step)
+    try:
+        for i in range(4):
+            G = torch.full((3,), float(i + 2))
+            torch.testing.assert_close(jitted(torch.ones(3)), step(torch.ones(3)))
+    finally:
+        G = saved
+
+
+def _multiply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a * b

@@ -34,6 +34,15 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
     return scope["fetch"]  # type: ignore[no-any-return]
 
 
+_SCRIPTED = (torch.jit.ScriptFunction, torch.jit.ScriptModule)
+
+
+def _opaque(value: Any) -> bool:
+    """Code whose ops no torch-function mode sees: a TorchScript function or module (a
+    tensor the step passes it is used unseen, and a trace would bake it)."""
+    return isinstance(value, _SCRIPTED)
+
+
 def _used(read: Read, used: set[int]) -> bool:
     try:
         return id(read.source.get()) in used
@@ -52,8 +61,9 @@ class PythonGuard:
 
     def __init__(self, reads: list[Read], used: set[int] | None = None) -> None:
         """``used``: ids of the tensors the program may use (``Recording.tensors_used``); a
-        tensor read that is not among them is left out, neither an input nor guarded."""
-        if used is not None:
+        tensor read that is not among them is left out, neither an input nor guarded (unless
+        the step reads TorchScript code, whose ops no torch-function mode sees)."""
+        if used is not None and not any(_opaque(r.expected) for r in reads):
             reads = [r for r in reads if r.kind is not Kind.TENSOR or _used(r, used)]
         order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ITERATOR: 1,
                  Kind.DRAWS: 1, Kind.ARRAY: 2, Kind.TENSOR: 3}  # fmt: skip
