@@ -8,12 +8,14 @@ silently wrong, or, for code that counts its reads, run seven more times a call.
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import operator
 import types
 import weakref
 from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from helpers import like_eager_then_retraced
@@ -449,3 +451,121 @@ def test_reads_that_make_a_new_object_each_time_compile_and_are_guarded(
         DAMPER.gamma = 1.0
         del _Table.a, _Table.b
         _Table.a, _Table.b = 2.0, 3.0
+
+
+LAST: Any = None
+
+
+def _keeps_its_last_output(x: torch.Tensor) -> torch.Tensor:
+    global LAST
+    y = x * 2
+    LAST = y.detach()  # stored, never read by the step
+    return y + 1
+
+
+def test_a_global_the_step_only_stores_is_state_it_changes() -> None:
+    """``global LAST; LAST = y.detach()``: compiled calls skipped the store (LAST kept the
+    first call's value, found by probe round 17). The record pass now compares it: the step
+    runs eagerly, warned, and stores it on every call."""
+    jitted = ptj.jit(_keeps_its_last_output)
+    with pytest.warns(ptj.JitWarning, match="LAST"):
+        for i in range(4):
+            x = torch.full((2,), float(i))
+            jitted(x)
+            torch.testing.assert_close(LAST, x * 2)
+
+
+class _Part(enum.Enum):
+    A = 1
+    B = 2
+
+
+def _parts() -> dict[Any, types.SimpleNamespace]:
+    return {_Part.A: types.SimpleNamespace(k=1.0), (1, "b"): types.SimpleNamespace(k=2.0)}
+
+
+PARTS = _parts()
+
+
+def _by_enum_and_tuple_keys(x: torch.Tensor) -> torch.Tensor:
+    return x * PARTS[_Part.A].k + PARTS[(1, "b")].k
+
+
+def _replace_parts() -> None:
+    PARTS[_Part.A] = types.SimpleNamespace(k=5.0)
+    PARTS[(1, "b")].k = 7.0
+
+
+OPTIMIZER = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+
+
+def _scaled_by_each_groups_rate(x: torch.Tensor) -> torch.Tensor:
+    for group in OPTIMIZER.param_groups:
+        x = x * group["lr"]
+    return x
+
+
+def _decay() -> None:
+    OPTIMIZER.param_groups[0]["lr"] = 0.05
+
+
+MASKED = np.ma.masked_array([1.0, 2.0], mask=[False, True], fill_value=0.0)
+COUNT = 1.0
+TIMES_COUNT = np.frompyfunc(lambda v: v * COUNT, 1, 1)
+
+
+def _filled(x: torch.Tensor) -> torch.Tensor:
+    return x * float(MASKED.filled()[1])
+
+
+def _through_a_ufunc_of_yours(x: torch.Tensor) -> torch.Tensor:
+    return x * float(TIMES_COUNT(2.0))
+
+
+def _refill_and_count() -> None:
+    global COUNT
+    MASKED.fill_value = 9.0
+    COUNT = 3.0
+
+
+NESTED = torch.distributions.Independent(
+    torch.distributions.Normal(torch.zeros(2), torch.ones(2)), 1
+)
+
+
+def _nested_distribution(x: torch.Tensor) -> torch.Tensor:
+    return NESTED.log_prob(x) + NESTED.base_dist.mean.sum()
+
+
+def _rescale() -> None:
+    NESTED.base_dist.scale = torch.full((2,), 2.0)
+    NESTED.base_dist.loc.add_(1.0)
+
+
+STATE_CASES = {
+    "values under enum and tuple keys": (_by_enum_and_tuple_keys, _replace_parts),
+    "an optimizer's rate, looped over": (_scaled_by_each_groups_rate, _decay),
+    "a masked array's fill value": (_filled, _refill_and_count),
+    "a NumPy ufunc of yours": (_through_a_ufunc_of_yours, _refill_and_count),
+    "a distribution inside a distribution": (_nested_distribution, _rescale),
+}
+
+
+@pytest.mark.parametrize("case", list(STATE_CASES))
+def test_state_reached_through_keys_and_libraries_objects_is_guarded(case: str) -> None:
+    """Found by probe round 17: each was kept at its first call's value."""
+    global COUNT
+    step, change = STATE_CASES[case]
+    saved = OPTIMIZER.param_groups[0]["lr"], NESTED.base_dist.scale
+    loc = NESTED.base_dist.loc.clone()
+    traces = 1 if case == "a distribution inside a distribution" else 2  # inputs, not guards
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change, traces=traces, x=torch.ones(2))
+    finally:
+        PARTS.clear()
+        PARTS.update(_parts())
+        OPTIMIZER.param_groups[0]["lr"] = saved[0]
+        NESTED.base_dist.scale = saved[1]
+        NESTED.base_dist.loc.copy_(loc)
+        MASKED.fill_value = 0.0
+        COUNT = 1.0

@@ -34,14 +34,19 @@ MAX_DEPTH = 3
 
 _LOADS_GLOBAL = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
 _LOADS_CELL = frozenset(("LOAD_DEREF", "LOAD_CLASSDEREF"))
+_STORES_GLOBAL = frozenset(("STORE_GLOBAL", "DELETE_GLOBAL"))
+_CELLS = _LOADS_CELL | {"STORE_DEREF", "DELETE_DEREF"}
+"""A global or free variable the code only stores (``global LAST; LAST = y.detach()``) is
+state it changes: read with the others, so the record pass sees the change (compiled calls
+would skip the store)."""
 _NAMES: dict[types.CodeType, tuple[dict[str, int], dict[str, int]]] = {}
 
 
 def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
-    """(globals read -> first line, free variables read -> first line) of one code object and
-    the code nested in it (lambdas, comprehensions, generator expressions, inner functions:
-    their globals are the function's; their free variables that are the function's own free
-    variables are its closure's)."""
+    """(globals read or written -> first line, free variables read or written -> first line)
+    of one code object and the code nested in it (lambdas, comprehensions, generator
+    expressions, inner functions: their globals are the function's; their free variables that
+    are the function's own free variables are its closure's)."""
     found = _NAMES.get(code)
     if found is None:
         globals_read: dict[str, int] = {}
@@ -54,7 +59,7 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
             for instruction in instructions:
                 line = instruction.positions.lineno if instruction.positions else None
                 name = instruction.argval
-                if instruction.opname in _LOADS_GLOBAL:
+                if instruction.opname in _LOADS_GLOBAL or instruction.opname in _STORES_GLOBAL:
                     globals_read.setdefault(name, line or inner.co_firstlineno)
                 elif instruction.opname == "LOAD_CONST" and isinstance(name, str):
                     named = ((name,) if by_name else ()) + (
@@ -62,7 +67,7 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
                     )
                     for each in named:
                         globals_read.setdefault(each, line or inner.co_firstlineno)
-                elif instruction.opname in _LOADS_CELL and name in inner.co_freevars:
+                elif instruction.opname in _CELLS and name in inner.co_freevars:
                     if name in code.co_freevars:
                         cells_read.setdefault(name, line or inner.co_firstlineno)
         found = _NAMES[code] = (globals_read, cells_read)

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from .._signature import NAMESPACES
@@ -32,7 +33,7 @@ from ._reachable import callbacks_held, tensors_held, wrapper_cells
 from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, probe
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
-           "VIEWS", "shows_content", "masked", "runs_code"]  # fmt: skip
+           "VIEWS", "shows_content", "masked", "runs_code", "computed"]  # fmt: skip
 
 
 def _class_of(value: Any) -> type:
@@ -64,7 +65,10 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         keys = list(value)  # entries by name or number; objects used as keys, by position
         objects = [(_KEYS, LISTED, Step(False, i)) for i, k in enumerate(keys) if _object_key(k)]
         order = [(_KEYS, LISTED)] if len(keys) > 1 and not objects else []  # keys in order:
-        return [*order, *(Step(False, k) for k in keys if type(k) in (str, int)), *objects]
+        named = [Step(False, k) for k in keys if type(k) in (str, int)]
+        placed = [(_VALUES, LISTED, Step(False, i))  # under an enum, a tuple, an object key:
+                  for i, k in enumerate(keys) if type(k) not in (str, int)]  # fmt: skip
+        return [*order, *named, *placed, *objects]  # the value by position
         # a loop over the values sees a reordering (TERMS["a"] = TERMS.pop("a"), move_to_end)
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
@@ -93,8 +97,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [LENGTH, *_listed_values(len(value))]
     if type(value) is type(os.environ):  # os.environ under another name: what it holds
         return [Step(True, "_data")]
-    if masked(value):  # a NumPy masked array: what is masked, besides the data
-        return [Step(True, "data"), Step(True, "mask")]
+    if masked(value):  # a NumPy masked array: what is masked, besides the data, and with what
+        return [Step(True, "data"), Step(True, "mask"), Step(True, "fill_value")]
     if isinstance(value, (functools.partial, functools.partialmethod)):  # what it binds
         return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]  # and calls
     if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read)
@@ -128,6 +132,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "dispatcher")]
     if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
         return _called_with(value)
+    if isinstance(value, torch.optim.Optimizer):  # its settings (a scheduler changes lr),
+        return _settings(value)  # read however the step reaches them (for g in param_groups)
     klass = _class_of(value)
     plain = _bag(klass) or user_class(klass)  # a library's objects: by identity, and the
     if not plain:  # code of yours they hold (``integrator.rhs = my_rhs``), and tensors
@@ -151,7 +157,19 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
 
 _BUILTIN_BOUND = (types.BuiltinMethodType, types.MethodWrapperType)
 
+
+def _settings(optimizer: torch.optim.Optimizer) -> list[Step | tuple[Step, ...]]:
+    """Paths to each parameter group's settings (``lr``, ``momentum``, ``betas``; not its
+    parameters, which the step reads as tensors) and how many groups there are."""
+    groups = Step(True, "param_groups")
+    paths: list[Step | tuple[Step, ...]] = [(groups, LENGTH)]
+    for i, group in enumerate(optimizer.param_groups):
+        paths += [(groups, Step(False, i), Step(False, k)) for k in group if k != "params"]
+    return paths
+
+
 _REDUCED = Step(True, "__reduce__", call=True)
+_VALUES = Step(True, "values", call=True)
 _DEREFERENCED = Step(True, "__call__", call=True)
 
 
@@ -355,6 +373,16 @@ def runs_code(owner: Any, step: Step) -> bool:
         return False
     getattr_ = defined("__getattr__")
     return getattr_ is not None and not reads_only(getattr_)
+
+
+def computed(owner: Any, step: Step) -> bool:
+    """Whether ``step`` of ``owner`` is a property (``normal.mean``): a tensor it returns is
+    made from the object's own tensors on each read, not one to put a traced input in place
+    of (it has no setter)."""
+    if not step.attribute or isinstance(owner, type):
+        return False
+    member = next((vars(k)[step.key] for k in type(owner).__mro__ if step.key in vars(k)), None)
+    return isinstance(member, property)
 
 
 _MISSING = object()

@@ -51,6 +51,7 @@ from ._fields import (
     INSTANCE_DICT,
     TREE_DEPTH,
     VIEWS,
+    computed,
     depth,
     fields,
     has_attributes,
@@ -112,6 +113,8 @@ def _add_chains(
             if isinstance(value, type) and user_class(value):  # settings.Inner: its data
                 _add(reads, parent, child)  # and methods, walked like any class read
                 continue
+            if isinstance(value, torch.Tensor) and computed(above.expected, step):
+                break  # normal.mean: made from what the object holds (its inputs), each call
             if step == _SUBCLASSES:  # Term.__subclasses__(): a registry of plugins (a new
                 listed = owner.child(_LISTED_SUBCLASSES)  # list each time): how many, each
                 _add(reads, (parent, LENGTH), listed.child(LENGTH))  # walked

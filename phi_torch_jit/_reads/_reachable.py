@@ -36,10 +36,10 @@ __all__ = [
     "MAX_ITEMS",
 ]
 
-_OPAQUE = frozenset(("functools", "operator"))
+_OPAQUE = frozenset(("functools", "operator", "numpy"))
 """Modules whose C callables hide what they hold (``functools.cmp_to_key(mycmp)``, an
-``operator.methodcaller``'s arguments): what they hold is read as the garbage collector sees
-it."""
+``operator.methodcaller``'s arguments, ``numpy.frompyfunc(f, 1, 1)``): what they hold is
+read as the garbage collector sees it."""
 
 MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
@@ -214,14 +214,25 @@ def callbacks_held(obj: Any) -> dict[str, Any]:
     return found
 
 
-def tensors_held(obj: Any) -> list[str]:
+def tensors_held(obj: Any, depth: int = 2) -> list[str]:
     """The attributes of a library's object that hold tensors (``Normal(loc, scale).loc``),
-    by name; the first 64 attributes are looked at."""
+    or another library object holding some (``Independent(Normal(...), 1).base_dist``, two
+    levels down), by name; the first 64 attributes are looked at."""
     try:
         namespace = vars(obj)
     except TypeError:  # no __dict__ (slots, builtins)
         return []
-    return [n for n, v in list(namespace.items())[:64] if isinstance(v, torch.Tensor)]
+    return [n for n, v in list(namespace.items())[:64] if _holds_tensors(v, depth)]
+
+
+def _holds_tensors(value: Any, depth: int) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if not depth or isinstance(value, (type, types.ModuleType, torch.nn.Module, *PRIMITIVES)):
+        return False
+    if callable(value) or user_class(type(value)):
+        return False  # code (walked as such), an object of yours (walked as such)
+    return bool(tensors_held(value, depth - 1))
 
 
 def _users_code(value: Any) -> bool:
