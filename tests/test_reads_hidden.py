@@ -11,6 +11,7 @@ import contextlib
 import enum
 import functools
 import operator
+import sys
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -463,11 +464,19 @@ def _keeps_its_last_output(x: torch.Tensor) -> torch.Tensor:
     return y + 1
 
 
-def test_a_global_the_step_only_stores_is_state_it_changes() -> None:
-    """``global LAST; LAST = y.detach()``: compiled calls skipped the store (LAST kept the
-    first call's value, found by probe round 17). The record pass now compares it: the step
-    runs eagerly, warned, and stores it on every call."""
-    jitted = ptj.jit(_keeps_its_last_output)
+def _sets_its_last_output(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    setattr(sys.modules[__name__], "LAST", y.detach())  # noqa: B010
+    return y + 1
+
+
+@pytest.mark.parametrize("step", [_keeps_its_last_output, _sets_its_last_output])
+def test_a_global_the_step_only_stores_is_state_it_changes(step: Any) -> None:
+    """``global LAST; LAST = y.detach()``, ``setattr(sys.modules[__name__], "LAST", y)``:
+    compiled calls skipped the store (LAST kept the first call's value, found by probe round
+    17). The record pass now compares it: the step runs eagerly, warned, and stores it on
+    every call."""
+    jitted = ptj.jit(step)
     with pytest.warns(ptj.JitWarning, match="LAST"):
         for i in range(4):
             x = torch.full((2,), float(i))

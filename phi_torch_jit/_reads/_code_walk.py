@@ -74,11 +74,15 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
     return found
 
 
+_BY_NAME = frozenset(("vars", "__dict__", "getattr", "setattr", "delattr", "hasattr"))
+
+
 def _looks_up(code: types.CodeType) -> bool:
-    """Whether ``code`` itself looks globals up in a dict: ``globals()``, ``builtins.globals()``,
-    ``vars(sys.modules[__name__])``, ``sys.modules[__name__].__dict__``."""
+    """Whether ``code`` itself looks globals up by name: ``globals()``, ``builtins.globals()``,
+    ``vars(sys.modules[__name__])``, ``sys.modules[__name__].__dict__``,
+    ``setattr(sys.modules[__name__], "LAST", y)``."""
     names = code.co_names
-    return "globals" in names or ("modules" in names and ("vars" in names or "__dict__" in names))
+    return "globals" in names or ("modules" in names and not _BY_NAME.isdisjoint(names))
 
 
 def _values_read(function: types.FunctionType) -> list[Any]:
