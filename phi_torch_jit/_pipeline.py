@@ -49,7 +49,7 @@ from ._signature import (
     modules_in,
     unflatten_arguments,
 )
-from ._specialization import Key, Specialization, Timings, modes_around
+from ._specialization import EagerCall, Key, Specialization, Timings, modes_around
 from ._state import module_tensors, rng_restored, undone
 from ._trace import Traced, trace, trace_input
 from ._wrapper import WrapperModule, make_wrapper, module_names
@@ -231,10 +231,10 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         python_guard=parts.python_guard if live else None,
         buffer_writes=traced.buffer_writes,
         deferred=traced.deferred,
-        eager=_EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
+        eager=EagerCall(target.fn, parts.key[0]) if parts.eager_reason else None,
         meter=_meter(target, parts, traced.module) if live and measured else None,
         written=parts.written,
-        python=_EagerCall(target.fn, parts.key[0]),
+        python=EagerCall(target.fn, parts.key[0], parts.modules),
         served=traced.module.served,
         warn=target.report.cannot_compile,
     )
@@ -243,7 +243,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
 def _meter(target: Target, parts: _Parts, module: CompiledModule) -> Meter:
     """Times the compiled calls against eager's (NOTE [never slower than eager]), afresh when
     another program takes over (engine "auto"'s compiled tier)."""
-    eager = _EagerCall(target.fn, parts.key[0])
+    eager = EagerCall(target.fn, parts.key[0], parts.modules)
     uncompiled = any(n.endswith("the captured graph runs uncompiled") for n in module.notes)
     meter = Meter(eager, parts.timings.record, target.report.switched, compiled=not uncompiled)
     if module.on_new_program is not None:
@@ -264,29 +264,17 @@ def eager_specialization(target: Target, key: Key, reason: str) -> Specializatio
         tracer_warnings=(),
         guard=None,
         eager_reason=target.report.runs_eagerly(reason),
-        eager=_EagerCall(target.fn, key[0]),
+        eager=EagerCall(target.fn, key[0]),
     )
 
 
 def eager_run(target: Target, key: Key) -> Callable[[list[torch.Tensor]], Any]:
     """Runs ``target``'s Python function on the flat inputs of ``key``'s signature."""
-    return _EagerCall(target.fn, key[0])
+    return EagerCall(target.fn, key[0])
 
 
 def _no_program(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     raise AssertionError("an eager specialization has no program")  # never called: eager=
-
-
-class _EagerCall:
-    """Runs a specialization eagerly: the user function on the rebuilt arguments."""
-
-    def __init__(self, fn: Callable[..., Any], arg_spec: Spec) -> None:
-        self.fn = fn
-        self.arg_spec = arg_spec
-
-    def __call__(self, tensors: list[torch.Tensor]) -> Any:
-        args, kwargs = unflatten_arguments(self.arg_spec, tensors)
-        return self.fn(*args, **kwargs)
 
 
 def _overrides_torch_function(tensors: Sequence[torch.Tensor]) -> str:

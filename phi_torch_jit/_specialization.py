@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from ._compat import any_autocast, function_mode_at, function_modes
 from ._context import raised_by_check
@@ -23,8 +24,8 @@ from ._guards import ModuleGuard
 from ._meter import Meter
 from ._reads import PythonGuard
 from ._reads._written_inputs import WrittenInputs
-from ._signature import Spec, unflatten
-from ._state import capture_rng, restore_rng
+from ._signature import Spec, unflatten, unflatten_arguments
+from ._state import buffer_slots, capture_rng, keep_buffer_objects, restore_rng
 from ._value_guards import ValueGuard
 from .errors import JitError, describe_error
 from .extend import REGISTERED
@@ -36,6 +37,7 @@ __all__ = [
     "describe_ambient",
     "Timings",
     "Specialization",
+    "EagerCall",
     "GuardFailure",
     "Miss",
     "run_first_valid",
@@ -414,3 +416,25 @@ def retrace_reason(entries: Sequence[Specialization], miss: Any) -> str | None:
     if entries[0].guard is not None:
         return entries[0].guard.describe_change()
     return None
+
+
+class EagerCall:
+    """Runs a specialization eagerly: the user function on the rebuilt arguments. With
+    ``modules`` (the meter's eager samples, a compiled program's fallback), buffers forward
+    replaces are left as compiled calls leave them (``_state.keep_buffer_objects``)."""
+
+    def __init__(self, fn: Callable[..., Any], arg_spec: Spec,
+                 modules: Sequence[nn.Module] = ()) -> None:  # fmt: skip
+        self.fn = fn
+        self.arg_spec = arg_spec
+        self.modules = tuple(modules)
+
+    def __call__(self, tensors: list[torch.Tensor]) -> Any:
+        args, kwargs = unflatten_arguments(self.arg_spec, tensors)
+        if not self.modules:
+            return self.fn(*args, **kwargs)
+        slots = buffer_slots(self.modules)
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            keep_buffer_objects(slots)

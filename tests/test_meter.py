@@ -675,3 +675,46 @@ def test_without_a_backward_the_forward_alone_decides(clock: FakeClock) -> None:
             meter.serve(path(1.0), [])
         served += 1
     assert meter.done and served == _meter.WARM_UP + _meter.ROUND
+
+
+class _Averaging(nn.Module):
+    """A forward that replaces its buffer (``self.avg = ...``), as BatchNorm-like code does;
+    its Python costs one second on the fake clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.register_buffer("avg", torch.zeros(3))
+        self.clock = clock
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.now += 1.0
+        self.avg = 0.9 * self.avg + 0.1 * x
+        return x + self.avg
+
+
+def test_eager_samples_leave_a_replaced_buffer_as_compiled_calls_do(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The meter's eager samples ran forward, which put a new tensor in the module: the
+    module guard saw a replaced buffer after each and retraced (43-59 traces during one
+    inductor compile, probe round 18). The original buffer object now holds the new value,
+    as after a compiled call: one trace, the same values as eager, whoever served."""
+    from phi_torch_jit._specialization import Specialization
+
+    run_compiled = Specialization._run_compiled
+
+    def slow(specialization: Specialization, tensors: list[torch.Tensor]) -> Any:
+        clock.now += 3.0  # slower than eager: the meter samples, then serves eager code
+        return run_compiled(specialization, tensors)
+
+    monkeypatch.setattr(Specialization, "_run_compiled", slow)
+    model, reference = _Averaging(clock), _Averaging(FakeClock())
+    buffer = model.avg
+    jitted = ptj.jit(model)
+    for i in range(4 * _meter.TO_DROP):
+        x = torch.full((3,), float(i % 5))
+        torch.testing.assert_close(jitted(x), reference(x))
+    assert jitted.num_traces == 1, jitted.explain()
+    assert model.avg is buffer
+    torch.testing.assert_close(model.avg, reference.avg)
+    assert "serves eager code" in jitted.explain()
