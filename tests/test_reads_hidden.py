@@ -7,6 +7,7 @@ silently wrong, or, for code that counts its reads, run seven more times a call.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import functools
@@ -150,12 +151,32 @@ class _Counting:
         self.reads += 1
         return float(self.reads)
 
+    def _tick(self) -> float:
+        self.reads += 1
+        return float(self.reads)
+
+    @property
+    def through_an_alias(self) -> float:  # no store, no method call spelled: it changes
+        tick = self._tick  # state all the same (probe round 19)
+        return tick()
+
+    @property
+    def through_getattr(self) -> float:
+        return float(getattr(self, "_tick")())  # noqa: B009
+
+    @property
+    def through_map(self) -> float:
+        return sum(map(lambda _: self._tick(), [0]))
+
 
 COUNTING = _Counting()
 READS = {
     "a property": lambda x: x * COUNTING.rate,
     "__getattr__": lambda x: x * COUNTING.dt,
     "__getitem__": lambda x: x * COUNTING["dt"],
+    "a method kept in a variable": lambda x: x * COUNTING.through_an_alias,
+    "getattr(...)()": lambda x: x * COUNTING.through_getattr,
+    "map over a method": lambda x: x * COUNTING.through_map,
 }
 
 
@@ -578,3 +599,28 @@ def test_state_reached_through_keys_and_libraries_objects_is_guarded(case: str) 
         NESTED.base_dist.loc.copy_(loc)
         MASKED.fill_value = 0.0
         COUNT = 1.0
+
+
+HISTORY: collections.deque[torch.Tensor] = collections.deque(maxlen=3)
+
+
+def _multistep(x: torch.Tensor) -> torch.Tensor:
+    """An integrator whose order follows how much history it has (Adams-Bashforth)."""
+    weights = {1: [1.0], 2: [1.5, -0.5], 3: [23 / 12, -16 / 12, 5 / 12]}[len(HISTORY)]
+    return x + sum(w * h for w, h in zip(weights, reversed(HISTORY)))  # type: ignore[return-value]
+
+
+def test_a_deque_of_tensors_growing_retraces() -> None:
+    """A ``deque(maxlen=3)`` of tensors, the usual history of a multistep integrator, had no
+    length guard: its order froze at the second trace (probe round 19)."""
+    HISTORY.clear()
+    expected = []
+    jitted = ptj.jit(_multistep)
+    try:
+        for i in range(6):
+            HISTORY.append(torch.full((2,), float(i + 1)))
+            expected = _multistep(torch.ones(2))
+            torch.testing.assert_close(jitted(torch.ones(2)), expected)
+        assert jitted.num_traces == 3  # lengths 1, 2, 3; then it rotates: inputs
+    finally:
+        HISTORY.clear()

@@ -23,7 +23,7 @@ from typing import Any
 from .._sources import is_user_file
 from ._records import Source, Step
 
-__all__ = ["names_read", "attribute_chains", "reads_only", "user_module", "user_class",
+__all__ = ["names_read", "attribute_chains", "user_module", "codes", "user_class",
            "user_function", "modules_imported", "names_in_user_code", "MAX_DEPTH",
            "added_builtins", "Shadowing", "names_environment", "names_looked_up",
            "holds_environment_reader", "iterates_globals"]  # fmt: skip
@@ -51,7 +51,7 @@ def names_read(code: types.CodeType) -> tuple[dict[str, int], dict[str, int]]:
     if found is None:
         globals_read: dict[str, int] = {}
         cells_read: dict[str, int] = {}
-        for inner in _codes(code):
+        for inner in codes(code):
             instructions = list(dis.get_instructions(inner))
             called = {i.argval for i in instructions if i.opname in _LOADS_GLOBAL}
             by_name = _looks_up(inner)  # globals()["G"]: each string constant may name one
@@ -107,7 +107,7 @@ def names_looked_up(function: types.FunctionType) -> frozenset[str]:
     code = function.__code__
     values = _values_read(function)
     renamed = any(value is builtins.globals for value in values)
-    if not renamed and not any(map(_looks_up, _codes(code))):
+    if not renamed and not any(map(_looks_up, codes(code))):
         return frozenset()
     found: set[str] = set()
     for value in values:
@@ -116,7 +116,7 @@ def names_looked_up(function: types.FunctionType) -> frozenset[str]:
             items = (*_first(value, 64), *_first(value.values(), 64))
         found.update(v for v in _first(items, 64) if isinstance(v, str))
     if renamed:
-        found.update(c for inner in _codes(code) for c in inner.co_consts if isinstance(c, str))
+        found.update(c for inner in codes(code) for c in inner.co_consts if isinstance(c, str))
     if iterates_globals(function):  # for name, value in globals().items(): each of them
         found.update(n for n in _first(function.__globals__, _MAX_LISTED) if not _dunder(n))
     return frozenset(n for n in found if n.isidentifier())
@@ -131,7 +131,7 @@ def iterates_globals(function: types.FunctionType) -> bool:
     """Whether ``function``'s code may iterate over its module's globals (``for name, value
     in globals().items()``, ``for n in globals()``; a loop beside ``globals()[WHICH]`` counts
     too): every global is then read, and how many there are."""
-    for inner in _codes(function.__code__):
+    for inner in codes(function.__code__):
         if not _looks_up(inner):
             continue
         if not _LISTING.isdisjoint(inner.co_names):
@@ -198,7 +198,7 @@ def _names_in_source(text: str) -> tuple[str, ...]:
             code = compile(text, f"<{mode}>", mode)
         except Exception:  # prose, a NUL byte, nesting too deep: no names
             continue
-        return tuple(name for inner in _codes(code) for name in inner.co_names)
+        return tuple(name for inner in codes(code) for name in inner.co_names)
     return ()
 
 
@@ -213,7 +213,7 @@ def modules_imported(code: types.CodeType) -> dict[str, int]:
     name (each string constant of code that calls one is a candidate; the caller keeps those
     that are modules). Read through a local, so no global or chain names them."""
     found: dict[str, int] = {}
-    for inner in _codes(code):
+    for inner in codes(code):
         instructions = list(dis.get_instructions(inner))
         imports = any(i.argval in _IMPORTERS for i in instructions if i.opname in _NAMED_LOADS)
         for instruction in instructions:
@@ -264,80 +264,19 @@ _CALL = Step(True, "__call__", call=True)
 _NAMED_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"))
 
 
-def _codes(code: types.CodeType, depth: int = 4) -> list[types.CodeType]:
+def codes(code: types.CodeType, depth: int = 4) -> list[types.CodeType]:
     """``code`` and the code objects nested in it (a few levels)."""
     found = [code]
     if depth:
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
-                found += _codes(const, depth - 1)
+                found += codes(const, depth - 1)
     return found
-
-
-_WRITES = frozenset(("STORE_ATTR", "STORE_SUBSCR", "STORE_SLICE", "STORE_GLOBAL", "STORE_DEREF",
-                     "DELETE_ATTR", "DELETE_SUBSCR", "DELETE_GLOBAL", "DELETE_DEREF",
-                     "IMPORT_NAME", "YIELD_VALUE", "RETURN_GENERATOR", "BEFORE_WITH",
-                     "SETUP_WITH"))  # fmt: skip
-_READING_METHODS = frozenset(("get", "keys", "values", "items", "copy", "index", "count",
-                              "startswith", "endswith", "lower", "upper", "strip", "split",
-                              "join", "format", "item", "tolist", "size", "dim",
-                              "numel"))  # fmt: skip
-_READING_BUILTINS = frozenset(
-    id(getattr(builtins, n)) for n in ("len", "min", "max", "abs", "float", "int", "bool", "str",
-    "round", "sum", "tuple", "list", "dict", "set", "frozenset", "sorted", "isinstance",
-    "issubclass", "getattr", "hasattr", "any", "all", "zip", "enumerate", "range", "pow",
-    "divmod", "format", "repr", "type", "reversed", "map", "filter", "vars", "slice", "complex")
-)  # fmt: skip
-_READING_MODULES = frozenset(("math", "cmath", "operator"))
-
-
-def reads_only(function: Any) -> bool:
-    """Whether ``function``'s code (a property's getter, a ``__getattr__``) only reads: it
-    writes no attribute, entry, global or cell, makes no generator, and calls only methods
-    and builtins that read (``d.get``, ``len``, ``math.sqrt``), nothing of the user's. The
-    guard runs such code to see its value; other code it must not run (a property advancing
-    a schedule on each read)."""
-    if not isinstance(function, types.FunctionType):
-        return False
-    cells = dict(zip(function.__code__.co_freevars, function.__closure__ or (), strict=False))
-    for code in _codes(function.__code__):
-        for instruction in dis.get_instructions(code):
-            name, value = instruction.opname, instruction.argval
-            if name in _WRITES:
-                return False
-            if name == "LOAD_METHOD" or (
-                name == "LOAD_ATTR" and "NULL|self" in instruction.argrepr
-            ):
-                if value not in _READING_METHODS:
-                    return False
-            elif name in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"):
-                if name == "LOAD_DEREF":
-                    cell = cells.get(value)
-                    if cell is None:
-                        continue
-                    try:
-                        held = cell.cell_contents
-                    except ValueError:
-                        continue
-                else:
-                    held = function.__globals__.get(value, getattr(builtins, value, None))
-                if not _reads(held):
-                    return False
-    return True
-
-
-def _reads(value: Any) -> bool:
-    """Whether calling ``value`` (or what a module holds) only reads."""
-    if isinstance(value, types.ModuleType):
-        return value.__name__ in _READING_MODULES
-    if not callable(value) or id(value) in _READING_BUILTINS:
-        return True
-    return isinstance(value, type) and not user_class(value)
 
 
 def names_used(code: types.CodeType) -> frozenset[str]:
     """The attribute and global names ``code`` and the code nested in it spell."""
-    return frozenset(n for inner in _codes(code) for n in inner.co_names)
+    return frozenset(n for inner in codes(code) for n in inner.co_names)
 
 
 _CHAINS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
@@ -352,7 +291,7 @@ def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[S
     if found is not None:
         return found
     found = {}
-    for inner in _codes(code):
+    for inner in codes(code):
         _chains_of(inner, code, found)
     _CHAINS[code] = found
     return found
@@ -440,7 +379,7 @@ def names_in_user_code(klass: type) -> frozenset[str]:
                 function = getattr(member, "__func__", member)
                 code = getattr(function, "__code__", None)
                 if isinstance(code, types.CodeType):
-                    for each in _codes(code):  # nested code too (lambdas, comprehensions)
+                    for each in codes(code):  # nested code too (lambdas, comprehensions)
                         names.update(each.co_names)
         found = _USER_NAMES[klass] = frozenset(names)
     return found

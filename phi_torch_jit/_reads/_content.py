@@ -14,11 +14,13 @@ import array
 import collections
 import copy
 import mmap
+import types
 from typing import Any
 
 from ._records import Kind, Step, immutable
 
-__all__ = ["MAX_CONTENT", "MAX_STRICT", "plain_container", "snapshot", "strict", "buffer_read"]
+__all__ = ["MAX_CONTENT", "MAX_STRICT", "plain_container", "snapshot", "strict", "buffer_read",
+           "SIZED"]  # fmt: skip
 
 MAX_CONTENT = 4096
 """Containers of immutable values up to this many items (recursively, keys counted) are
@@ -26,6 +28,10 @@ guarded by content (one ``==`` in C: 5 us for 4096 floats here), larger ones by 
 and their entries."""
 MAX_STRICT = 256
 """Contents up to this many items are compared in canonical form (``marshal``)."""
+
+SIZED = (list, dict, set, collections.deque, types.MappingProxyType)
+"""Containers guarded by identity whose length is guarded too: an append retraces (a
+``deque(maxlen=3)`` of tensors growing: probe round 19)."""
 
 _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
 _SEQUENCES = (list, set, tuple, collections.deque, array.array, bytearray)

@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from .._signature import NAMESPACES
-from ._code_walk import reads_only, user_class, user_function
+from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
+from ._reading_code import reads_only
 from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, probe
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
@@ -338,7 +339,7 @@ the step would, then a plain attribute), a slot, ``__dict__``."""
 def runs_code(owner: Any, step: Step) -> bool:
     """Whether reading ``step`` of ``owner`` runs code of the user's that does more than read
     (a property, another descriptor, ``__getattr__``, ``__getattribute__`` or ``__getitem__``
-    of a user class that writes state or calls the user's code: ``_code_walk.reads_only``):
+    of a user class that writes state or calls the user's code: ``_reading_code.reads_only``):
     the guard must not run it (a property advancing a schedule ran 7 more times a call). What
     that code reads is guarded where the walk reaches it (the object's attributes, its
     globals). Code that only reads (``return self.opt.param_groups[0]["lr"]``) is run by the

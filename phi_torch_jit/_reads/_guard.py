@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import marshal
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,6 +44,16 @@ def _opaque(value: Any) -> bool:
     return isinstance(value, _SCRIPTED)
 
 
+def _by_identity(read: Read) -> Read:
+    """A tensor read no torch call was given: not an input, only the object it is (``G is
+    None``, ``isinstance(G, Parameter)``, an attribute set on it, code no torch-function mode
+    sees: rebinding it retraces)."""
+    try:
+        return replace(read, kind=Kind.IDENTITY, expected=read.source.get())
+    except GONE:
+        return read
+
+
 def _used(read: Read, used: set[int]) -> bool:
     try:
         return id(read.source.get()) in used
@@ -61,10 +72,11 @@ class PythonGuard:
 
     def __init__(self, reads: list[Read], used: set[int] | None = None) -> None:
         """``used``: ids of the tensors the program may use (``Recording.tensors_used``); a
-        tensor read that is not among them is left out, neither an input nor guarded (unless
-        the step reads TorchScript code, whose ops no torch-function mode sees)."""
+        tensor read that is not among them is no input, guarded by identity only (unless the
+        step reads TorchScript code, whose ops no torch-function mode sees: all are inputs)."""
         if used is not None and not any(_opaque(r.expected) for r in reads):
-            reads = [r for r in reads if r.kind is not Kind.TENSOR or _used(r, used)]
+            reads = [_by_identity(r) if r.kind is Kind.TENSOR and not _used(r, used) else r
+                     for r in reads]  # fmt: skip
         order = {Kind.VALUE: 0, Kind.CONTENT: 0, Kind.IDENTITY: 1, Kind.ITERATOR: 1,
                  Kind.DRAWS: 1, Kind.ARRAY: 2, Kind.TENSOR: 3}  # fmt: skip
         self.reads = tuple(sorted(reads, key=lambda r: order[r.kind]))

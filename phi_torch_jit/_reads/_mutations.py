@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._content import SIZED
 from ._hooks import hook_reads
 from ._kinds import generator_of, generator_state
 from ._python import collect_reads
@@ -46,7 +47,7 @@ def _fingerprint(read: Read) -> Any:
     if read.kind in (Kind.ARRAY, Kind.IDENTITY) and _small_array(value):  # T[0] += 1: in place
         return array_copy(value)
     if read.kind is Kind.IDENTITY:
-        return (id(value), len(value) if isinstance(value, (list, dict, set)) else None)
+        return (id(value), len(value) if isinstance(value, SIZED) else None)
     if read.kind is Kind.TENSOR:  # an input: in-place updates are seen; a rebind is not
         return _Identity(value)
     return read.current() if read.kind is not Kind.CONTENT else _copy(value)

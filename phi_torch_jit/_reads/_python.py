@@ -45,7 +45,7 @@ from ._code_walk import (
     user_class,
     user_module,
 )
-from ._content import buffer_read, plain_container, snapshot, strict
+from ._content import SIZED, buffer_read, plain_container, snapshot, strict
 from ._custom_bodies import held_by_identity, roots_read_by
 from ._fields import (
     INSTANCE_DICT,
@@ -386,7 +386,7 @@ def _add(
     reads[key] = Read(source, kind, expected)
     if kind is Kind.IDENTITY and (held := buffer_read(value)) is not None:
         _add(reads, (key, "bytes"), source.child(held), budget)  # what it shows now
-    if kind is Kind.IDENTITY and isinstance(value, (list, dict, set, types.MappingProxyType)):
+    if kind is Kind.IDENTITY and isinstance(value, SIZED):  # a deque of tensors grown too
         _add(reads, (key, LENGTH), source.child(LENGTH), budget)
     if kind is Kind.IDENTITY and shows_content(value):  # d.values() held, class T(dict)
         copied = source.child(Step(True, "mapping")) if isinstance(value, VIEWS) else source
