@@ -295,6 +295,8 @@ class RecordMode(TorchFunctionMode):
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
+        if torch.compiler.is_compiling():  # torch.cond's branches, captured by dynamo inside
+            return func(*args, **(kwargs or {}))  # the step: it traces through this mode
         before_writes(func, args, kwargs)
         note_used(args, kwargs)
         if kwargs and kwargs.get("generator") is not None:

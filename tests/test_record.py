@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from helpers import make_solve
 from torch import nn
@@ -59,3 +61,20 @@ def test_custom_calls_are_recorded_as_copies() -> None:
     assert call.function is solve and call.single
     assert call.args[0] is not b and torch.equal(call.args[0], b)
     assert torch.allclose(call.outputs[0], solve(b, k))
+
+
+def test_a_step_calling_torch_cond_runs_as_eagerly_never_crashes() -> None:
+    """``torch.cond`` compiles its branches with dynamo inside the step, and dynamo traced
+    through the record pass's torch-function mode: the first jitted call raised
+    UncapturedHigherOrderOpError where eager code ran (found by probe round 19)."""
+    weight = torch.full((4,), 2.0)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: x * weight, lambda x: x - weight, (x,))
+
+    jitted = ptj.jit(step)
+    for sign in (1.0, -1.0, 1.0):
+        x = sign * torch.arange(1.0, 5.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ptj.JitWarning)  # it may run eagerly, warned
+            torch.testing.assert_close(jitted(x), step(x))
