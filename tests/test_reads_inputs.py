@@ -159,9 +159,9 @@ def test_a_tensor_given_to_torchscript_code_stays_an_input() -> None:
     which tensors it uses, so every tensor read stays an input (a trace baked the first
     call's global, found when the pruning above was first written)."""
     global G
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.11+: TorchScript is
-        scripted = torch.jit.script(_multiply)  # deprecated, and still used by libraries
+    with warnings.catch_warnings():  # torch 2.11+ deprecates TorchScript (a
+        warnings.simplefilter("ignore")  # DeprecationWarning, from 2.15 a FutureWarning);
+        scripted = torch.jit.script(_multiply)  # libraries still use it
     saved = G
 
     def step(x: torch.Tensor) -> torch.Tensor:
