@@ -427,7 +427,7 @@ class EagerCall:
                  modules: Sequence[nn.Module] = ()) -> None:  # fmt: skip
         self.fn = fn
         self.arg_spec = arg_spec
-        self.modules = tuple(modules)
+        self.modules = tuple(modules) if buffer_slots(modules) else ()  # none: nothing to keep
 
     def __call__(self, tensors: list[torch.Tensor]) -> Any:
         args, kwargs = unflatten_arguments(self.arg_spec, tensors)

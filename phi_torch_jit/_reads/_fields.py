@@ -83,7 +83,7 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [LENGTH, *_listed_values(len(value))]
     if isinstance(value, _WEAK):  # a registry: what is registered (members are not held)
         return [LENGTH]
-    if getattr(_attribute(value, "dtype"), "hasobject", False) and has_attribute(value, "flat"):
+    if getattr(probe(value, "dtype"), "hasobject", False) and has_attribute(value, "flat"):
         return [(Step(True, "flat"), Step(False, i)) for i in range(value.size)]  # objects
     if isinstance(value, (collections.UserDict, collections.UserList)):
         return [Step(True, "data")]  # the dict or list it wraps
@@ -258,9 +258,6 @@ object; the whole tree shares ``_MAX_FIELDS`` reads."""
 
 def depth(path: tuple[Step, ...]) -> int:
     return sum(1 for step in path if not (step.attribute and step.key in _STRUCTURE))
-
-
-_attribute = probe
 
 
 def has_attribute(value: Any, name: str) -> bool:
