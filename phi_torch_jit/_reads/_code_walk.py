@@ -26,7 +26,7 @@ from ._records import Source, Step
 __all__ = ["names_read", "attribute_chains", "user_module", "codes", "user_class",
            "user_function", "modules_imported", "names_in_user_code", "MAX_DEPTH",
            "added_builtins", "Shadowing", "names_environment", "names_looked_up",
-           "holds_environment_reader", "iterates_globals"]  # fmt: skip
+           "holds_environment_reader", "iterates_globals", "method_chains"]  # fmt: skip
 
 MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
@@ -280,6 +280,7 @@ def names_used(code: types.CodeType) -> frozenset[str]:
 
 
 _CHAINS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
+_METHODS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
 
 
 def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Step, ...]]]:
@@ -290,17 +291,27 @@ def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[S
     found = _CHAINS.get(code)
     if found is not None:
         return found
-    found = {}
+    found, methods = {}, {}
     for inner in codes(code):
-        _chains_of(inner, code, found)
-    _CHAINS[code] = found
+        _chains_of(inner, code, found, methods)
+    _CHAINS[code], _METHODS[code] = found, methods
     return found
 
 
+def method_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Step, ...]]]:
+    """Chains as :func:`attribute_chains`'s that end in a method load, the method their
+    last step: ``torch.get_num_threads()``, ``torch.backends.mkldnn.is_available()`` (what
+    the code calls of a library's module: :mod:`._library_state`)."""
+    attribute_chains(code)
+    return _METHODS[code]
+
+
 def _chains_of(
-    inner: types.CodeType, code: types.CodeType, found: dict[tuple[bool, str], set[Any]]
-) -> None:
-    """The chains of one code object nested in ``code`` (or ``code`` itself) into ``found``."""
+    inner: types.CodeType, code: types.CodeType, found: dict[tuple[bool, str], set[Any]],
+    methods: dict[tuple[bool, str], set[Any]],
+) -> None:  # fmt: skip
+    """The chains of one code object nested in ``code`` (or ``code`` itself) into ``found``,
+    and those ending in a method load into ``methods``."""
     root: tuple[bool, str] | None = None
     chain: list[Step] = []
     pending_key: Any = _NO_KEY
@@ -313,6 +324,11 @@ def _chains_of(
             root, chain, pending_key = (op in _LOADS_CELL, arg), [], _NO_KEY
         elif root is not None and op == "LOAD_METHOD" and arg == "__subclasses__":
             found.setdefault(root, set()).add((*chain, Step(True, arg)))  # a registry: data
+            root, chain, pending_key = None, [], _NO_KEY
+        elif root is not None and op == "LOAD_METHOD" and isinstance(arg, str):
+            methods.setdefault(root, set()).add((*chain, Step(True, arg)))
+            if chain:
+                found.setdefault(root, set()).add(tuple(chain))
             root, chain, pending_key = None, [], _NO_KEY
         elif root is not None and op == "LOAD_ATTR" and isinstance(arg, str):
             chain.append(Step(True, arg))

@@ -41,7 +41,6 @@ from ._code_walk import (
     names_in_user_code,
     names_looked_up,
     names_read,
-    names_used,
     user_class,
     user_module,
 )
@@ -60,7 +59,8 @@ from ._fields import (
 )
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
-from ._kinds import MAX_ARRAY, big_array, drawn_through, kind_of
+from ._kinds import MAX_ARRAY, big_array, kind_of
+from ._library_state import library_sources
 from ._reachable import user_functions
 from ._records import (
     GONE,
@@ -126,23 +126,6 @@ def _add_chains(
             _add(reads, parent, child, budget=[-1])  # -1: not descended
 
 
-def _add_draws(reads: dict[Any, Read], key: Any, source: Source, code: types.CodeType) -> None:
-    """Clocks and generators the code calls through a library's module or class
-    (``time.process_time()``, ``datetime.datetime.now()``): a draw each call (Kind.DRAWS)."""
-    value = source.get()
-    if not isinstance(value, (types.ModuleType, type)) or _users(value):
-        return
-    for path in drawn_through(value, names_used(code)):
-        below = source
-        for name in path:
-            below = below.child(Step(True, name))
-        _add(reads, (key, path), below)
-
-
-def _users(value: Any) -> bool:
-    return user_module(value) if isinstance(value, types.ModuleType) else user_class(value)
-
-
 def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
@@ -195,7 +178,8 @@ def collect_reads(
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", space, name)
                 _add(reads, (id(space), name), source)
                 _add_chains(reads, (id(space), name), source, chains.get((False, name), set()))
-                _add_draws(reads, (id(space), name), source, code)
+                for path, below in library_sources(source, code, name):  # torch's settings
+                    _add(reads, ((id(space), name), path), below)
         found = modules_imported(code).items()
         _add_imported(reads, {name: f"{code.co_filename}:{line}" for name, line in found})
         _add_environment(reads, code, holds_environment_reader(function))

@@ -1,0 +1,143 @@
+"""Global state of libraries that the step reads (_reads._library_state): torch's settings read
+through its functions (``torch.get_num_threads()``, ``torch.is_anomaly_enabled()``) and
+switches kept as module attributes (``torch.backends.mkldnn.enabled``). Libraries' modules are
+not walked, so until these were guarded every engine baked what they said at the first call
+(the step then kept one branch or one factor whatever the script set later)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from helpers import like_eager_then_retraced
+from torch import get_num_threads
+from torch.backends import mkldnn
+
+import phi_torch_jit as ptj
+
+pytestmark = pytest.mark.all_engines
+
+
+def _by_threads(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.get_num_threads()
+
+
+def _by_threads_imported(x: torch.Tensor) -> torch.Tensor:
+    return x * get_num_threads()
+
+
+def _helper_reads_anomaly_mode(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.is_anomaly_enabled() else x * 3
+
+
+def _by_anomaly_mode_in_a_helper(x: torch.Tensor) -> torch.Tensor:
+    return _helper_reads_anomaly_mode(x) + 1
+
+
+def _by_matmul_precision(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.get_float32_matmul_precision() == "high" else x * 3
+
+
+def _by_mkldnn_switch(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.backends.mkldnn.enabled else x * 3
+
+
+def _by_mkldnn_switch_imported(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if mkldnn.enabled else x * 3
+
+
+def _by_tf32_switch(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.backends.cuda.matmul.allow_tf32 else x * 3
+
+
+def _threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if before > 1 else 2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _anomaly_mode() -> Iterator[None]:
+    torch.autograd.set_detect_anomaly(True)
+    yield
+    torch.autograd.set_detect_anomaly(False)
+
+
+def _matmul_precision() -> Iterator[None]:
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if before != "high" else "highest")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+def _mkldnn_off() -> Iterator[None]:
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = not before
+    yield
+    torch.backends.mkldnn.enabled = before
+
+
+def _tf32_switched() -> Iterator[None]:
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not before
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], Iterator[None]]]] = {
+    "torch.get_num_threads()": (_by_threads, _threads),
+    "get_num_threads() imported by name": (_by_threads_imported, _threads),
+    "torch.is_anomaly_enabled() in a helper": (_by_anomaly_mode_in_a_helper, _anomaly_mode),
+    "torch.get_float32_matmul_precision()": (_by_matmul_precision, _matmul_precision),
+    "torch.backends.mkldnn.enabled": (_by_mkldnn_switch, _mkldnn_off),
+    "mkldnn.enabled imported": (_by_mkldnn_switch_imported, _mkldnn_off),
+    "torch.backends.cuda.matmul.allow_tf32": (_by_tf32_switch, _tf32_switched),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_torch_setting_the_step_reads_is_guarded(case: str) -> None:
+    """The script changes the setting between calls: the step follows it as eagerly (one
+    retrace), on every engine."""
+    step, change = CASES[case]
+    changed = change()
+    jitted = ptj.jit(step)
+    try:
+        like_eager_then_retraced(jitted, step, lambda: next(changed))
+    finally:
+        next(changed, None)
+    assert f"{case.split(' ')[0].split('(')[0]}" in jitted.explain()
+
+
+def _asks_with_arguments(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2 if torch.is_tensor(x) and torch.is_floating_point(x) else x
+    return y + float(torch.is_autocast_enabled("cpu"))
+
+
+def test_functions_that_need_arguments_are_not_called_by_the_guard() -> None:
+    """``torch.is_tensor(x)`` and ``torch.is_floating_point(x)`` need their argument: not
+    settings. ``torch.is_autocast_enabled()`` is asked without its argument only where that
+    does not warn (deprecated in some torch releases); the step compiles once and warns
+    nothing (warnings are errors in this suite)."""
+    jitted = ptj.jit(_asks_with_arguments)
+    for _ in range(4):
+        x = torch.randn(3)
+        torch.testing.assert_close(jitted(x), _asks_with_arguments(x))
+    assert jitted.num_traces == 1
+    assert "is_tensor" not in jitted.explain() and "is_floating_point" not in jitted.explain()
+
+
+def _library_constants(x: torch.Tensor) -> Any:
+    return (x * torch.pi).to(torch.float64)
+
+
+def test_torchs_own_names_of_types_are_not_listed_as_reads() -> None:
+    """``torch.float64`` is torch's name of a type (not listed); ``torch.pi`` is a plain value
+    read by a path, guarded like a switch (it never changes)."""
+    jitted = ptj.jit(_library_constants)
+    x = torch.randn(3)
+    torch.testing.assert_close(jitted(x), _library_constants(x))
+    assert "torch.float64" not in jitted.explain()
+    assert "torch.pi" in jitted.explain()
