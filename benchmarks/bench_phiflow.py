@@ -216,17 +216,22 @@ def _timed(fn: Step, state: tuple[Any, ...]) -> tuple[Any, float]:
             ptj_phiflow.uninstall()
 
 
-def _variants(make: Callable[[], tuple[Step, tuple[Any, ...]]]) -> dict[str, Step]:
+def _variants(
+    make: Callable[[], tuple[Step, tuple[Any, ...]]], engines: tuple[str, ...] = ()
+) -> dict[str, Step]:
     step, _ = make()
     phiml = math.jit_compile(make()[0])
     installed = _WhileInstalled(math.jit_compile(make()[0]))
-    return {"eager": step, "PhiML jit": phiml, "install()": installed, "ptj.jit": ptj.jit(step)}
+    variants = {"eager": step, "PhiML jit": phiml, "install()": installed, "ptj.jit": ptj.jit(step)}
+    for engine in engines:  # the default's step against each named engine's (issue 34)
+        variants[f"ptj.jit, engine {engine!r}"] = ptj.jit(make()[0], engine=engine)
+    return variants
 
 
-def bench(name: str, reps: int) -> list[dict[str, Any]]:
+def bench(name: str, reps: int, engines: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     make = SIMULATIONS[name]
     _, state = make()
-    variants = _variants(make)
+    variants = _variants(make, engines)
     rows: dict[str, dict[str, Any]] = {k: {"simulation": name, "variant": k} for k in variants}
     for label, fn in variants.items():  # a fresh function's first FIRST steps, as a user's
         current, seconds = state, []  # short run sees them (record passes, meter included)
@@ -294,6 +299,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sims", nargs="+", default=list(SIMULATIONS), choices=SIMULATIONS)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument(
+        "--engines",
+        nargs="*",
+        default=[],
+        help="also time ptj.jit with these engines named (torchscript, compile, ...)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # PhiML's sparse-CSR beta notice, deprecations
@@ -304,7 +315,7 @@ def main() -> None:
     failed: dict[str, str] = {}
     for name in args.sims:  # each simulation's rows as it finishes: a long run keeps them
         try:
-            rows.extend(bench(name, args.reps))
+            rows.extend(bench(name, args.reps, tuple(args.engines)))
         except Exception as error:  # one simulation failing must not lose the others
             failed[name] = f"{type(error).__name__}: {error}".splitlines()[0]
             print(f"{name}: failed: {failed[name]}", flush=True)

@@ -291,7 +291,8 @@ def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[S
     found = _CHAINS.get(code)
     if found is not None:
         return found
-    found, methods = {}, {}
+    found = {}
+    methods: dict[tuple[bool, str], set[tuple[Step, ...]]] = {}
     for inner in codes(code):
         _chains_of(inner, code, found, methods)
     _CHAINS[code], _METHODS[code] = found, methods
