@@ -6,6 +6,7 @@ not walked, so until these were guarded every engine baked what they said at the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,6 +53,39 @@ def _by_tf32_switch(x: torch.Tensor) -> torch.Tensor:
     return x * 2 if torch.backends.cuda.matmul.allow_tf32 else x * 3
 
 
+def _closure_over_torch() -> Callable[[torch.Tensor], torch.Tensor]:
+    import torch as t
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * t.get_num_threads()
+
+    return step
+
+
+def _by_a_default_reader(x: torch.Tensor, read: Any = torch.get_num_threads) -> torch.Tensor:
+    return x * read()
+
+
+READERS = {"threads": torch.get_num_threads}
+PARTIAL_READER = functools.partial(torch.get_num_threads)
+
+
+class _Settings:
+    threads = staticmethod(torch.get_num_threads)
+
+
+def _by_a_reader_in_a_dict(x: torch.Tensor) -> torch.Tensor:
+    return x * READERS["threads"]()
+
+
+def _by_a_partial_reader(x: torch.Tensor) -> torch.Tensor:
+    return x * PARTIAL_READER()
+
+
+def _by_a_reader_as_class_attribute(x: torch.Tensor) -> torch.Tensor:
+    return x * _Settings.threads()
+
+
 def _threads() -> Iterator[None]:
     before = torch.get_num_threads()
     torch.set_num_threads(1 if before > 1 else 2)
@@ -95,6 +129,13 @@ CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], Iter
     "mkldnn.enabled imported": (_by_mkldnn_switch_imported, _mkldnn_off),
     "torch.backends.cuda.matmul.allow_tf32": (_by_tf32_switch, _tf32_switched),
 }
+HELD: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "torch in a closure cell": _closure_over_torch(),
+    "a reader as a parameter's default": _by_a_default_reader,
+    "a reader in a dict": _by_a_reader_in_a_dict,
+    "a partial of a reader": _by_a_partial_reader,
+    "a reader as a class's staticmethod": _by_a_reader_as_class_attribute,
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -109,6 +150,19 @@ def test_a_torch_setting_the_step_reads_is_guarded(case: str) -> None:
     finally:
         next(changed, None)
     assert f"{case.split(' ')[0].split('(')[0]}" in jitted.explain()
+
+
+@pytest.mark.parametrize("case", list(HELD))
+def test_a_settings_reader_held_or_reached_by_a_closure_is_guarded(case: str) -> None:
+    """The reader reached another way than a global module's path: the walk meets the
+    function itself as a value (or torch in a cell) and guards what it answers."""
+    step = HELD[case]
+    changed = _threads()
+    jitted = ptj.jit(step)
+    try:
+        like_eager_then_retraced(jitted, step, lambda: next(changed))
+    finally:
+        next(changed, None)
 
 
 def _asks_with_arguments(x: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,9 @@ import torch
 
 from ._code_walk import attribute_chains, method_chains, names_used, user_class, user_module
 from ._kinds import drawn_through
-from ._records import Source, Step, immutable
+from ._records import GONE, Source, Step, immutable
 
-__all__ = ["library_sources", "library_reads", "READER_PREFIXES"]
+__all__ = ["library_sources", "library_reads", "answer_of", "READER_PREFIXES"]
 
 READER_PREFIXES = ("get_", "is_", "are_")
 """How torch names the functions that read its global settings."""
@@ -43,19 +43,21 @@ _CALL = Step(True, "__call__", call=True)
 
 
 def library_sources(
-    source: Source, code: types.CodeType, name: str
+    source: Source, code: types.CodeType, name: str, cell: bool = False
 ) -> list[tuple[tuple[Step, ...], Source]]:
-    """What ``code`` reads of a library's global state through its global ``name`` (at
-    ``source``: a module, class or function of a library's), as paths and their sources."""
-    value = source.get()
+    """What ``code`` reads of a library's global state through its global (or, ``cell``,
+    closure variable) ``name`` at ``source`` (a module, class or function of a library's), as
+    paths and their sources."""
+    try:
+        value = source.get()
+    except GONE:  # an empty cell
+        return []
     if isinstance(value, types.ModuleType) and user_module(value):
         return []
     if isinstance(value, type) and user_class(value):
         return []
-    chains = {
-        *attribute_chains(code).get((False, name), ()),
-        *method_chains(code).get((False, name), ()),
-    }
+    key = (cell, name)
+    chains = {*attribute_chains(code).get(key, ()), *method_chains(code).get(key, ())}
     found = []
     for path in library_reads(value, names_used(code), chains):
         below = source
@@ -81,6 +83,18 @@ def library_reads(
         if path is not None and path not in found:
             found.append(path)
     return found
+
+
+def answer_of(value: Any, source: Source) -> Source | None:
+    """Where a settings reader the walk met as a value (in a dict, a class attribute, a
+    default, a partial: ``READERS["n"]()``) answers, to guard by value; None for others."""
+    if isinstance(value, staticmethod):  # a class attribute of yours: staticmethod(reader)
+        inner = value.__func__
+        if isinstance(inner, _FUNCTIONS) and _reader(inner, inner.__name__):
+            return source.child(Step(True, "__func__", call=True))
+    if isinstance(value, _FUNCTIONS) and _reader(value, value.__name__):
+        return source.child(_CALL)
+    return None
 
 
 def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:

@@ -60,7 +60,7 @@ from ._fields import (
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
-from ._library_state import library_sources
+from ._library_state import answer_of, library_sources
 from ._reachable import user_functions
 from ._records import (
     GONE,
@@ -122,6 +122,8 @@ def _add_chains(
                     _add(reads, (parent, i), listed.child(Step(False, i)), [_MAX_FIELDS])
                 break
             if callable(value) and not isinstance(value, (nn.Module, torch.Tensor)):
+                if (answer := answer_of(value, child)) is not None:  # Cfg.threads()
+                    _add(reads, (parent, "answer"), answer)
                 break  # a method or function (a new bound method on every read): code, not data
             _add(reads, parent, child, budget=[-1])  # -1: not descended
 
@@ -189,6 +191,8 @@ def collect_reads(
                 source = Source(f"closure {name}", location, cell=cell)
                 _add(reads, id(cell), source)
                 _add_chains(reads, id(cell), source, chains.get((True, name), set()))
+                for path, below in library_sources(source, code, name, cell=True):
+                    _add(reads, (id(cell), path), below)
     for ident, holder in shadowing.items():
         _add(reads, (ident, "shadowing"), holder.source())
     _add_imported(reads, imported or {})
@@ -368,6 +372,8 @@ def _add(
         copies = {Kind.TENSOR: tensor_meta, Kind.CONTENT: snapshot, Kind.ARRAY: array_copy}
         expected = copies.get(kind, lambda v: v)(value)
     reads[key] = Read(source, kind, expected)
+    if (answer := answer_of(value, source)) is not None:  # torch.get_num_threads, held
+        _add(reads, (key, "answer"), answer)
     if kind is Kind.IDENTITY and (held := buffer_read(value)) is not None:
         _add(reads, (key, "bytes"), source.child(held), budget)  # what it shows now
     if kind is Kind.IDENTITY and isinstance(value, SIZED):  # a deque of tensors grown too
