@@ -86,6 +86,68 @@ def _by_a_reader_as_class_attribute(x: torch.Tensor) -> torch.Tensor:
     return x * _Settings.threads()
 
 
+class _Backend:
+    flags = torch.backends.mkldnn
+
+
+BACKENDS = (torch.backends.mkldnn,)
+W = torch.linspace(-1.0, 1.0, 9).reshape(3, 3)
+
+
+def _by_a_literal_getattr(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if getattr(torch.backends.mkldnn, "enabled") else x * 3  # noqa: B009
+
+
+def _by_a_module_held_by_a_class(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if _Backend.flags.enabled else x * 3
+
+
+def _by_a_loop_over_modules(x: torch.Tensor) -> torch.Tensor:
+    for backend in BACKENDS:
+        x = x * 2 if backend.enabled else x * 3
+    return x
+
+
+def _by_a_default_module(x: torch.Tensor, backend: Any = torch.backends.mkldnn) -> torch.Tensor:
+    return x * 2 if backend.enabled else x * 3
+
+
+class _Configured(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend = torch.backends.mkldnn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if self.backend.enabled else x * 3
+
+
+def _by_math_sdp(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.backends.cuda.math_sdp_enabled() else x * 3
+
+
+def _in_autocast(x: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cpu"):
+        return x @ W  # its dtype is the process's autocast dtype
+
+
+def _by_autocast_dtype(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.get_autocast_dtype("cpu") == torch.float16 else x * 3
+
+
+def _math_sdp_switched() -> Iterator[None]:
+    before = torch.backends.cuda.math_sdp_enabled()
+    torch.backends.cuda.enable_math_sdp(not before)
+    yield
+    torch.backends.cuda.enable_math_sdp(before)
+
+
+def _autocast_dtype() -> Iterator[None]:
+    before = torch.get_autocast_dtype("cpu")
+    torch.set_autocast_dtype("cpu", torch.float16 if before != torch.float16 else torch.bfloat16)
+    yield
+    torch.set_autocast_dtype("cpu", before)
+
+
 def _threads() -> Iterator[None]:
     before = torch.get_num_threads()
     torch.set_num_threads(1 if before > 1 else 2)
@@ -150,6 +212,33 @@ def test_a_torch_setting_the_step_reads_is_guarded(case: str) -> None:
     finally:
         next(changed, None)
     assert f"{case.split(' ')[0].split('(')[0]}" in jitted.explain()
+
+
+REACHED: dict[str, tuple[Callable[[torch.Tensor], Any], Callable[[], Iterator[None]]]] = {
+    "getattr with a literal name": (_by_a_literal_getattr, _mkldnn_off),
+    "a module held by a class": (_by_a_module_held_by_a_class, _mkldnn_off),
+    "a loop over a global tuple of modules": (_by_a_loop_over_modules, _mkldnn_off),
+    "a module as a parameter's default": (_by_a_default_module, _mkldnn_off),
+    "a module held by an nn.Module": (_Configured(), _mkldnn_off),
+    "a reader named ..._enabled": (_by_math_sdp, _math_sdp_switched),
+    "autocast entered in the step": (_in_autocast, _autocast_dtype),
+    "torch.get_autocast_dtype('cpu')": (_by_autocast_dtype, _autocast_dtype),
+}
+
+
+@pytest.mark.parametrize("case", list(REACHED))
+def test_a_setting_read_through_a_module_held_or_named_otherwise_is_guarded(case: str) -> None:
+    """torch's module reached through state of yours rather than by its global name (the
+    names your code spells are looked up on it), ``getattr`` with a literal name, readers
+    named ``..._enabled``, and the dtype ``torch.autocast("cpu")`` inside the step casts to
+    (``torch.set_autocast_dtype``; its output's dtype changes too)."""
+    step, change = REACHED[case]
+    changed = change()
+    jitted = ptj.jit(step)
+    try:
+        like_eager_then_retraced(jitted, step, lambda: next(changed))
+    finally:
+        next(changed, None)
 
 
 @pytest.mark.parametrize("case", list(HELD))

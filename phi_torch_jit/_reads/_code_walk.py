@@ -26,7 +26,8 @@ from ._records import Source, Step
 __all__ = ["names_read", "attribute_chains", "user_module", "codes", "user_class",
            "user_function", "modules_imported", "names_in_user_code", "MAX_DEPTH",
            "added_builtins", "Shadowing", "names_environment", "names_looked_up",
-           "holds_environment_reader", "iterates_globals", "method_chains"]  # fmt: skip
+           "holds_environment_reader", "iterates_globals", "method_chains",
+           "chains_spelled"]  # fmt: skip
 
 MAX_DEPTH = 3
 """How deep attribute paths go (``cfg.solver.tol`` is 2)."""
@@ -307,6 +308,16 @@ def method_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Step
     return _METHODS[code]
 
 
+def chains_spelled(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Step, ...]]]:
+    """:func:`attribute_chains` and :func:`method_chains` together: the reads and the calls
+    (``K.backend.get_num_threads()``: a library's module held by a class, NOTE [libraries'
+    settings])."""
+    merged = {k: set(v) for k, v in attribute_chains(code).items()}
+    for k, v in method_chains(code).items():
+        merged.setdefault(k, set()).update(v)
+    return merged
+
+
 def _chains_of(
     inner: types.CodeType, code: types.CodeType, found: dict[tuple[bool, str], set[Any]],
     methods: dict[tuple[bool, str], set[Any]],
@@ -316,13 +327,19 @@ def _chains_of(
     root: tuple[bool, str] | None = None
     chain: list[Step] = []
     pending_key: Any = _NO_KEY
+    via_getattr = False  # getattr(torch.backends.mkldnn, "enabled"): a literal name
     for instruction in dis.get_instructions(inner):
         op, arg = instruction.opname, instruction.argval
         free = op in _LOADS_CELL and arg in inner.co_freevars and arg in code.co_freevars
         if op in _LOADS_GLOBAL or free:
             if root is not None and chain:
                 found.setdefault(root, set()).add(tuple(chain))
+            via_getattr = root == (False, "getattr") and not chain
             root, chain, pending_key = (op in _LOADS_CELL, arg), [], _NO_KEY
+        elif via_getattr and root is not None and op in _CALLS and instruction.arg == 2:
+            if isinstance(pending_key, str) and pending_key.isidentifier():
+                found.setdefault(root, set()).add((*chain, Step(True, pending_key)))
+            root, chain, pending_key, via_getattr = None, [], _NO_KEY, False
         elif root is not None and op == "LOAD_METHOD" and arg == "__subclasses__":
             found.setdefault(root, set()).add((*chain, Step(True, arg)))  # a registry: data
             root, chain, pending_key = None, [], _NO_KEY
@@ -341,12 +358,14 @@ def _chains_of(
         elif root is not None:
             if chain:
                 found.setdefault(root, set()).add(tuple(chain))
-            root, chain, pending_key = None, [], _NO_KEY
+            root, chain, pending_key, via_getattr = None, [], _NO_KEY, False
     if root is not None and chain:
         found.setdefault(root, set()).add(tuple(chain))
 
 
 _NO_KEY = object()
+_CALLS = frozenset(("PRECALL", "CALL", "CALL_FUNCTION"))
+"""The instruction that calls with ``arg`` arguments (3.11: PRECALL then CALL; 3.12+: CALL)."""
 
 
 def user_class(klass: type) -> bool:

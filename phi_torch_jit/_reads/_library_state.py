@@ -12,10 +12,16 @@ docs/design.md):
   library's ``DEFAULT_TOL``): their values are guarded (a constant such as ``math.pi`` or
   ``torch.float32`` is compared too, and never changes);
 * readers of torch's global settings, functions of a torch module named ``get_...``,
-  ``is_...`` or ``are_...`` (``torch.get_num_threads()``, ``torch.is_anomaly_enabled()``,
-  ``torch.get_float32_matmul_precision()``) that answer without arguments with a plain value
-  and no warning: the guard calls them and compares what they answer. Those that are fixed
-  for a process or only true inside a compiler (``is_available``, ``is_compiling``) are not.
+  ``is_...``, ``are_...`` or ``..._enabled`` (``torch.get_num_threads()``,
+  ``torch.is_anomaly_enabled()``, ``torch.get_float32_matmul_precision()``) that answer
+  without arguments with a plain value and no warning: the guard calls them and compares
+  what they answer. Those fixed for a process or true only inside a compiler
+  (``is_available``, ``is_compiling``) are not called;
+* where the code spells ``autocast``, the dtypes ``torch.autocast("cpu")`` and ``("cuda")``
+  cast to (``torch.set_autocast_dtype`` changes them).
+
+Reached through a library's module held by the user's objects too (``K.backend.enabled``:
+:func:`library_held`, from ``_python._add_chains``).
 """
 
 from __future__ import annotations
@@ -29,41 +35,65 @@ import torch
 
 from ._code_walk import attribute_chains, method_chains, names_used, user_class, user_module
 from ._kinds import drawn_through
-from ._records import GONE, Source, Step, immutable
+from ._records import GONE, Source, Step, immutable, probe
 
-__all__ = ["library_sources", "library_reads", "answer_of", "READER_PREFIXES"]
+__all__ = ["library_sources", "library_reads", "library_held", "answer_of", "settings_of_held",
+           "READER_PREFIXES"]  # fmt: skip
 
 READER_PREFIXES = ("get_", "is_", "are_")
 """How torch names the functions that read its global settings."""
 _FIXED = ("available", "compiling", "tracing", "scripting", "built", "initialized")
 """Readers whose answer is fixed for a process, or true only inside a compiler or tracer."""
+_AUTOCAST = frozenset(("autocast", "get_autocast_dtype"))
+"""Names through which code enters autocast or reads its dtype."""
+_AUTOCAST_DTYPES = tuple(
+    Step(True, "get_autocast_dtype", call=True, argument=device) for device in ("cpu", "cuda")
+)
+"""The dtypes ``torch.autocast(device)`` casts to unless told (``torch.set_autocast_dtype``)."""
 _FUNCTIONS = (types.BuiltinFunctionType, types.FunctionType)
 _CALL = Step(True, "__call__", call=True)
 """Calls the value itself (a reader imported by name: ``from torch import get_num_threads``)."""
 
 
+def library_held(value: Any) -> bool:
+    """Whether ``value`` is a library's module or class (a user's is walked as state)."""
+    if isinstance(value, types.ModuleType):
+        return not user_module(value)
+    return isinstance(value, type) and not user_class(value)
+
+
 def library_sources(
-    source: Source, code: types.CodeType, name: str, cell: bool = False
+    source: Source,
+    code: types.CodeType | None,
+    name: str,
+    chains: Iterable[tuple[Step, ...]] = (),
+    cell: bool = False,
 ) -> list[tuple[tuple[Step, ...], Source]]:
     """What ``code`` reads of a library's global state through its global (or, ``cell``,
     closure variable) ``name`` at ``source`` (a module, class or function of a library's), as
-    paths and their sources."""
+    paths and their sources. ``code`` None: along ``chains`` only, from a library's module
+    held by an object of the user's (``K.backend.enabled``)."""
     try:
         value = source.get()
     except GONE:  # an empty cell
         return []
-    if isinstance(value, types.ModuleType) and user_module(value):
+    if isinstance(value, (types.ModuleType, type)) and not library_held(value):
         return []
-    if isinstance(value, type) and user_class(value):
-        return []
-    key = (cell, name)
-    chains = {*attribute_chains(code).get(key, ()), *method_chains(code).get(key, ())}
+    names: Collection[str] = ()
+    if code is not None:
+        key = (cell, name)
+        chains = {*attribute_chains(code).get(key, ()), *method_chains(code).get(key, ())}
+        names = names_used(code)
     found = []
-    for path in library_reads(value, names_used(code), chains):
+    for path in library_reads(value, names, chains):
         below = source
         for step in path:
             below = below.child(step)
         found.append((path, below))
+    if _AUTOCAST & set(names):  # torch.autocast("cpu") entered in the step takes the
+        for step in _AUTOCAST_DTYPES:  # process's autocast dtype (set_autocast_dtype)
+            label = f"torch.get_autocast_dtype({step.argument!r})"
+            found.append(((step,), Source(label, source.location, holder=torch).child(step)))
     return found
 
 
@@ -97,6 +127,51 @@ def answer_of(value: Any, source: Source) -> Source | None:
     return None
 
 
+_MAX_ITEMS = 64
+"""Items of a container or attributes of an object looked at for a library's module."""
+
+
+def settings_of_held(
+    values: Iterable[Any], functions: Iterable[types.FunctionType]
+) -> list[tuple[Any, Source]]:
+    """Settings of a library's modules that the user's state holds where the code reads them
+    from a local name (``for mod in BACKENDS: mod.enabled``, ``self.backend.enabled`` of an
+    ``nn.Module``, ``def f(x, mod=torch.backends.mkldnn)``): each module found in ``values``
+    (the read objects, their items and attributes) or in the functions' defaults, and each
+    name the functions' code spells that the module answers with a plain value or as a
+    settings reader, as (key, source) pairs. The holder's own guard sees another module."""
+    names: set[str] = set()
+    candidates: list[Any] = []
+    for function in functions:
+        names |= names_used(function.__code__)
+        candidates += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    for value in values:
+        candidates.append(value)
+        candidates += _held_by(value)
+    modules = {id(m): m for m in candidates if isinstance(m, types.ModuleType) and library_held(m)}
+    found: list[tuple[Any, Source]] = []
+    for module in modules.values():
+        root = Source(f"module {module.__name__}", module.__name__, holder=module)
+        for name in sorted(names):
+            path = None if name.startswith("__") else _state_at(module, (Step(True, name),))
+            if path is not None:
+                found.append((("held library module", id(module), name), root.child(path[0])))
+    return found
+
+
+def _held_by(value: Any) -> list[Any]:
+    """The items of a plain container or the attributes of an object (not a module's or a
+    class's: those are walked by name), a few dozen at most."""
+    if type(value) in (tuple, list, set, frozenset):
+        return list(value)[:_MAX_ITEMS]
+    if type(value) is dict:
+        return list(value.values())[:_MAX_ITEMS]
+    if isinstance(value, (types.ModuleType, type)):
+        return []
+    attributes = probe(value, "__dict__")
+    return list(attributes.values())[:_MAX_ITEMS] if type(attributes) is dict else []
+
+
 def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:
     """The path to guard along ``chain`` from a library's ``root``, or None: the whole
     chain where it ends in a plain value, or the call of a settings reader it ends in."""
@@ -126,7 +201,9 @@ def _reader(fn: Any, name: str) -> bool:
     module = getattr(fn, "__module__", None) or ""
     if module != "torch" and not module.startswith("torch."):
         return False
-    if not name.startswith(READER_PREFIXES) or any(word in name for word in _FIXED):
+    if not name.startswith(READER_PREFIXES) and not name.endswith("_enabled"):
+        return False  # torch.backends.cuda.math_sdp_enabled()
+    if any(word in name for word in _FIXED):
         return False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

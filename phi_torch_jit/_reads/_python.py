@@ -33,7 +33,7 @@ from ._code_walk import (
     MAX_DEPTH,
     Shadowing,
     added_builtins,
-    attribute_chains,
+    chains_spelled,
     holds_environment_reader,
     iterates_globals,
     modules_imported,
@@ -60,7 +60,7 @@ from ._fields import (
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
-from ._library_state import answer_of, library_sources
+from ._library_state import answer_of, library_held, library_sources, settings_of_held
 from ._reachable import user_functions
 from ._records import (
     GONE,
@@ -97,7 +97,7 @@ def _add_chains(
     module (the module guard and the wrapper own its state)."""
     for chain in chains:
         parent, child = key, source
-        for step in chain[: MAX_DEPTH + 2]:
+        for depth_, step in enumerate(chain[: MAX_DEPTH + 2]):
             above = reads.get(parent)
             if above is None or above.kind is not Kind.IDENTITY:
                 break
@@ -113,6 +113,10 @@ def _add_chains(
             if isinstance(value, type) and user_class(value):  # settings.Inner: its data
                 _add(reads, parent, child)  # and methods, walked like any class read
                 continue
+            if library_held(value):  # K.backend.enabled: torch.backends.mkldnn held
+                for path, below in library_sources(child, None, "", (chain[depth_ + 1 :],)):
+                    _add(reads, (parent, path), below)
+                break
             if isinstance(value, torch.Tensor) and computed(above.expected, step):
                 break  # normal.mean: made from what the object holds (its inputs), each call
             if step == _SUBCLASSES:  # Term.__subclasses__(): a registry of plugins (a new
@@ -157,13 +161,14 @@ def collect_reads(
         _add(reads, key, source)
     shadowing: dict[int, Shadowing] = {}
     reached = _add_module_reads(reads, module_reads or {}, shadowing)
-    for function in user_functions([*roots, *modules, *reached]):
+    walked = list(user_functions([*roots, *modules, *reached]))
+    for function in walked:
         code = function.__code__
         _add_defaults(reads, function)
         _add_code(reads, function)
         globals_read, cells_read = names_read(code)
         namespace = function.__globals__
-        chains = attribute_chains(code)
+        chains = chains_spelled(code)
         looked_up = dict.fromkeys(names_looked_up(function) - globals_read.keys(),
                                   code.co_firstlineno)  # fmt: skip
         if iterates_globals(function):  # how many globals there are: one defined later
@@ -196,6 +201,9 @@ def collect_reads(
     for ident, holder in shadowing.items():
         _add(reads, (ident, "shadowing"), holder.source())
     _add_imported(reads, imported or {})
+    held = [*modules, *(r.expected for r in reads.values() if r.kind is not Kind.TENSOR)]
+    for key, source in settings_of_held(held, walked):  # for mod in BACKENDS: mod.enabled
+        _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
     return list(reads.values())
