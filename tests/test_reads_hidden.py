@@ -624,3 +624,99 @@ def test_a_deque_of_tensors_growing_retraces() -> None:
         assert jitted.num_traces == 3  # lengths 1, 2, 3; then it rotates: inputs
     finally:
         HISTORY.clear()
+
+
+# Round 21: namedtuples whose fields hold objects or whose class has methods, and a property,
+# staticmethod or cached_property wrapping a partial. Their items and the partial's bound values
+# were never walked: every engine baked them.
+
+_Config = collections.namedtuple("_Config", "solver dt")
+NT_CONFIG = _Config(types.SimpleNamespace(k=1.0), 0.1)
+
+
+class _WithMethod(collections.namedtuple("_WithMethod", "a b")):
+    __slots__ = ()
+
+    def total(self) -> float:
+        return float(sum(self.a))
+
+
+NT_WITH_METHOD = _WithMethod([1.0], 2.0)
+
+
+class _Typed(NamedTuple):
+    table: dict[str, float]
+    dt: float
+
+    def scale(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        return x * self.table[key] + self.dt
+
+
+NT_TYPED = _Typed({"a": 1.0}, 0.1)
+NT_TYPED_OP = functools.partial(NT_TYPED.scale, key="a")
+_Stage = collections.namedtuple("_Stage", "params weight")
+NT_STAGES = [_Stage(types.SimpleNamespace(c=1.0), 0.5), _Stage(types.SimpleNamespace(c=2.0), 0.5)]
+BOUND_KS = [1.0]
+
+
+def _times_first(self: Any, ks: list[float]) -> float:
+    return ks[0] * self.base
+
+
+class _Accessors:
+    base = 2.0
+    by_property = property(functools.partial(_times_first, ks=BOUND_KS))
+    by_staticmethod = staticmethod(functools.partial(lambda ks: ks[0], BOUND_KS))
+
+
+ACCESSORS = _Accessors()
+
+
+def _staged(x: torch.Tensor) -> torch.Tensor:
+    for i, stage in enumerate(NT_STAGES):
+        x = x * stage.params.c * stage.weight + i
+    return x
+
+
+NAMEDTUPLES = {
+    "an object in a namedtuple, read by a path": (
+        lambda x: x * NT_CONFIG.solver.k + NT_CONFIG.dt,
+        lambda: setattr(NT_CONFIG.solver, "k", 4.0),
+    ),
+    "a list in a namedtuple subclass with methods": (
+        lambda x: x * NT_WITH_METHOD.a[0],
+        lambda: NT_WITH_METHOD.a.__setitem__(0, 4.0),
+    ),
+    "a typing.NamedTuple's dict through a partial of its method": (
+        lambda x: NT_TYPED_OP(x),
+        lambda: NT_TYPED.table.__setitem__("a", 4.0),
+    ),
+    "a list of namedtuples holding objects, enumerated": (
+        _staged,
+        lambda: setattr(NT_STAGES[1].params, "c", 5.0),
+    ),
+    "a property over a partial": (
+        lambda x: x * ACCESSORS.by_property,
+        lambda: BOUND_KS.__setitem__(0, BOUND_KS[0] + 2.0),
+    ),
+    "a staticmethod over a partial": (
+        lambda x: x * _Accessors.by_staticmethod(),
+        lambda: BOUND_KS.__setitem__(0, BOUND_KS[0] + 2.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NAMEDTUPLES))
+def test_namedtuple_fields_and_partials_behind_accessors_are_guarded(case: str) -> None:
+    """The items of a namedtuple (its fields are read through descriptors the guard does not
+    run), and what a partial binds when a property or a staticmethod wraps it, found by probe
+    round 21 silently baked on every engine."""
+    step, change = NAMEDTUPLES[case]
+    saved = (NT_CONFIG.solver.k, list(NT_WITH_METHOD.a), dict(NT_TYPED.table),
+             NT_STAGES[1].params.c, list(BOUND_KS))  # fmt: skip
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        NT_CONFIG.solver.k, NT_WITH_METHOD.a[:] = saved[0], saved[1]
+        NT_TYPED.table.update(saved[2])
+        NT_STAGES[1].params.c, BOUND_KS[:] = saved[3], saved[4]

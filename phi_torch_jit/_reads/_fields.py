@@ -133,6 +133,12 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "dispatcher")]
     if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
         return _called_with(value)
+    if isinstance(value, property):  # its accessors: a partial's bound values are state
+        return [Step(True, n) for n in ("fget", "fset", "fdel") if getattr(value, n) is not None]
+    if isinstance(value, (staticmethod, classmethod)):  # what it wraps (a partial too)
+        return [Step(True, "__func__")]
+    if isinstance(value, functools.cached_property):
+        return [Step(True, "func")]
     if isinstance(value, torch.optim.Optimizer):  # its settings (a scheduler changes lr),
         return _settings(value)  # read however the step reaches them (for g in param_groups)
     klass = _class_of(value)
@@ -151,8 +157,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     steps: list[Step | tuple[Step, ...]] = [*in_order, *(Step(True, n) for n in names)]
     if isinstance(value, dict):  # a dict or list subclass of yours: its entries too
         steps += [Step(False, k) for k in value if type(k) in (str, int)]
-    elif isinstance(value, list):
-        steps += [Step(False, i) for i in range(len(value))]
+    elif isinstance(value, (list, tuple)):  # a namedtuple's items: its fields, by position
+        steps += [Step(False, i) for i in range(len(value))]  # (read through descriptors)
     return [*steps, Step(True, "__class__")] if user_class(klass) else steps
 
 
