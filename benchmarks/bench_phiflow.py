@@ -28,8 +28,9 @@ a fluid at rest (relative to the largest value; 0 where the state stays exactly 
 Each variant's first steps start after the background compiles of the variants before it
 have finished (``ptj.wait_compiled()``): while one runs, another function's calls cannot be
 captured and run eagerly (docs/engines.md, "Several jitted functions").
-Ratios are to PhiML's own jit. Writes JSON to ``benchmarks/results/`` and
-prints a markdown table. Not a test.
+Ratios are to PhiML's own jit. ``--engines torchscript compile`` adds ``ptj.jit`` with those
+engines named (the default's step against every engine's, docs/phiflow.md). Writes JSON to
+``benchmarks/results/`` and prints a markdown table. Not a test.
 """
 
 from __future__ import annotations
