@@ -511,3 +511,50 @@ def test_an_adjoint_solve_met_while_the_forwards_blocks_run_straight_line_is_cap
     report = jitted.explain()
     assert "forward: looped" in report, report
     assert "backward for needs_input_grad=(True,): looped" in report, report
+
+
+def test_a_captured_solve_reproduces_to_the_solves_tolerance_not_to_float_rounding() -> None:
+    """``_looped.solved_alike``: floating outputs within SOLVE_RTOL of their largest value
+    (the CG stopped at a residual tolerance, rows summed in another order), counts and flags
+    exactly; shapes and dtypes as recorded."""
+    x = torch.linspace(0.0, 0.43, 64).reshape(2, 32)
+    counts, flags = torch.tensor([31, 29], dtype=torch.int32), torch.tensor([True, True])
+    recorded = (x, counts, flags)
+    near = x + 3.8e-5 * torch.sign(torch.sin(torch.arange(64.0))).reshape(2, 32)
+    assert not _looped._reproduces((near, counts, flags), recorded)  # float rounding: no
+    assert _looped.solved_alike((near, counts, flags), recorded)
+    assert not _looped.solved_alike((x + 1e-3, counts, flags), recorded)  # beyond it
+    assert not _looped.solved_alike((x, counts + 1, flags), recorded)  # another count
+    assert not _looped.solved_alike((x, counts, ~flags), recorded)
+    assert not _looped.solved_alike((x.double(), counts, flags), recorded)
+    assert not _looped.solved_alike((x,), recorded)
+
+
+def _pipe_step(v: Any, p: Any) -> Any:
+    from phi.torch.flow import advect, diffuse
+
+    v = advect.semi_lagrangian(v, v, 1.0)
+    v = diffuse.explicit(v, 0.1, 1.0)
+    return fluid.make_incompressible(v, solve=Solve("CG-adaptive", 1e-5, x0=p))
+
+
+@pytest.mark.slow
+def test_a_pipe_flows_solve_is_captured_though_it_differs_from_eager_by_its_tolerance() -> None:
+    """A 50x32 pipe flow's 'CG-adaptive' pressure solve: the captured solver's solution was
+    8.7e-5 of its largest value from the recorded one (float32, tolerance 1e-5), the check
+    at float rounding refused it, and the solve ran as PhiML's Python on every call (1.9x
+    engine compile's step). It is looped now, and the step stays as close to eager as PhiML's
+    own jit is."""
+    from phi.torch.flow import extrapolation, vec
+
+    boundary = extrapolation.combine_sides(x=(vec(x=1, y=0), ZERO_GRADIENT), y=0)
+    state = _pipe_step(StaggeredGrid(0, boundary, x=50, y=32), None)
+    jitted = ptj.jit(_pipe_step, engine="auto", backend="aot_eager", compile_on="caller")
+    for _ in range(3):
+        got = jitted(*state)
+        with phiml_eager():
+            want = _pipe_step(*state)
+        scale = float(math.max(abs(want[0].values)))
+        assert float(math.max(abs(got[0].values - want[0].values))) < 1e-3 * scale
+        state = want
+    assert "forward: looped (loop of PhiML's torch_sparse_cg_adaptive" in jitted.explain()
