@@ -720,3 +720,34 @@ def test_namedtuple_fields_and_partials_behind_accessors_are_guarded(case: str) 
         NT_CONFIG.solver.k, NT_WITH_METHOD.a[:] = saved[0], saved[1]
         NT_TYPED.table.update(saved[2])
         NT_STAGES[1].params.c, BOUND_KS[:] = saved[3], saved[4]
+
+
+class _Knob:  # hashable by identity (a SimpleNamespace is not hashable)
+    def __init__(self, v: float) -> None:
+        self.v = v
+
+
+KEYED_BY_TUPLES = {(1, _Knob(1.0)): 2.0}
+KEYED_BY_NAMEDTUPLES = {_Config(_Knob(1.0), 0.1): 3.0}
+
+
+def _by_tuple_keys(x: torch.Tensor) -> torch.Tensor:
+    for key, weight in KEYED_BY_TUPLES.items():
+        x = x * key[1].v * weight
+    for key, weight in KEYED_BY_NAMEDTUPLES.items():
+        x = x + key.solver.v * weight
+    return x
+
+
+def _change_the_keys_objects() -> None:
+    for key in KEYED_BY_TUPLES:
+        key[1].v += 1.0
+    for key in KEYED_BY_NAMEDTUPLES:
+        key.solver.v += 1.0
+
+
+def test_objects_inside_tuple_keys_of_a_dict_are_guarded() -> None:
+    """A tuple or namedtuple key holding an object (``for k, w in T.items(): k[1].v``) was
+    taken for a value whose hash is its content, and its objects were never walked (probe
+    round 22): they are walked by position now, like a key that is an object."""
+    like_eager_then_retraced(ptj.jit(_by_tuple_keys), _by_tuple_keys, _change_the_keys_objects)

@@ -6,6 +6,7 @@ not walked, so until these were guarded every engine baked what they said at the
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -88,6 +89,26 @@ def _by_a_reader_as_class_attribute(x: torch.Tensor) -> torch.Tensor:
 
 class _Backend:
     flags = torch.backends.mkldnn
+
+
+_Held = collections.namedtuple("_Held", "backend scale")
+HELD_IN_A_NAMEDTUPLE = _Held(torch.backends.mkldnn, 1.0)
+HELD_IN_A_DEQUE = collections.deque([torch.backends.mkldnn])
+
+
+def _by_a_module_in_a_namedtuple(x: torch.Tensor) -> torch.Tensor:
+    backend = HELD_IN_A_NAMEDTUPLE.backend
+    return x * 2 if backend.enabled else x * 3
+
+
+def _by_a_module_in_a_deque(x: torch.Tensor) -> torch.Tensor:
+    for backend in HELD_IN_A_DEQUE:
+        x = x * 2 if backend.enabled else x * 3
+    return x
+
+
+def _by_a_namedtuple_default(x: torch.Tensor, held: Any = HELD_IN_A_NAMEDTUPLE) -> torch.Tensor:
+    return x * 2 if held.backend.enabled else x * 3
 
 
 BACKENDS = (torch.backends.mkldnn,)
@@ -220,6 +241,9 @@ REACHED: dict[str, tuple[Callable[[torch.Tensor], Any], Callable[[], Iterator[No
     "a loop over a global tuple of modules": (_by_a_loop_over_modules, _mkldnn_off),
     "a module as a parameter's default": (_by_a_default_module, _mkldnn_off),
     "a module held by an nn.Module": (_Configured(), _mkldnn_off),
+    "a module in a namedtuple, read through a local": (_by_a_module_in_a_namedtuple, _mkldnn_off),
+    "a module in a deque, iterated": (_by_a_module_in_a_deque, _mkldnn_off),
+    "a module in a namedtuple as a parameter's default": (_by_a_namedtuple_default, _mkldnn_off),
     "a reader named ..._enabled": (_by_math_sdp, _math_sdp_switched),
     "autocast entered in the step": (_in_autocast, _autocast_dtype),
     "torch.get_autocast_dtype('cpu')": (_by_autocast_dtype, _autocast_dtype),

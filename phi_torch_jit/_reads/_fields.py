@@ -31,7 +31,7 @@ from .._signature import NAMESPACES
 from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
 from ._reading_code import reads_only
-from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, probe
+from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, immutable, probe
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
            "VIEWS", "shows_content", "masked", "runs_code", "computed"]  # fmt: skip
@@ -230,7 +230,9 @@ _KEYS = Step(True, "keys", call=True)
 def _object_key(key: Any) -> bool:
     """A dict key that is an object with state of its own (``for st in D: st.k``), not a
     value whose hash is its content."""
-    return not isinstance(key, (str, int, float, bytes, tuple, frozenset, type, enum.Enum))
+    if isinstance(key, (tuple, frozenset)):  # (1, cfg) or a namedtuple holding objects
+        return not all(immutable(item) for item in key)
+    return not isinstance(key, (str, int, float, bytes, type, enum.Enum))
 
 
 def _listed_values(n: int) -> list[tuple[Step, ...]]:

@@ -26,6 +26,8 @@ Reached through a library's module held by the user's objects too (``K.backend.e
 
 from __future__ import annotations
 
+import collections
+import itertools
 import types
 import warnings
 from collections.abc import Collection, Iterable
@@ -141,13 +143,15 @@ def settings_of_held(
     name the functions' code spells that the module answers with a plain value or as a
     settings reader, as (key, source) pairs. The holder's own guard sees another module."""
     names: set[str] = set()
-    candidates: list[Any] = []
+    roots: list[Any] = list(values)
     for function in functions:
         names |= names_used(function.__code__)
-        candidates += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
-    for value in values:
+        roots += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    candidates: list[Any] = []
+    for value in roots:  # each, its items or attributes, and theirs (a namedtuple on a module)
         candidates.append(value)
-        candidates += _held_by(value)
+        for held in _held_by(value):
+            candidates += [held, *_held_by(held)]
     modules = {id(m): m for m in candidates if isinstance(m, types.ModuleType) and library_held(m)}
     found: list[tuple[Any, Source]] = []
     for module in modules.values():
@@ -162,12 +166,12 @@ def settings_of_held(
 def _held_by(value: Any) -> list[Any]:
     """The items of a plain container or the attributes of an object (not a module's or a
     class's: those are walked by name), a few dozen at most."""
-    if type(value) in (tuple, list, set, frozenset):
-        return list(value)[:_MAX_ITEMS]
-    if type(value) is dict:
-        return list(value.values())[:_MAX_ITEMS]
-    if isinstance(value, (types.ModuleType, type)):
+    if isinstance(value, (types.ModuleType, type, str, bytes, torch.Tensor)):
         return []
+    if isinstance(value, (tuple, list, set, frozenset, collections.deque)):
+        return list(itertools.islice(value, _MAX_ITEMS))  # a namedtuple, a list subclass
+    if isinstance(value, dict):
+        return list(itertools.islice(value.values(), _MAX_ITEMS))
     attributes = probe(value, "__dict__")
     return list(attributes.values())[:_MAX_ITEMS] if type(attributes) is dict else []
 

@@ -77,10 +77,13 @@ class PhiKey:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PhiKey):
             return NotImplemented
-        if self.metas != other.metas or self.shapes != other.shapes:
+        if self.metas != other.metas:
             return False
+        if self.shapes is not other.shapes and self.shapes != other.shapes:
+            return False  # PhiML's Shape comparison: 0.1-0.2 ms a key, once per pair (below)
         if self.constants != other.constants:
             return False
+        self.shapes = other.shapes  # equal: shared, the next comparison is one identity test
         if self.specs is other.specs and self.tree is other.tree:
             return True
         try:
