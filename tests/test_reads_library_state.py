@@ -221,17 +221,25 @@ HELD: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_a_torch_setting_the_step_reads_is_guarded(case: str) -> None:
-    """The script changes the setting between calls: the step follows it as eagerly (one
-    retrace), on every engine."""
-    step, change = CASES[case]
+def _follows_the_setting(
+    step: Callable[[torch.Tensor], Any], change: Callable[[], Iterator[None]]
+) -> Any:
+    """Three calls, the setting changed (``change`` restores it when resumed again), three
+    calls: each like eager code, one retrace (``helpers.like_eager_then_retraced``)."""
     changed = change()
     jitted = ptj.jit(step)
     try:
         like_eager_then_retraced(jitted, step, lambda: next(changed))
     finally:
         next(changed, None)
+    return jitted
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_torch_setting_the_step_reads_is_guarded(case: str) -> None:
+    """The script changes the setting between calls: the step follows it as eagerly (one
+    retrace), on every engine."""
+    jitted = _follows_the_setting(*CASES[case])
     assert f"{case.split(' ')[0].split('(')[0]}" in jitted.explain()
 
 
@@ -256,26 +264,14 @@ def test_a_setting_read_through_a_module_held_or_named_otherwise_is_guarded(case
     names your code spells are looked up on it), ``getattr`` with a literal name, readers
     named ``..._enabled``, and the dtype ``torch.autocast("cpu")`` inside the step casts to
     (``torch.set_autocast_dtype``; its output's dtype changes too)."""
-    step, change = REACHED[case]
-    changed = change()
-    jitted = ptj.jit(step)
-    try:
-        like_eager_then_retraced(jitted, step, lambda: next(changed))
-    finally:
-        next(changed, None)
+    _follows_the_setting(*REACHED[case])
 
 
 @pytest.mark.parametrize("case", list(HELD))
 def test_a_settings_reader_held_or_reached_by_a_closure_is_guarded(case: str) -> None:
     """The reader reached another way than a global module's path: the walk meets the
     function itself as a value (or torch in a cell) and guards what it answers."""
-    step = HELD[case]
-    changed = _threads()
-    jitted = ptj.jit(step)
-    try:
-        like_eager_then_retraced(jitted, step, lambda: next(changed))
-    finally:
-        next(changed, None)
+    _follows_the_setting(HELD[case], _threads)
 
 
 def _asks_with_arguments(x: torch.Tensor) -> torch.Tensor:
