@@ -1,7 +1,7 @@
 """Stage 1 (reads): the global state of libraries that the user's code reads.
 
 Libraries' modules are not walked: their functions and constants are taken as fixed, and the
-code that reads them is traced through. Three kinds of what they hold change between calls,
+code that reads them is traced through. Four kinds of what they hold change between calls,
 set by the user's script, and a trace would bake them (NOTE [libraries' settings] in
 docs/design.md):
 
@@ -20,8 +20,10 @@ docs/design.md):
 * where the code spells ``autocast``, the dtypes ``torch.autocast("cpu")`` and ``("cuda")``
   cast to (``torch.set_autocast_dtype`` changes them).
 
-Reached through a library's module held by the user's objects too (``K.backend.enabled``:
-:func:`library_held`, from ``_python._add_chains``).
+Reached through a library's module held by the user's objects too: along a path the code
+spells (``K.backend.enabled``: :func:`library_held`, from ``_python._add_chains``), or read
+through a local name (``for b in BACKENDS: b.enabled``, ``self.backend.enabled``, a default:
+:func:`settings_of_held`, every name the walked code spells looked up on the module).
 """
 
 from __future__ import annotations
