@@ -282,6 +282,7 @@ def names_used(code: types.CodeType) -> frozenset[str]:
 
 _CHAINS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
 _METHODS: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
+_SPELLED: dict[types.CodeType, dict[tuple[bool, str], set[tuple[Step, ...]]]] = {}
 
 
 def attribute_chains(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Step, ...]]]:
@@ -312,9 +313,12 @@ def chains_spelled(code: types.CodeType) -> dict[tuple[bool, str], set[tuple[Ste
     """:func:`attribute_chains` and :func:`method_chains` together: the reads and the calls
     (``K.backend.get_num_threads()``: a library's module held by a class, NOTE [libraries'
     settings])."""
-    merged = {k: set(v) for k, v in attribute_chains(code).items()}
-    for k, v in method_chains(code).items():
-        merged.setdefault(k, set()).update(v)
+    merged = _SPELLED.get(code)
+    if merged is None:
+        merged = {k: set(v) for k, v in attribute_chains(code).items()}
+        for k, v in method_chains(code).items():
+            merged.setdefault(k, set()).update(v)
+        _SPELLED[code] = merged
     return merged
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ._code_walk import attribute_chains, method_chains, names_used, user_class, user_module
+from ._code_walk import chains_spelled, names_used, user_class, user_module
 from ._kinds import drawn_through
 from ._records import GONE, Source, Step, immutable, probe
 
@@ -85,8 +85,7 @@ def library_sources(
         return []
     names: Collection[str] = ()
     if code is not None:
-        key = (cell, name)
-        chains = {*attribute_chains(code).get(key, ()), *method_chains(code).get(key, ())}
+        chains = chains_spelled(code).get((cell, name), ())
         names = names_used(code)
     found = []
     for path in library_reads(value, names, chains):

@@ -97,7 +97,7 @@ def _add_chains(
     module (the module guard and the wrapper own its state)."""
     for chain in chains:
         parent, child = key, source
-        for depth_, step in enumerate(chain[: MAX_DEPTH + 2]):
+        for index, step in enumerate(chain[: MAX_DEPTH + 2]):
             above = reads.get(parent)
             if above is None or above.kind is not Kind.IDENTITY:
                 break
@@ -114,7 +114,7 @@ def _add_chains(
                 _add(reads, parent, child)  # and methods, walked like any class read
                 continue
             if library_held(value):  # K.backend.enabled: torch.backends.mkldnn held
-                for path, below in library_sources(child, None, "", (chain[depth_ + 1 :],)):
+                for path, below in library_sources(child, None, "", (chain[index + 1 :],)):
                     _add(reads, (parent, path), below)
                 break
             if isinstance(value, torch.Tensor) and computed(above.expected, step):
