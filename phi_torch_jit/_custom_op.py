@@ -147,7 +147,7 @@ class CompiledCall:
         with compiling(function.label, self.nested):
             self.forward = engine.compile_function(target)
         if self.forward.mode == "traced":
-            self.checks = flat.checks
+            self.checks = (self.forward.origin or flat).checks
         elif self.forward.mode == "looped" and defer:
             self.checks = looped[-1].checks
         else:

@@ -125,7 +125,14 @@ class DeferredChecks(Protocol):
 
 class LoopSolvers(Protocol):
     """A library's solvers with their loops captured as compiled blocks, shared by the custom
-    functions one engine compiles (:meth:`Library.loop_solvers`)."""
+    functions one engine compiles (:meth:`Library.loop_solvers`).
+
+    It may also have ``as_ops() -> ContextManager[None]``: while in effect on the calling
+    thread, the library's code records each call of a captured solver as one op under
+    ``make_fx`` (``engines._opaque_calls``) and reads no tensor values. Engines then capture
+    the library's Python around the solvers as a graph, run straight-line, and check it like
+    the Python form (NOTE [a solve's Python captured around its solvers]); without it, that
+    Python runs on every call."""
 
     runs: int
     """How many times a captured solver ran (the check runs a function once)."""

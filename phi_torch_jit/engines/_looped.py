@@ -26,6 +26,7 @@ import torch
 from .._libraries import library_solvers
 from .._loops import Captured, capture_loops
 from ..extend import LoopSolvers
+from ._solve_graphs import SOLVE_RTOL, around_solvers, solved_alike
 from .base import CompiledFunction, FunctionTarget
 from .torchscript import _AsTuple, _reproduces
 
@@ -86,40 +87,14 @@ def with_captured_loops(
         _not_captured(target, f"a block cannot be traced for the recorded inputs: {eager[0]}")
         return None
     description = solvers.describe() if solvers is not None else captured.describe()
+    if solvers is not None:
+        graphed = around_solvers(target, run, solvers, expected, lock)
+        if graphed is not None:
+            return graphed
     if solvers is None and _compiled_later(captured.loops):
         run = _PythonUntilCompiled(run, wrap(source), captured.loops)
         description += "; the Python loop while the blocks are not compiled"
     return CompiledFunction(run, "looped", description)
-
-
-SOLVE_RTOL = 1e-3
-"""How far a captured library solve's floating outputs may be from the recording's, relative
-to each output's largest value (NOTE [captured solves reproduce to the solve's tolerance])."""
-
-
-def solved_alike(actual: tuple[Any, ...], expected: tuple[Any, ...]) -> bool:
-    """Whether a captured library solve reproduced the recorded one: the same shapes and
-    dtypes, integer and boolean outputs (iteration counts, converged and diverged flags)
-    equal, floating outputs within :data:`SOLVE_RTOL` of their largest value. A CG stops at
-    a residual tolerance (PhiML's default 1e-5, relative), and the captured solver sums each
-    row of the matrix in another order (padded rows, ``adapters.phiml._cg``): its solution
-    differs from the recorded one by rounding that the iterations amplify up to that
-    tolerance times the matrix's condition (a pipe flow's pressure: 8.7e-5 of the largest
-    value, iterations equal), more than :func:`_reproduces`'s float rounding allows. A
-    capture that computed something else differs by far more, or in its counts."""
-    if len(actual) != len(expected):
-        return False
-    for a, e in zip(actual, expected):
-        if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype:
-            return False
-        if not e.is_floating_point():
-            if not torch.equal(a, e):
-                return False
-            continue
-        scale = float(e.detach().abs().max()) if e.numel() else 0.0
-        if not torch.allclose(a, e, rtol=0.0, atol=SOLVE_RTOL * scale, equal_nan=True):
-            return False
-    return True
 
 
 def _compiled_later(loops: Any) -> bool:

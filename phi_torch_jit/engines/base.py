@@ -61,7 +61,12 @@ class CompiledFunction:
     """``traced``: a faithful trace; ``scripted``: control flow kept; ``looped``: Python whose
     loops run as compiled blocks (``phi_torch_jit._loops``); ``python``: runs as Python."""
     reason: str = ""
-    """Why it is not ``traced``, if it is not."""
+    """Why it is not ``traced``, if it is not; for a ``traced`` one, what was captured, if
+    more than the function (``_solve_graphs``)."""
+    origin: Any = None
+    """The flat function the program was captured from, where it is not the target's own
+    (a library's solve captured around its solvers, ``_solve_graphs``): the deferred checks
+    it collected are the program's."""
 
     @property
     def runs_python(self) -> bool:

@@ -16,6 +16,7 @@ module                      what it does
                             (NOTE [PhiML bridge])
 ``_functions``              the forward we compile for PhiML's custom-gradient Functions
 ``_cg``                     PhiML's CG solvers with their loops captured as compiled blocks
+``_solve_ops``              a solve's Python captured as a graph around its captured CG
 ``_install``                ``phi_torch_jit.phiflow.install()``: PhiML's ``jit_compile`` on us
 ==========================  ===================================================================
 """

@@ -29,13 +29,14 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any, cast
 
 import torch
 
 from ..._compat import get_tracing_state, storage_address, version
+from ._solve_ops import capturing_ops, solve_as_op, solvers_as_ops
 
 __all__ = ["Solvers", "SOLVERS", "padded_rows", "product_form"]
 
@@ -333,6 +334,8 @@ class Solvers:
         """PhiML's solver ``dispatch`` stands for, on ``args``: captured, or PhiML's own for
         what the captured one does not take (another matrix layout)."""
         captured = self.captured(dispatch.name)
+        if capturing_ops() and not isinstance(captured, str):
+            return solve_as_op(self, dispatch, args)
         lin = args[0]
         if isinstance(captured, str) or not isinstance(lin, torch.Tensor):
             return dispatch.original(*args)
@@ -380,6 +383,11 @@ class Solvers:
             f"loop of {names} captured as blocks of predicated iterations; PhiML's own loop "
             "while they are not compiled"
         )
+
+    def as_ops(self) -> AbstractContextManager[None]:
+        """While in effect on this thread, a solve captured with ``make_fx`` records each call of
+        a captured solver as one op (``_solve_ops``)."""
+        return solvers_as_ops()
 
     @contextmanager
     def active(self) -> Iterator[None]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import sys
 import threading
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -27,7 +29,7 @@ import torch
 from ..._compat import TORCH_C, get_tracing_state
 from ..._patches import RefCounted
 
-__all__ = ["VIEW", "capturing"]
+__all__ = ["VIEW", "capturing", "seen_as_traced"]
 
 _BACKEND = "phiml.backend.torch._torch_backend"
 _FUNCTIONAL = "phiml.math._functional"
@@ -132,3 +134,16 @@ class _View:
 _VIEW = _View()
 VIEW = RefCounted(_VIEW.install, _VIEW.remove)
 """Active while any PhiML bridge is (``PhiMLBridge.active``); see the module docstring."""
+
+
+@contextmanager
+def seen_as_traced() -> Iterator[None]:
+    """PhiML's torch backend sees a tracing state on this thread while the block runs: a solve's
+    body captured whole (``_solve_ops``) takes the paths it takes under PhiML's own jit."""
+    previous = _LOCAL.traced
+    with VIEW.active():
+        _LOCAL.traced = True
+        try:
+            yield
+        finally:
+            _LOCAL.traced = previous
