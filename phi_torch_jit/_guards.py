@@ -199,8 +199,13 @@ class ModuleGuard:
         ours = MODULE_HOOK.handle_id is not None  # our record-pass hook, while a thread records
         return sum(map(len, self._hook_dicts)) - ours
 
-    def _tensor_identities(self) -> tuple[int, ...]:
-        return tuple(map(id, chain.from_iterable(map(dict.values, self._tensor_dicts))))
+    def _tensor_identities(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Which tensor each parameter and buffer slot holds, and the slots' names (a buffer
+        renamed, ``register_buffer("hot", m.a); del m.a``, keeps the objects and the count)."""
+        return (
+            tuple(map(id, chain.from_iterable(map(dict.values, self._tensor_dicts)))),
+            tuple(chain.from_iterable(self._tensor_dicts)),
+        )
 
     def moved(self) -> bool:
         """Whether parameters or buffers changed dtype, device, shape or requires_grad since
@@ -220,8 +225,14 @@ class ModuleGuard:
             for t in chain.from_iterable(map(dict.values, self._tensor_dicts))
         )
 
-    def _child_identities(self) -> tuple[int, ...]:
-        return tuple(map(id, chain.from_iterable(map(dict.values, self._child_dicts))))
+    def _child_identities(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Which module each submodule slot holds, and the slots' names (a child renamed,
+        ``net.off_b = net.b; del net.b``, a ModuleDict key replaced: a loop over
+        ``named_children()`` that branches on names takes another path)."""
+        return (
+            tuple(map(id, chain.from_iterable(map(dict.values, self._child_dicts)))),
+            tuple(chain.from_iterable(self._child_dicts)),
+        )
 
     def _attribute_snapshot(self) -> list[Any]:
         try:
@@ -302,8 +313,10 @@ class ModuleGuard:
         for owner, name, old_type, ident in self._child_names:
             module = next(m for n, m in zip(self.names, self.modules) if n == owner)
             child = module._modules.get(name)
+            if child is None:
+                return f"submodule {owner}.{name} ({old_type}) renamed or removed"
             if id(child) != ident:
-                new = type(child).__name__ if child is not None else "nothing"
+                new = type(child).__name__
                 return f"submodule {owner}.{name} replaced: {old_type} -> new {new}"
         if self.hooks and self._hook_keys() != self._hook_ids:
             keys = self._hook_keys()
@@ -311,6 +324,8 @@ class ModuleGuard:
                 if old_keys != new_keys:
                     owner = "global" if i >= 4 * len(self.modules) else self.names[i // 4]
                     return f"{MODULE_HOOK_DICTS[i % 4][1:]} of module {owner} changed"
+        if self.hooks and self._tensor_identities()[1] != self._tensor_ids[1]:
+            return "parameters or buffers were renamed (register_buffer under another name?)"
         if self.hooks and self._tensor_identities() != self._tensor_ids:
             return (
                 "parameters or buffers were replaced by new tensors (load_state_dict(assign=True)?)"

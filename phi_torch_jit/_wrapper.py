@@ -18,7 +18,9 @@ function so traced graphs and errors read well.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -143,11 +145,36 @@ def _rebound(sources: Sequence[Source], values: Sequence[torch.Tensor]) -> Itera
                 "program cannot take as its input; keep it in a list or pass it as an "
                 "argument to have it compiled"
             )
-    saved = [s.get() for s in sources]
-    for source, value in zip(sources, values):
-        source.set(value)
+    places = [_place_of(source) for source in sources]
+    saved = [place.get() for place, _ in places]
+    for (place, bind), value in zip(places, values):
+        place.set(bind(value))
     try:
         yield
     finally:
-        for source, value in zip(sources, saved):
-            source.set(value)
+        for (place, _), value in zip(places, saved):
+            place.set(value)
+
+
+def _place_of(source: Source) -> tuple[Source, Callable[[torch.Tensor], Any]]:
+    """Where a traced input goes in place of the tensor ``source`` reads, and what is put
+    there: the tensor's own place, or for the tensor a method holds bound (``MUL = W.mul``,
+    ``types.MethodType(fn, W)``: ``__self__`` cannot be set) the method's place, given the
+    method bound to the input (the method itself is put back after the trace: its identity is
+    guarded)."""
+    last = source.path[-1] if source.path else None
+    if last is None or not last.attribute or last.key != "__self__":
+        return source, _same
+    place = dataclasses.replace(source, path=source.path[:-1])
+    method = place.get()
+    if isinstance(method, types.MethodType):  # types.MethodType(fn, W)
+        function = method.__func__
+        return place, lambda value: types.MethodType(function, value)
+    if isinstance(method, types.BuiltinMethodType):
+        name = method.__name__
+        return place, lambda value: getattr(value, name)
+    return source, _same
+
+
+def _same(value: torch.Tensor) -> torch.Tensor:
+    return value

@@ -223,3 +223,67 @@ def test_class_swaps_and_rebuilt_submodule_dicts_retrace_and_match_eager() -> No
             change()
             for _ in range(2):
                 torch.testing.assert_close(step(x), net(x).pow(2).sum())
+
+
+class _Named(nn.Module):
+    """Applies the children and buffers whose names do not start with ``off_``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Tanh()
+        self.parts = nn.ModuleDict({"scale": nn.Identity()})
+        self.register_buffer("shift", torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name, child in self.named_children():
+            if not name.startswith("off_") and name != "parts":
+                x = child(x)
+        x = x * (2.0 if "scale" in self.parts else 1.0)
+        for name, buffer in self.named_buffers():
+            x = x if name.startswith("off_") else x + buffer
+        return x
+
+
+def _rename_child(m: _Named) -> None:
+    m.off_b = m.b
+    del m.b
+
+
+def _rename_key(m: _Named) -> None:
+    m.parts["off_scale"] = m.parts.pop("scale")
+
+
+def _rename_buffer(m: _Named) -> None:
+    m.register_buffer("off_shift", m.shift)
+    del m.shift
+
+
+def test_a_child_key_or_buffer_renamed_is_noticed_and_described() -> None:
+    """The same objects under other names, as many as before (probe round 23: a loop over
+    ``named_children()`` or ``named_buffers()`` branching on names took the traced path)."""
+    for rename, said in (
+        (_rename_child, "submodule _Named.b (Tanh) renamed or removed"),
+        (_rename_key, "submodule _Named.parts.scale (Identity) renamed or removed"),
+        (_rename_buffer, "parameters or buffers were renamed"),
+    ):
+        module = _Named()
+        guard = ModuleGuard([module])
+        assert guard.holds()
+        rename(module)
+        assert not guard.holds()
+        assert guard.describe_change().startswith(said), guard.describe_change()
+
+
+def test_renamed_children_keys_and_buffers_retrace_and_match_eager() -> None:
+    import phi_torch_jit as ptj
+
+    for rename in (_rename_child, _rename_key, _rename_buffer):
+        module = _Named()
+        jitted = ptj.jit(module)
+        x = torch.randn(2, 3)
+        with torch.no_grad():
+            for change in (lambda m: None, rename):
+                change(module)
+                for _ in range(2):
+                    torch.testing.assert_close(jitted(x), module(x))
+        assert jitted.num_traces == 2, jitted.explain()

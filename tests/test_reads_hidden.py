@@ -751,3 +751,85 @@ def test_objects_inside_tuple_keys_of_a_dict_are_guarded() -> None:
     taken for a value whose hash is its content, and its objects were never walked (probe
     round 22): they are walked by position now, like a key that is an object."""
     like_eager_then_retraced(ptj.jit(_by_tuple_keys), _by_tuple_keys, _change_the_keys_objects)
+
+
+_MISSING = [1.0]
+
+
+class _Defaulted(dict):  # type: ignore[type-arg]
+    def __missing__(self, key: str) -> float:
+        return _MISSING[0]
+
+
+LOOK = _Defaulted(a=2.0).__getitem__  # a C method held bound: only Python calls __missing__
+
+
+def _through_a_c_method(x: torch.Tensor) -> torch.Tensor:
+    return x * LOOK("b") + LOOK("a")
+
+
+def test_code_that_a_c_method_runs_for_its_object_is_walked() -> None:
+    """``LOOK = TABLE.__getitem__`` held: the table's content was guarded, but not the code its
+    class runs behind the C method (``__missing__`` reading a global), which probe round 23
+    found baked on every engine. The walk goes from the method to its object and its class."""
+    try:
+        like_eager_then_retraced(
+            ptj.jit(_through_a_c_method), _through_a_c_method, lambda: _MISSING.__setitem__(0, 4.0)
+        )
+    finally:
+        _MISSING[0] = 1.0
+
+
+CONFIG_MODULE = types.ModuleType("probe_config")  # a module of yours made at run time
+CONFIG_MODULE.W_1 = 1.0  # type: ignore[attr-defined]
+
+
+def _summing_a_modules_weights(x: torch.Tensor) -> torch.Tensor:
+    return x * sum(v for k, v in vars(CONFIG_MODULE).items() if k.startswith("W_"))
+
+
+def test_an_attribute_added_to_a_users_module_read_by_a_loop_over_it_retraces() -> None:
+    """A loop over ``vars(config)`` (or ``dir(config)``) reads every attribute, also one added
+    later, which probe round 23 found unseen (deleting or renaming one was seen: a read path
+    went missing). How many names the module holds is guarded now."""
+    try:
+        like_eager_then_retraced(
+            ptj.jit(_summing_a_modules_weights),
+            _summing_a_modules_weights,
+            lambda: setattr(CONFIG_MODULE, "W_2", 3.0),
+        )
+    finally:
+        if hasattr(CONFIG_MODULE, "W_2"):
+            delattr(CONFIG_MODULE, "W_2")
+
+
+BOUND_TENSOR = torch.ones(3)
+MUL = BOUND_TENSOR.mul  # a tensor's C method held apart from the tensor
+SCALED = types.MethodType(lambda self, x: x * self, torch.full((3,), 2.0))
+
+
+def _through_bound_tensors(x: torch.Tensor) -> torch.Tensor:
+    return MUL(x) + SCALED(x)
+
+
+def test_a_tensor_a_method_holds_bound_is_an_input_of_the_program() -> None:
+    """``MUL = W.mul`` and ``types.MethodType(fn, W)``: the tensor, reached as the method's
+    ``__self__`` (which cannot be set), is put in as a traced input through the method bound
+    anew while tracing; the step had run eagerly with a warning that read like a crash
+    (``attribute '__self__' ... is not writable``). Updates in place are seen, no retrace."""
+
+    def update() -> None:
+        with torch.no_grad():
+            BOUND_TENSOR.mul_(3.0)
+            SCALED.__self__.add_(1.0)
+
+    saved = (BOUND_TENSOR.clone(), SCALED.__self__.clone())
+    try:
+        like_eager_then_retraced(
+            ptj.jit(_through_bound_tensors), _through_bound_tensors, update, traces=1
+        )
+        assert MUL.__self__ is BOUND_TENSOR  # the method held is put back
+    finally:
+        with torch.no_grad():
+            BOUND_TENSOR.copy_(saved[0])
+            SCALED.__self__.copy_(saved[1])

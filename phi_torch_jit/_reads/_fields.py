@@ -102,8 +102,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "data"), Step(True, "mask"), Step(True, "fill_value")]
     if isinstance(value, (functools.partial, functools.partialmethod)):  # what it binds
         return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]  # and calls
-    if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read)
-        return [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
+    if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read): its
+        entries = [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
+        return [(INSTANCE_DICT, LENGTH), *entries]  # data, and how many names (vars() looped)
     if isinstance(value, types.FunctionType):  # code, walked by user_functions; a single-
         registry = value.__dict__.get("registry")  # dispatch function: what is registered,
         if not isinstance(registry, Mapping):  # how many and each implementation (replaced

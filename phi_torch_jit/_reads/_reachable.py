@@ -132,7 +132,12 @@ def _parts(obj: Any) -> list[Any]:
         return [obj.__func__, obj.__self__]
     if isinstance(obj, functools.partial):
         return [obj.func, *obj.args, *obj.keywords.values()]
-    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, *PRIMITIVES)):
+    if isinstance(obj, (types.BuiltinFunctionType, types.MethodWrapperType)):
+        # a C method held bound (LOOK = TABLE.__getitem__): its object, whose class may run
+        # code of yours (Table.__missing__); a module's C function: nothing
+        owner = getattr(obj, "__self__", None)
+        return [] if owner is None or isinstance(owner, types.ModuleType) else [owner]
+    if isinstance(obj, (types.ModuleType, *PRIMITIVES)):
         return []
     if type(obj).__module__ in _OPAQUE and not isinstance(obj, type) and callable(obj):
         return [p for p in gc.get_referents(obj) if not isinstance(p, type)]
