@@ -304,3 +304,74 @@ def test_torchs_own_names_of_types_are_not_listed_as_reads() -> None:
     torch.testing.assert_close(jitted(x), _library_constants(x))
     assert "torch.float64" not in jitted.explain()
     assert "torch.pi" in jitted.explain()
+
+
+# Code and data of yours kept on torch's modules, classes and objects (probe round 24)
+_K = [1.0]
+
+
+def _scaled(t: torch.Tensor) -> torch.Tensor:
+    return t * _K[0]
+
+
+def _doubled(t: torch.Tensor) -> torch.Tensor:
+    return t * 2.0 * _K[0]
+
+
+def _by_a_tensor_method(x: torch.Tensor) -> torch.Tensor:
+    return x.probe_scaled() + 1.0  # type: ignore[attr-defined]
+
+
+def _by_a_function_on_torch(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.probe_act(x) + 1.0  # type: ignore[attr-defined]
+
+
+def _by_a_dict_on_torch(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.probe_cfg["k"]  # type: ignore[attr-defined]
+
+
+_LOGGER = __import__("logging").getLogger("phi_torch_jit.tests.library_state")
+
+
+def _by_a_dict_on_a_logger(x: torch.Tensor) -> torch.Tensor:
+    return _LOGGER.probe_hooks["scale"](x) + 1.0  # type: ignore[attr-defined]
+
+
+YOURS_ON_TORCH: dict[str, tuple[Callable[..., Any], Callable[[], None]]] = {
+    "a method set on torch.Tensor": (_by_a_tensor_method, lambda: _K.__setitem__(0, 3.0)),
+    "a function set on torch.nn.functional": (
+        _by_a_function_on_torch,
+        lambda: _K.__setitem__(0, 3.0),
+    ),
+    "that function rebound": (
+        _by_a_function_on_torch,
+        lambda: setattr(torch.nn.functional, "probe_act", _doubled),
+    ),
+    "a dict set on torch": (
+        _by_a_dict_on_torch,
+        lambda: torch.probe_cfg.__setitem__("k", 3.0),  # type: ignore[attr-defined]
+    ),
+    "a dict of functions on a logger": (_by_a_dict_on_a_logger, lambda: _K.__setitem__(0, 3.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(YOURS_ON_TORCH))
+def test_code_and_data_of_yours_kept_on_torch_are_guarded(case: str) -> None:
+    """A method set on ``torch.Tensor`` (``x.scaled()``), a function set on a torch module
+    (``F.my_act``), a dict set there (``torch.my_cfg["k"]``), a dict of functions on a
+    logger: reached only through a library's module, class or object, their code was not
+    walked and their content not guarded (probe round 24 found each baked on every engine).
+    The functions are walked as yours and guarded by identity, the dict by content."""
+    step, change = YOURS_ON_TORCH[case]
+    torch.Tensor.probe_scaled = _scaled  # type: ignore[attr-defined]
+    torch.nn.functional.probe_act = _scaled  # type: ignore[attr-defined]
+    torch.probe_cfg = {"k": 1.0}  # type: ignore[attr-defined]
+    _LOGGER.probe_hooks = {"scale": _scaled}  # type: ignore[attr-defined]
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        _K[0] = 1.0
+        del torch.Tensor.probe_scaled  # type: ignore[attr-defined]
+        del torch.nn.functional.probe_act  # type: ignore[attr-defined]
+        del torch.probe_cfg  # type: ignore[attr-defined]
+        del _LOGGER.probe_hooks  # type: ignore[attr-defined]

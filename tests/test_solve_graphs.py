@@ -4,9 +4,11 @@ eager's, also where the matrix is computed from the step's inputs."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("phiml")
 pytest.importorskip("phi")
@@ -116,3 +118,24 @@ def test_a_matrix_computed_from_the_steps_inputs_is_rebuilt_at_every_call(
         assert float(math.max(abs(got - want))) < 1e-4 * float(math.max(abs(want)))
     assert jitted.num_traces == 1
     assert "captured as a graph" in jitted.explain(), jitted.explain()
+
+
+def test_a_capture_that_would_change_what_phiml_computes_fails() -> None:
+    """Seeing a trace, PhiML unrolls its ``while_loop`` to ``max_iter`` and drops
+    preconditioners, with a RuntimeWarning: while solves are captured as ops, its
+    ``while_loop`` raises and such a warning fails the capture (the Python form serves)."""
+    from phiml.backend.torch._torch_backend import TorchBackend
+
+    from phi_torch_jit.adapters.phiml._solve_ops import NotAnOp, solvers_as_ops
+
+    backend = TorchBackend()
+    with pytest.raises(NotAnOp, match="while_loop"), solvers_as_ops():
+        backend.while_loop(lambda i: (i + 1,), (torch.tensor(0),), 10)
+    with pytest.raises(NotAnOp, match="PhiML warned while captured: preconditioner dropped"):
+        with solvers_as_ops():
+            filename = _optimize.__file__  # as if PhiML's solve warned
+            warnings.warn_explicit("preconditioner dropped", RuntimeWarning, filename, 1)
+    with solvers_as_ops():  # another library's warning does not
+        warnings.warn_explicit("elsewhere", RuntimeWarning, "/site-packages/other/x.py", 1)
+    counted = backend.while_loop(lambda go, i: (i < 2, i + 1), (torch.tensor(True), 0), 10)
+    assert counted[1] == 3  # outside: PhiML's loop

@@ -1,7 +1,7 @@
 """Stage 1 (reads): the global state of libraries that the user's code reads.
 
 Libraries' modules are not walked: their functions and constants are taken as fixed, and the
-code that reads them is traced through. Four kinds of what they hold change between calls,
+code that reads them is traced through. Five kinds of what they hold change between calls,
 set by the user's script, and a trace would bake them (NOTE [libraries' settings] in
 docs/design.md):
 
@@ -18,7 +18,11 @@ docs/design.md):
   what they answer. Those fixed for a process or true only inside a compiler
   (``is_available``, ``is_compiling``) are not called;
 * where the code spells ``autocast``, the dtypes ``torch.autocast("cpu")`` and ``("cuda")``
-  cast to (``torch.set_autocast_dtype`` changes them).
+  cast to (``torch.set_autocast_dtype`` changes them);
+* code and data of the user's kept on a library's module or class, read by a path the code
+  spells: a function of yours (``F.my_act = my_act``: which one, by identity; its code is
+  walked as yours, :mod:`._reachable`), a dict or list of plain values (``torch.my_cfg["k"]``:
+  by content).
 
 Reached through a library's module held by the user's objects too: along a path the code
 spells (``K.backend.enabled``: :func:`library_held`, from ``_python._add_chains``), or read
@@ -37,7 +41,8 @@ from typing import Any
 
 import torch
 
-from ._code_walk import chains_spelled, names_used, user_class, user_module
+from ._code_walk import chains_spelled, names_used, user_class, user_function, user_module
+from ._content import plain_container
 from ._kinds import drawn_through
 from ._records import GONE, Source, Step, immutable, probe
 
@@ -181,8 +186,11 @@ def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:
     """The path to guard along ``chain`` from a library's ``root``, or None: the whole
     chain where it ends in a plain value, or the call of a settings reader it ends in."""
     owner, value = root, root
-    for step in chain:
-        if not step.attribute or step.key.startswith("__"):
+    for n, step in enumerate(chain):
+        if not step.attribute:  # torch.my_cfg["k"]: your data kept there, by content
+            mine = n and type(value) in (dict, list) and plain_container(value)
+            return chain[:n] if mine else None
+        if step.key.startswith("__"):
             return None
         try:
             owner, value = value, getattr(value, step.key)
@@ -192,6 +200,10 @@ def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:
         return None  # torch.float32: torch's own names of its types, never rebound
     if immutable(value) and not isinstance(value, (type, types.ModuleType)):
         return chain
+    if isinstance(value, types.FunctionType) and user_function(value):
+        return chain  # F.my_act = my_act: which function, by identity (its code is walked)
+    if type(value) in (dict, list) and plain_container(value):
+        return chain  # torch.my_cfg = {"k": 1.0}: your data kept there, by content
     if chain and isinstance(owner, types.ModuleType) and _reader(value, chain[-1].key):
         return (*chain[:-1], Step(True, chain[-1].key, call=True))
     return None

@@ -57,6 +57,7 @@ from ._fields import (
     runs_code,
     shows_content,
 )
+from ._function_state import function_sources
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
@@ -164,8 +165,8 @@ def collect_reads(
     walked = list(user_functions([*roots, *modules, *reached]))
     for function in walked:
         code = function.__code__
-        _add_defaults(reads, function)
-        _add_code(reads, function)
+        for key, source in function_sources(function):  # its code, defaults, attributes
+            _add(reads, key, source)
         globals_read, cells_read = names_read(code)
         namespace = function.__globals__
         chains = chains_spelled(code)
@@ -277,42 +278,6 @@ def _add_environment(reads: dict[Any, Read], code: types.CodeType, held: bool) -
 _ARGV = frozenset(("argv", "parse_args", "parse_known_args", "parse_intermixed_args",
                    "parse_known_intermixed_args"))  # fmt: skip
 """Names through which code reads the command line: ``sys.argv``, ``argparse``'s parsing."""
-
-
-def _add_defaults(reads: dict[Any, Read], function: types.FunctionType) -> None:
-    """Default values of a function's parameters that can change in place (``coeffs=[1.0]``
-    then ``coeffs[0] = 5.0`` through ``__defaults__``), and keyword-only defaults."""
-    code = function.__code__
-    where = f"{code.co_filename}:{code.co_firstlineno}"
-    defaults = function.__defaults__ or ()
-    names = code.co_varnames[code.co_argcount - len(defaults) : code.co_argcount]
-    for name, value in zip(names, defaults):
-        if not immutable(value):
-            source = Source(f"default of {name} ({code.co_name})", where, holder=value)
-            _add(reads, (id(function), name), source)
-    keywords = function.__kwdefaults__ or {}
-    for name in keywords:
-        source = Source(f"default of {name} ({code.co_name})", where, keywords, name)
-        _add(reads, (id(keywords), name), source)
-
-
-def _add_code(reads: dict[Any, Read], function: types.FunctionType) -> None:
-    """What a function runs and holds, as its own attributes: its code by identity, its
-    defaults (``f.__code__ = g.__code__``, ``f.__defaults__ = (0.5,)`` retrace; only where it
-    has some: a read costs about 0.1 us on every call), and the attributes set on it
-    (``f.scale = 2.0``; one added or deleted later changes their count)."""
-    code = function.__code__
-    where = f"{code.co_filename}:{code.co_firstlineno}"
-    for attribute in ("__code__", "__defaults__", "__kwdefaults__"):
-        if getattr(function, attribute) is None:
-            continue
-        label = f"{function.__qualname__}.{attribute}"
-        source = Source(label, where, holder=function, path=(Step(True, attribute),))
-        _add(reads, (id(function), attribute), source)
-    own = [n for n in function.__dict__ if not n.startswith("__") or n == "__wrapped__"]
-    for path in [(INSTANCE_DICT, LENGTH), *((Step(True, n),) for n in own[:_MAX_FIELDS])]:
-        label = function.__qualname__ + (f".{path[0].key}" if len(path) == 1 else " attributes")
-        _add(reads, (id(function), path), Source(label, where, holder=function, path=path))
 
 
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, type)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ._code_walk import (
-    attribute_chains,
+    chains_spelled,
     names_looked_up,
     names_read,
     user_class,
@@ -29,6 +29,7 @@ from ._records import PRIMITIVES, probe
 
 __all__ = [
     "user_functions",
+    "methods_set_on_tensors",
     "callbacks_held",
     "tensors_held",
     "wrapper_cells",
@@ -78,6 +79,19 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
         pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
         pending.extend(obj.__globals__[n] for n in names_looked_up(obj) if n in obj.__globals__)
         pending.extend(_through_modules(obj))
+        pending.extend(methods_set_on_tensors(obj.__code__).values())
+
+
+def methods_set_on_tensors(code: types.CodeType) -> dict[str, types.FunctionType]:
+    """Functions of yours set on ``torch.Tensor`` (``torch.Tensor.scaled = scaled``) under
+    the names ``code`` spells (``x.scaled()``), by name."""
+    tensor = vars(torch.Tensor)
+    found = {}
+    for name in code.co_names:
+        method = tensor.get(name)
+        if isinstance(method, types.FunctionType) and user_function(method):
+            found[name] = method
+    return found
 
 
 def _wrapped_by(function: types.FunctionType) -> list[Any]:
@@ -109,19 +123,23 @@ def wrapper_cells(function: types.FunctionType) -> dict[str, Any]:
 
 def _through_modules(function: types.FunctionType) -> list[Any]:
     """What ``function`` reaches through the user's modules it names (``physics.step``, a
-    function of the user's own module, read as an attribute): the end of each chain."""
+    function of the user's own module, read as an attribute): the end of each chain; through
+    a library's module, only code of the user's set on it (``F.my_act = my_act``)."""
     found = []
-    for (is_cell, name), chains in attribute_chains(function.__code__).items():
+    for (is_cell, name), chains in chains_spelled(function.__code__).items():
         if is_cell or not isinstance(function.__globals__.get(name), types.ModuleType):
             continue
         for chain in chains:
-            value = function.__globals__[name]
+            value, yours = function.__globals__[name], True
             for step in chain:
-                if not (isinstance(value, types.ModuleType) and user_module(value)):
+                if not isinstance(value, types.ModuleType):
                     break
+                yours = yours and user_module(value)
                 value = getattr(value, step.key, None) if step.attribute else None
-            if value is not None and not isinstance(value, types.ModuleType):
-                found.append(value)
+            if value is None or isinstance(value, types.ModuleType):
+                continue
+            if yours or _users_code(value):  # F.my_act = my_act: code of yours on a library's
+                found.append(value)  # module
     return found
 
 
@@ -204,16 +222,18 @@ _MAX_VISITS = 4000
 
 def callbacks_held(obj: Any) -> dict[str, Any]:
     """The attributes of a library's object that hold code of the user's: functions, bound
-    methods and partials of them, instances of user classes, or a list or tuple with one
-    (an integrator's right-hand side, a scheduler's ``lr_lambdas``), by name; the first 64
-    attributes (and 32 items) are looked at."""
+    methods and partials of them, instances of user classes, or a list, tuple or dict with
+    one (an integrator's right-hand side, a scheduler's ``lr_lambdas``), by name; the first
+    64 attributes (and 32 items) are looked at."""
     try:
         namespace = vars(obj)
     except TypeError:  # no __dict__ (slots, builtins)
         return {}
     found = {}
     for name, value in list(namespace.items())[:64]:
-        items = value[:32] if type(value) in (list, tuple) else (value,)  # LambdaLR's list
+        items = value[:32] if type(value) in (list, tuple) else (value,)  # LambdaLR's list,
+        if type(value) is dict:  # a dict of yours kept on a logger (LOG.hooks["scale"])
+            items = list(itertools.islice(value.values(), 32))
         if any(_users_code(item) for item in items):
             found[name] = value
     return found

@@ -21,6 +21,7 @@ Python form. The engine checks the captured graph against the recording like the
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,50 +55,73 @@ _MATRICES: ContextVar[dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...], An
 were built from and their shape."""
 
 
-class _CsrMatrix:
-    """``TorchBackend.csr_matrix`` building outside a capture (installed reference-counted)."""
+class _Backend:
+    """``TorchBackend.csr_matrix`` building outside a capture, and ``while_loop`` refusing one
+    (installed reference-counted): PhiML unrolls its ``while_loop`` to ``max_iter`` iterations
+    when it sees a trace, which would compute another thing than its eager loop."""
 
     def __init__(self) -> None:
-        self.original: Any = None
+        self.originals: dict[str, Any] = {}
 
     def install(self) -> None:
         from phiml.backend.torch._torch_backend import TorchBackend
 
-        original = self.original = TorchBackend.__dict__["csr_matrix"]
+        csr = self.originals["csr_matrix"] = TorchBackend.__dict__["csr_matrix"]
+        loop = self.originals["while_loop"] = TorchBackend.__dict__["while_loop"]
 
         def csr_matrix(self_: Any, column_indices: Any, row_pointers: Any, values: Any,
                        shape: Any) -> Any:  # fmt: skip
             matrices = _MATRICES.get()
             parts = (row_pointers, column_indices, values)
             if matrices is None or not all(isinstance(p, torch.Tensor) for p in parts):
-                return original(self_, column_indices, row_pointers, values, shape)
+                return csr(self_, column_indices, row_pointers, values, shape)
             with disable_dispatch_modes():
-                matrix = original(self_, column_indices, row_pointers, values, shape)
+                matrix = csr(self_, column_indices, row_pointers, values, shape)
             matrices[id(matrix)] = (matrix, parts, tuple(shape))
             return matrix
 
+        def while_loop(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            if _MATRICES.get() is not None:
+                raise NotAnOp("it runs a PhiML while_loop, which PhiML unrolls under a trace")
+            return loop(self_, *args, **kwargs)
+
         TorchBackend.csr_matrix = csr_matrix
+        TorchBackend.while_loop = while_loop
 
     def remove(self) -> None:
         from phiml.backend.torch._torch_backend import TorchBackend
 
-        TorchBackend.csr_matrix = self.original
+        for name, original in self.originals.items():
+            setattr(TorchBackend, name, original)
 
 
-_CSR = _CsrMatrix()
-CSR_OUTSIDE = RefCounted(_CSR.install, _CSR.remove)
+_BACKEND = _Backend()
+BACKEND_PATCHED = RefCounted(_BACKEND.install, _BACKEND.remove)
 
 
 @contextmanager
 def solvers_as_ops() -> Iterator[None]:
     """While the block runs on this thread, PhiML's solves are captured around one op per
-    captured solver call (see the module docstring); :func:`solve_as_op` makes the op."""
+    captured solver call (see the module docstring); :func:`solve_as_op` makes the op. A
+    RuntimeWarning from PhiML's code meanwhile fails the capture: seeing a trace, PhiML warns
+    so where it changes what it computes (a preconditioner it drops, a loop it unrolls)."""
     token = _MATRICES.set({})
     try:
-        with CSR_OUTSIDE.active(), seen_as_traced():
-            yield
+        with BACKEND_PATCHED.active(), seen_as_traced():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RuntimeWarning)
+                yield
+        changed = [w for w in caught if _phimls(w)]
+        if changed:
+            raise NotAnOp(f"PhiML warned while captured: {changed[0].message}")
     finally:
         _MATRICES.reset(token)
+
+
+def _phimls(warning: warnings.WarningMessage) -> bool:
+    """Whether ``warning`` is a RuntimeWarning given in PhiML's code."""
+    parts = warning.filename.replace("\\", "/").split("/")
+    return issubclass(warning.category, RuntimeWarning) and "phiml" in parts
 
 
 def capturing_ops() -> bool:

@@ -1,0 +1,77 @@
+"""Stage 1 (reads): what a function of the user's holds or reaches besides its globals and
+cells: its code, its defaults and the attributes set on it, and the methods of yours it calls
+on torch's tensor class (``x.scaled()`` after ``torch.Tensor.scaled = scaled``)."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from ._fields import INSTANCE_DICT
+from ._reachable import methods_set_on_tensors
+from ._records import LENGTH, Source, Step, immutable
+
+__all__ = ["function_sources"]
+
+_MAX_ATTRIBUTES = 512
+"""Attributes set on one function that are guarded."""
+
+
+def function_sources(function: types.FunctionType) -> list[tuple[Any, Source]]:
+    """(key, source) pairs of what ``function`` holds or reaches this way, for the guard."""
+    return [*_defaults(function), *_code(function), *_tensor_methods(function)]
+
+
+def _defaults(function: types.FunctionType) -> list[tuple[Any, Source]]:
+    """Default values of a function's parameters that can change in place (``coeffs=[1.0]``
+    then ``coeffs[0] = 5.0`` through ``__defaults__``), and keyword-only defaults."""
+    code = function.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    found: list[tuple[Any, Source]] = []
+    defaults = function.__defaults__ or ()
+    names = code.co_varnames[code.co_argcount - len(defaults) : code.co_argcount]
+    for name, value in zip(names, defaults):
+        if not immutable(value):
+            source = Source(f"default of {name} ({code.co_name})", where, holder=value)
+            found.append(((id(function), name), source))
+    keywords = function.__kwdefaults__ or {}
+    for name in keywords:
+        source = Source(f"default of {name} ({code.co_name})", where, keywords, name)
+        found.append(((id(keywords), name), source))
+    return found
+
+
+def _code(function: types.FunctionType) -> list[tuple[Any, Source]]:
+    """What a function runs and holds, as its own attributes: its code by identity, its
+    defaults (``f.__code__ = g.__code__``, ``f.__defaults__ = (0.5,)`` retrace; only where it
+    has some: a read costs about 0.1 us on every call), and the attributes set on it
+    (``f.scale = 2.0``; one added or deleted later changes their count)."""
+    code = function.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    found: list[tuple[Any, Source]] = []
+    for attribute in ("__code__", "__defaults__", "__kwdefaults__"):
+        if getattr(function, attribute) is None:
+            continue
+        label = f"{function.__qualname__}.{attribute}"
+        source = Source(label, where, holder=function, path=(Step(True, attribute),))
+        found.append(((id(function), attribute), source))
+    own = [n for n in function.__dict__ if not n.startswith("__") or n == "__wrapped__"]
+    paths = [(INSTANCE_DICT, LENGTH), *((Step(True, n),) for n in own[:_MAX_ATTRIBUTES])]
+    for path in paths:
+        label = function.__qualname__ + (f".{path[0].key}" if len(path) == 1 else " attributes")
+        found.append(((id(function), path), Source(label, where, holder=function, path=path)))
+    return found
+
+
+def _tensor_methods(function: types.FunctionType) -> list[tuple[Any, Source]]:
+    """The methods of yours set on ``torch.Tensor`` under names ``function``'s code spells, by
+    identity (``torch.Tensor.scaled = other`` retraces; their code is walked as yours)."""
+    code = function.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    return [
+        (("tensor method", name),
+         Source(f"torch.Tensor.{name}", where, holder=torch.Tensor, path=(Step(True, name),)))
+        for name in methods_set_on_tensors(code)
+    ]  # fmt: skip
