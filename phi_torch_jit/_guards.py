@@ -124,6 +124,9 @@ class ModuleGuard:
         self._tensor_ids = self._tensor_identities()
         self._hook_ids = self._hook_keys()
         self._handle_counter = RemovableHandle.next_id
+        self._filled = tuple(d for d in self._hook_dicts if d)
+        """The hook dicts that held hooks when traced (others change only by growing)."""
+        self._hook_items = self._filled_items()
 
     def _snapshot_children(self) -> None:
         """Which module object each submodule slot holds (``net.act = nn.Tanh()`` retraces)."""
@@ -244,6 +247,13 @@ class ModuleGuard:
         ours = MODULE_HOOK.handle_id
         return tuple(tuple(k for k in d if k != ours) for d in self._hook_dicts)
 
+    def _filled_items(self) -> tuple[tuple[Any, ...], ...]:
+        """The hooks of the dicts that held some, in order, with their functions: a hook
+        replaced under its key (``m._forward_hooks[k] = other``) or the hooks reordered
+        (``move_to_end``) keep the count and the handle counter."""
+        ours = MODULE_HOOK.handle_id
+        return tuple(tuple(i for i in d.items() if i[0] != ours) for d in self._filled)
+
     def _requires_grads(self) -> tuple[bool, ...]:
         return tuple(
             t.requires_grad
@@ -275,7 +285,7 @@ class ModuleGuard:
             if self._hook_keys() != self._hook_ids:
                 return False
             self._handle_counter = RemovableHandle.next_id  # not ours: skip this next time
-        return True
+        return not self._filled or self._filled_items() == self._hook_items
 
     def describe_change(self) -> str:
         """What changed since the trace, e.g. ``module Sequential.2 training True -> False``."""
@@ -324,6 +334,8 @@ class ModuleGuard:
                 if old_keys != new_keys:
                     owner = "global" if i >= 4 * len(self.modules) else self.names[i // 4]
                     return f"{MODULE_HOOK_DICTS[i % 4][1:]} of module {owner} changed"
+        if self.hooks and self._filled_items() != self._hook_items:
+            return "a hook was replaced under its key or the hooks reordered"
         if self.hooks and self._tensor_identities()[1] != self._tensor_ids[1]:
             return "parameters or buffers were renamed (register_buffer under another name?)"
         if self.hooks and self._tensor_identities() != self._tensor_ids:

@@ -304,3 +304,50 @@ def test_a_buffer_registered_on_the_first_call_only_compiles() -> None:
         for _ in range(4):
             torch.testing.assert_close(jitted(x), their_net(x))
     assert jitted.num_traces == 1 and not jitted.specializations[0].eager_reason
+
+
+def _plus_one(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+    return output + 1.0
+
+
+def _tripled(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * 3.0
+
+
+def _halved(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * 0.5
+
+
+def test_a_hook_replaced_under_its_key_or_the_hooks_reordered_retraces() -> None:
+    """Hooks edited in torch's dicts directly: a function put under an existing key
+    (``m._forward_hooks[k] = other``), the order changed (``move_to_end``), on a module and
+    among torch's global hooks. The count and the handle counter stay, and the traced hooks
+    were replayed (probe round 24); the hooks of the dicts that held some are compared in
+    order, with their functions, on every call."""
+    from torch.nn.modules import module as torch_module
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 3)
+    first = model.register_forward_hook(_plus_one)
+    model.register_forward_hook(_tripled)
+    global_first = torch_module.register_module_forward_hook(_plus_one)
+    global_second = torch_module.register_module_forward_hook(_tripled)
+    try:
+        jitted = ptj.jit(lambda x: model(x))
+        x = torch.randn(2, 3)
+        changes = [
+            lambda: None,
+            lambda: model._forward_hooks.__setitem__(first.id, _halved),
+            lambda: model._forward_hooks.move_to_end(first.id),
+            lambda: torch_module._global_forward_hooks.move_to_end(global_first.id),
+        ]
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error", ptj.JitWarning)
+            for change in changes:
+                change()
+                for _ in range(2):
+                    torch.testing.assert_close(jitted(x), model(x))
+        assert jitted.num_traces == 4, jitted.explain()
+    finally:
+        global_first.remove()
+        global_second.remove()
