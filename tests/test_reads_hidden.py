@@ -15,6 +15,7 @@ import operator
 import sys
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -833,3 +834,65 @@ def test_a_tensor_a_method_holds_bound_is_an_input_of_the_program() -> None:
         with torch.no_grad():
             BOUND_TENSOR.copy_(saved[0])
             SCALED.__self__.copy_(saved[1])
+
+
+class _Tagged(np.ndarray):  # an array subclass carrying an attribute of its own
+    scale: float
+
+
+def _tagged(values: list[float], scale: float) -> _Tagged:
+    array = np.asarray(values).view(_Tagged)
+    array.scale = scale
+    return array
+
+
+ARRAY = np.array([0.0, 1.0])
+SCALAR = np.float64(0.0)
+FLAGGED = np.array([1.0, 2.0])
+LAID_OUT = np.ones((2, 2))
+TAGGED = _tagged([1.0, 2.0], 1.0)
+RECORDS = np.array([(1.0, 2.0)], dtype=[("k", "f8"), ("n", "f8")])
+
+NUMPY_STATE: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], None]]] = {
+    "-0.0 written into an array": (
+        lambda x: x * float(np.copysign(1.0, ARRAY[0])),
+        lambda: ARRAY.__setitem__(0, -0.0),
+    ),
+    "a NumPy scalar rebound to -0.0": (
+        lambda x: x * float(np.copysign(1.0, SCALAR)),
+        lambda: globals().__setitem__("SCALAR", np.float64(-0.0)),
+    ),
+    "an array made read-only": (
+        lambda x: x * (2.0 if FLAGGED.flags.writeable else 3.0),
+        lambda: setattr(FLAGGED.flags, "writeable", False),
+    ),
+    "an equal array in Fortran order": (
+        lambda x: x * (2.0 if LAID_OUT.flags.c_contiguous else 3.0),
+        lambda: globals().__setitem__("LAID_OUT", np.asfortranarray(np.ones((2, 2)))),
+    ),
+    "an attribute of an array subclass": (
+        lambda x: x * TAGGED.scale * float(TAGGED[0]),
+        lambda: setattr(TAGGED, "scale", 4.0),
+    ),
+    "a structured array's fields renamed": (
+        lambda x: x * float(RECORDS["k"][0]),
+        lambda: setattr(RECORDS.dtype, "names", ("n", "k")),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NUMPY_STATE))
+def test_numpy_state_is_guarded_by_its_bits_layout_and_attributes(case: str) -> None:
+    """Arrays were compared with ``np.array_equal`` (``-0.0`` equals ``0.0``) on a copy (in C
+    order, sharing the dtype a rename changes in place, without the subclass's attributes),
+    and a NumPy float scalar by ``==``: probe round 25 found each change baked on every
+    engine. Now an array's bytes, class, dtype with its field names, strides, flags and
+    plain attributes are compared, and a zero NumPy float by its repr."""
+    global ARRAY, SCALAR, FLAGGED, LAID_OUT, TAGGED, RECORDS
+    step, change = NUMPY_STATE[case]
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        ARRAY, SCALAR, FLAGGED = np.array([0.0, 1.0]), np.float64(0.0), np.array([1.0, 2.0])
+        LAID_OUT, TAGGED = np.ones((2, 2)), _tagged([1.0, 2.0], 1.0)
+        RECORDS = np.array([(1.0, 2.0)], dtype=[("k", "f8"), ("n", "f8")])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -337,7 +338,49 @@ def _by_a_dict_on_a_logger(x: torch.Tensor) -> torch.Tensor:
     return _LOGGER.probe_hooks["scale"](x) + 1.0  # type: ignore[attr-defined]
 
 
+def _by_a_dict_of_functions_on_torch(x: torch.Tensor) -> torch.Tensor:
+    return torch.probe_ops["op"](x)  # type: ignore[attr-defined]
+
+
+def _by_a_list_of_functions_on_json(x: torch.Tensor) -> torch.Tensor:
+    for callback in json.probe_callbacks:  # type: ignore[attr-defined]
+        x = callback(x)
+    return x
+
+
+def _by_an_object_on_torch(x: torch.Tensor) -> torch.Tensor:
+    return torch.probe_solver.step(x)  # type: ignore[attr-defined]
+
+
+def _by_a_dict_on_a_library_class(x: torch.Tensor) -> torch.Tensor:
+    return json.JSONEncoder.probe_registry["op"](x)  # type: ignore[attr-defined]
+
+
+class _Euler:
+    def __init__(self) -> None:
+        self.k = 0.1
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.k * x
+
+
 YOURS_ON_TORCH: dict[str, tuple[Callable[..., Any], Callable[[], None]]] = {
+    "a dict of functions on torch, an entry replaced": (
+        _by_a_dict_of_functions_on_torch,
+        lambda: torch.probe_ops.__setitem__("op", _doubled),  # type: ignore[attr-defined]
+    ),
+    "a list of functions on json, one appended": (
+        _by_a_list_of_functions_on_json,
+        lambda: json.probe_callbacks.append(_doubled),  # type: ignore[attr-defined]
+    ),
+    "an object of yours on torch": (
+        _by_an_object_on_torch,
+        lambda: setattr(torch.probe_solver, "k", 0.7),  # type: ignore[attr-defined]
+    ),
+    "a dict of functions on a library's class": (
+        _by_a_dict_on_a_library_class,
+        lambda: json.JSONEncoder.probe_registry.__setitem__("op", _doubled),  # type: ignore[attr-defined]
+    ),
     "a method set on torch.Tensor": (_by_a_tensor_method, lambda: _K.__setitem__(0, 3.0)),
     "a function set on torch.nn.functional": (
         _by_a_function_on_torch,
@@ -359,14 +402,20 @@ YOURS_ON_TORCH: dict[str, tuple[Callable[..., Any], Callable[[], None]]] = {
 def test_code_and_data_of_yours_kept_on_torch_are_guarded(case: str) -> None:
     """A method set on ``torch.Tensor`` (``x.scaled()``), a function set on a torch module
     (``F.my_act``), a dict set there (``torch.my_cfg["k"]``), a dict of functions on a
-    logger: reached only through a library's module, class or object, their code was not
-    walked and their content not guarded (probe round 24 found each baked on every engine).
-    The functions are walked as yours and guarded by identity, the dict by content."""
+    logger; dicts and lists of functions and objects of yours on torch's and the standard
+    library's modules and classes: reached only through a library's module, class or object,
+    their code was not walked and their content not guarded (probe rounds 24 and 25 found
+    each baked on every engine). Functions are walked as yours and guarded by identity,
+    containers by content or entry by entry, objects by their attributes."""
     step, change = YOURS_ON_TORCH[case]
     torch.Tensor.probe_scaled = _scaled  # type: ignore[attr-defined]
     torch.nn.functional.probe_act = _scaled  # type: ignore[attr-defined]
     torch.probe_cfg = {"k": 1.0}  # type: ignore[attr-defined]
     _LOGGER.probe_hooks = {"scale": _scaled}  # type: ignore[attr-defined]
+    torch.probe_ops = {"op": _scaled}  # type: ignore[attr-defined]
+    json.probe_callbacks = [_scaled]  # type: ignore[attr-defined]
+    torch.probe_solver = _Euler()  # type: ignore[attr-defined]
+    json.JSONEncoder.probe_registry = {"op": _scaled}  # type: ignore[attr-defined]
     try:
         like_eager_then_retraced(ptj.jit(step), step, change)
     finally:
@@ -375,3 +424,5 @@ def test_code_and_data_of_yours_kept_on_torch_are_guarded(case: str) -> None:
         del torch.nn.functional.probe_act  # type: ignore[attr-defined]
         del torch.probe_cfg  # type: ignore[attr-defined]
         del _LOGGER.probe_hooks  # type: ignore[attr-defined]
+        del torch.probe_ops, json.probe_callbacks, torch.probe_solver  # type: ignore[attr-defined]
+        del json.JSONEncoder.probe_registry  # type: ignore[attr-defined]

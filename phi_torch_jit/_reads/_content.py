@@ -74,7 +74,7 @@ def strict(kind: Kind, value: Any) -> bool:
             return value.real == 0 or value.imag == 0
         if type(value) in (tuple, frozenset):  # (2,) == (2.0,)
             return len(value) <= MAX_STRICT
-        return type(value) is float and value == 0
+        return isinstance(value, float) and value == 0  # np.float64 too (compared by repr)
     return kind is Kind.CONTENT and _small_plain(value, MAX_STRICT) >= 0
 
 

@@ -41,9 +41,10 @@ from typing import Any
 
 import torch
 
-from ._code_walk import chains_spelled, names_used, user_class, user_function, user_module
+from ._code_walk import chains_spelled, names_used, user_class, user_module
 from ._content import plain_container
 from ._kinds import drawn_through
+from ._reachable import CONTAINERS, holds_users_code
 from ._records import GONE, Source, Step, immutable, probe
 
 __all__ = ["library_sources", "library_reads", "library_held", "answer_of", "settings_of_held",
@@ -187,10 +188,9 @@ def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:
     chain where it ends in a plain value, or the call of a settings reader it ends in."""
     owner, value = root, root
     for n, step in enumerate(chain):
-        if not step.attribute:  # torch.my_cfg["k"]: your data kept there, by content
-            mine = n and type(value) in (dict, list) and plain_container(value)
-            return chain[:n] if mine else None
-        if step.key.startswith("__"):
+        if n and _yours(value) and not isinstance(value, types.FunctionType):
+            return chain[:n]  # torch.OPS["op"], torch.SOLVER.k: your state kept there
+        if not step.attribute or step.key.startswith("__"):
             return None
         try:
             owner, value = value, getattr(value, step.key)
@@ -200,13 +200,27 @@ def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:
         return None  # torch.float32: torch's own names of its types, never rebound
     if immutable(value) and not isinstance(value, (type, types.ModuleType)):
         return chain
-    if isinstance(value, types.FunctionType) and user_function(value):
-        return chain  # F.my_act = my_act: which function, by identity (its code is walked)
-    if type(value) in (dict, list) and plain_container(value):
-        return chain  # torch.my_cfg = {"k": 1.0}: your data kept there, by content
+    if _yours(value):  # F.my_act = my_act (by identity, its code walked), torch.my_cfg = {...}
+        return chain
     if chain and isinstance(owner, types.ModuleType) and _reader(value, chain[-1].key):
         return (*chain[:-1], Step(True, chain[-1].key, call=True))
     return None
+
+
+_SMALL = 64
+"""Items of a container kept on a library's module or class, read by a path the code spells,
+up to which it is guarded whatever it holds (``sys.argv``, ``copyreg.dispatch_table``)."""
+
+
+def _yours(value: Any) -> bool:
+    """Whether ``value``, kept on a library's module or class, is state the user's code reads
+    as its own: a function or object of the user's, a container holding one, or a small
+    container (a registry the user fills later: ``copyreg.pickle(Spec, f)``)."""
+    if isinstance(value, (type, types.ModuleType)):
+        return False
+    if isinstance(value, CONTAINERS) and not isinstance(value, str):
+        return holds_users_code(value) or len(value) <= _SMALL or plain_container(value)
+    return holds_users_code(value)
 
 
 def _reader(fn: Any, name: str) -> bool:

@@ -30,6 +30,7 @@ from ._records import PRIMITIVES, probe
 __all__ = [
     "user_functions",
     "methods_set_on_tensors",
+    "holds_users_code",
     "callbacks_held",
     "tensors_held",
     "wrapper_cells",
@@ -138,9 +139,16 @@ def _through_modules(function: types.FunctionType) -> list[Any]:
                 value = getattr(value, step.key, None) if step.attribute else None
             if value is None or isinstance(value, types.ModuleType):
                 continue
-            if yours or _users_code(value):  # F.my_act = my_act: code of yours on a library's
-                found.append(value)  # module
+            if yours or holds_users_code(value):  # F.my_act = my_act, torch.OPS = {...}: code
+                found.append(value)  # of yours kept on a library's module
     return found
+
+
+def holds_users_code(value: Any) -> bool:
+    """Whether ``value`` is code or an object of the user's, or a container holding some."""
+    if _users_code(value):
+        return True
+    return isinstance(value, CONTAINERS) and any(_users_code(i) for i in _held_items(value))
 
 
 def _parts(obj: Any) -> list[Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import functools
 import marshal
-import sys
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -278,17 +277,51 @@ def _short(value: Any) -> Any:
     return value if len(text) <= 60 else f"<{type(value).__name__} object>"
 
 
-def array_copy(value: Any) -> Any:
-    return value.copy()
+class ArrayState:
+    """A NumPy array as a trace saw it: its bytes (``-0.0`` apart from ``0.0``), class,
+    dtype with its field names (``R.dtype.names = ...`` renames in place, a copy shares the
+    dtype), strides and flags (``A.flags.writeable``, an equal array in Fortran order: code
+    may branch on them, ``torch.from_numpy`` keeps the strides) and the plain attributes of a
+    subclass's instance (``A.scale``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.copy = value.copy()
+        self.bytes = value.tobytes()
+        self.form = _array_form(value)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ArrayState):
+            return self.form == other.form and self.bytes == other.bytes
+        return same_array(other, self)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.copy)
+
+
+def _array_form(value: Any) -> tuple[Any, ...]:
+    flags = value.flags
+    own = getattr(value, "__dict__", None) or {}
+    attributes = tuple((k, v if immutable(v) else id(v)) for k, v in own.items())
+    return (type(value), value.dtype.descr, value.shape, value.strides, flags.writeable,
+            flags.c_contiguous, flags.f_contiguous, attributes)  # fmt: skip
+
+
+def array_copy(value: Any) -> ArrayState:
+    return ArrayState(value)
 
 
 def same_array(a: Any, b: Any) -> bool:
-    numpy = sys.modules["numpy"]
-    return (
-        type(a) is type(b)
-        and a.dtype == b.dtype
-        and bool(numpy.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-    )
+    """Whether the array ``a`` read now is as ``b`` (an :class:`ArrayState`, or an array)."""
+    if not isinstance(b, ArrayState):
+        b = ArrayState(b)
+    if isinstance(a, ArrayState):
+        return bool(a == b)
+    try:
+        return bool(_array_form(a) == b.form and a.tobytes() == b.bytes)
+    except Exception:  # not an array any more
+        return False
 
 
 @functools.lru_cache(maxsize=256)
