@@ -896,3 +896,33 @@ def test_numpy_state_is_guarded_by_its_bits_layout_and_attributes(case: str) -> 
         ARRAY, SCALAR, FLAGGED = np.array([0.0, 1.0]), np.float64(0.0), np.array([1.0, 2.0])
         LAID_OUT, TAGGED = np.ones((2, 2)), _tagged([1.0, 2.0], 1.0)
         RECORDS = np.array([(1.0, 2.0)], dtype=[("k", "f8"), ("n", "f8")])
+
+
+class _Strategy:
+    def __init__(self) -> None:
+        self.k = 2.0
+        self.step = self.scaled  # a bound method of itself, kept on itself: a cycle
+
+    def scaled(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+STRATEGY = _Strategy()
+
+
+def _through_a_cycle(x: torch.Tensor) -> torch.Tensor:
+    return STRATEGY.step(x)
+
+
+def test_a_cycle_back_to_an_object_is_not_walked_again(caplog: pytest.LogCaptureFixture) -> None:
+    """``obj.step = obj.scaled``: the walk went obj -> step -> __self__ -> step ... (a method's
+    object costs no depth), logged a path 70 steps long as "not guarded" and spent its budget
+    of 512 paths on it (probe round 25). An object met again above itself is walked once."""
+    try:
+        with caplog.at_level("INFO", logger="phi_torch_jit"):
+            like_eager_then_retraced(
+                ptj.jit(_through_a_cycle), _through_a_cycle, lambda: setattr(STRATEGY, "k", 3.0)
+            )
+        assert "not guarded" not in caplog.text
+    finally:
+        STRATEGY.k = 2.0

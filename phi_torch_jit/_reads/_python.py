@@ -322,11 +322,12 @@ def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
 
 def _add(
     reads: dict[Any, Read], key: Any, source: Source, budget: list[int] | None = None,
-    lineage: tuple[tuple[type, int], ...] = (), slack: int = 0,
+    lineage: tuple[tuple[type, int, int], ...] = (), slack: int = 0,
 ) -> None:  # fmt: skip
     """Add the read of ``source`` and, under an object guarded by identity, its attribute
     paths: ``budget`` (shared by one root's whole tree) bounds how many. ``lineage``: the
-    types above it and their depths; an object of a type met above it (a linked list's
+    types above it, their depths and identities (an object met again above it, a cycle, is not
+    walked again); an object of a type met above it (a linked list's
     ``node.next``, a tree's children) is walked as deep as the first one (``slack``), up to
     ``_LINKED_DEPTH``: a loop that follows such links reads every node."""
     if key in reads:
@@ -364,8 +365,10 @@ def _add(
         where = f"{value.size} elements (arrays of up to {MAX_ARRAY} are compared)"
         reads[key] = replace(reads[key], unguarded=where)
         return
+    if any(i == id(value) for _, _, i in lineage):
+        return  # a cycle (a bound method back to its object): walked above, where it is
     level = depth(source.path)
-    first = next((d for t, d in lineage if t is type(value)), None)
+    first = next((d for t, d, _ in lineage if t is type(value)), None)
     if first is not None and level < _LINKED_DEPTH:
         slack = max(slack, level - first)
     try:
@@ -402,7 +405,7 @@ def _add(
             for each in steps:
                 child = child.child(each)
             place = ("class", id(type(value))) if steps[0].key == "__class__" else (key, step)
-            below = (*lineage, (type(value), level))
+            below = (*lineage, (type(value), level, id(value)))
             _add(reads, place, child, budget, below, slack)  # a class: once for all its objects
 
 
