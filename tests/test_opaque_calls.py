@@ -59,3 +59,26 @@ def test_arguments_registered_as_only_read_are_passed_as_they_are() -> None:
     assert addresses[0][1] != b.data_ptr()  # the other argument: a copy
     assert torch.equal(same, matrix) and same.data_ptr() != matrix.data_ptr()
     assert torch.equal(product, b)
+
+
+def test_keys_of_a_capture_are_released_unless_kept_by_its_program() -> None:
+    """A capture's ops (``collected``): released when the capture ends, unless ``keep`` gave
+    them to the captured program, then released with it."""
+    owner, program = _Owner(), _Owner()
+
+    def solver(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (a * 2.0,)
+
+    with _opaque_calls.collected() as dropped:
+        key = _opaque_calls.register(solver, owner)
+    assert dropped == [key]
+    with pytest.raises(RuntimeError, match="released"):
+        _opaque_calls.call(key, (torch.ones(2),))
+    with _opaque_calls.collected() as kept:
+        key = _opaque_calls.register(solver, owner)
+        _opaque_calls.keep(kept, program)
+    assert torch.equal(_opaque_calls.call(key, (torch.ones(2),))[0], torch.full((2,), 2.0))
+    del program
+    gc.collect()
+    with pytest.raises(RuntimeError, match="released"):
+        _opaque_calls.call(key, (torch.ones(2),))

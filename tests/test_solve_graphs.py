@@ -139,3 +139,31 @@ def test_a_capture_that_would_change_what_phiml_computes_fails() -> None:
         warnings.warn_explicit("elsewhere", RuntimeWarning, "/site-packages/other/x.py", 1)
     counted = backend.while_loop(lambda go, i: (i < 2, i + 1), (torch.tensor(True), 0), 10)
     assert counted[1] == 3  # outside: PhiML's loop
+
+
+@_phiml
+def test_the_ops_of_a_refused_capture_are_released_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each capture registers its solver calls as ops. Where its graph is refused (here: made
+    to differ from the recording), they are released when the capture ends, not kept as long
+    as the engine's captured solvers; a kept graph's live as long as the graph."""
+    import gc
+
+    from phi_torch_jit.engines import _opaque_calls, _solve_graphs
+
+    gc.collect()
+    before = len(_opaque_calls._CALLABLES)
+    monkeypatch.setattr(_solve_graphs, "solved_alike", lambda actual, expected: False)
+    refused = ptj.jit(project, engine="auto", backend="aot_eager", compile_on="caller")
+    refused(_flow(0))
+    assert "captured as a graph" not in refused.explain()
+    assert len(_opaque_calls._CALLABLES) == before
+    monkeypatch.undo()
+    kept = ptj.jit(project, engine="auto", backend="aot_eager", compile_on="caller")
+    kept(_flow(0))
+    assert "captured as a graph" in kept.explain()
+    assert len(_opaque_calls._CALLABLES) > before
+    del kept, refused
+    gc.collect()
+    assert len(_opaque_calls._CALLABLES) == before

@@ -9,7 +9,9 @@ handed to a compile in a worker process or cached on disk.
 
 The callable gets copies of its tensor arguments (it may write them in place: a CG updates its
 initial guess), except the leading ones it was registered as only reading (a matrix's parts),
-and its outputs never alias them. A key lives as long as the object it was registered for.
+and its outputs never alias them. A key lives as long as the object it was registered for;
+keys registered during a capture (:func:`collected`) are released when the capture ends, or
+live as long as the captured program that :func:`keep` gives them to.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -25,7 +29,7 @@ import torch
 from .._compat import unaliased
 from ._op_contracts import NAMESPACE
 
-__all__ = ["register", "call", "OP_NAME"]
+__all__ = ["register", "call", "collected", "keep", "OP_NAME"]
 
 OP_NAME = "opaque_call"
 
@@ -56,13 +60,41 @@ def _impl(key: int, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def register(function: Callable[..., Sequence[torch.Tensor]], owner: Any, reads: int = 0) -> int:
-    """A key that :func:`call` runs ``function`` under, released when ``owner`` is collected.
-    Its first ``reads`` arguments are passed as they are (it must not write them), the others
-    as copies."""
+    """A key that :func:`call` runs ``function`` under, released when ``owner`` is collected
+    (or at the end of a :func:`collected` block that does not keep it). Its first ``reads``
+    arguments are passed as they are (it must not write them), the others as copies."""
     key = next(_KEYS)
     _CALLABLES[key] = (function, reads)
     weakref.finalize(owner, _CALLABLES.pop, key, None)
+    collecting = _COLLECTING.get()
+    if collecting is not None:
+        collecting.append(key)
     return key
+
+
+_COLLECTING: ContextVar[list[int] | None] = ContextVar("phi_torch_jit_opaque", default=None)
+
+
+@contextmanager
+def collected() -> Iterator[list[int]]:
+    """The keys registered on this thread while the block runs (a capture's ops): released
+    at its end, unless :func:`keep` gave them to the program that calls them."""
+    keys: list[int] = []
+    token = _COLLECTING.set(keys)
+    try:
+        yield keys
+    finally:
+        _COLLECTING.reset(token)
+        for key in keys:
+            _CALLABLES.pop(key, None)
+
+
+def keep(keys: list[int], owner: Any) -> None:
+    """The callables under ``keys`` live as long as ``owner`` (the captured program)."""
+    for key in keys:
+        if key in _CALLABLES:
+            weakref.finalize(owner, _CALLABLES.pop, key, None)
+    keys.clear()
 
 
 def call(key: int, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

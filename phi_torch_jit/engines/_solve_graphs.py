@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import NotNow
+from . import _opaque_calls
 from ._graph_bodies import GraphBodies
 from .base import CompiledFunction, FunctionTarget
 
@@ -79,6 +80,19 @@ def around_solvers(
         with as_ops():
             return run(*tensors)
 
+    with _opaque_calls.collected() as keys:  # the solver calls' ops: the graph's, if kept
+        graphed = _graphed(target, body, lock, expected)
+        if graphed is None:
+            return None
+        _opaque_calls.keep(keys, graphed)
+    description = f"{solvers.describe()}; the library's Python around it captured as a graph"
+    return CompiledFunction(graphed, "traced", description, origin=run)
+
+
+def _graphed(
+    target: FunctionTarget, body: Any, lock: Any, expected: tuple[torch.Tensor, ...]
+) -> Any:
+    """``body`` captured straight-line and checked against ``expected``, or None (logged)."""
     bodies = GraphBodies(lock)
     try:  # no expected outputs: GraphBodies neither waits nor checks; checked here
         graphed = bodies.compile_function(
@@ -98,8 +112,7 @@ def around_solvers(
     if not solved_alike(actual[: len(expected)], expected):
         _kept(target, "its graph did not reproduce the recorded outputs")
         return None
-    description = f"{solvers.describe()}; the library's Python around it captured as a graph"
-    return CompiledFunction(graphed.run, "traced", description, origin=run)
+    return graphed.run
 
 
 def _kept(target: FunctionTarget, reason: str) -> None:

@@ -143,13 +143,12 @@ def solve_as_op(solvers: _Solvers, dispatch: Any, args: tuple[Any, ...]) -> Any:
         parts, shape = (lin,), None
     else:
         raise NotAnOp("its matrix is not one PhiML built as CSR or a dense tensor")
-    owner = weakref.ref(solvers)
+    owner, count = weakref.ref(solvers), len(parts)  # (not the parts: the capture's tensors)
 
     def solve(*tensors: torch.Tensor) -> Any:
         held = owner()
         if held is None:
             raise RuntimeError("phi_torch_jit: the solvers of a captured PhiML solve are gone")
-        count = len(parts)
         if shape is None:
             matrix = tensors[0]
         else:  # PhiML's CSR, built again over this call's parts
@@ -160,5 +159,5 @@ def solve_as_op(solvers: _Solvers, dispatch: Any, args: tuple[Any, ...]) -> Any:
         finally:
             _MATRICES.reset(token)
 
-    key = _opaque_calls.register(solve, solvers, reads=len(parts) if shape is not None else 0)
+    key = _opaque_calls.register(solve, solvers, reads=count if shape is not None else 0)
     return _opaque_calls.call(key, (*parts, *rest))
