@@ -14,6 +14,7 @@ import functools
 import operator
 import sys
 import types
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -926,3 +927,61 @@ def test_a_cycle_back_to_an_object_is_not_walked_again(caplog: pytest.LogCapture
         assert "not guarded" not in caplog.text
     finally:
         STRATEGY.k = 2.0
+
+
+SCALES_BY_TYPE: dict[type, float] = {float: 2.0, int: 3.0}
+
+
+def _by_type(x: torch.Tensor) -> torch.Tensor:
+    return x * SCALES_BY_TYPE[float]
+
+
+class _TypeTable(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.gains = {torch.nn.Linear: 1.0, torch.nn.ReLU: 0.5}  # held, never read by forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_a_dict_keyed_by_classes_compiles_and_sees_its_changes() -> None:
+    """The order of a dict's keys is guarded as ``tuple(d.keys())``: keyed by classes, that
+    tuple was compared by identity, a new tuple at every read, so the step ran eagerly "as it
+    changes Python state it reads" though nothing changed (probe round 26; an ``nn.Module``
+    merely holding ``{nn.Linear: 1.0}`` ran whole eagerly). Such a tuple is compared by value
+    now: the step compiles, and a changed entry or a key added retraces."""
+
+    def change() -> None:
+        SCALES_BY_TYPE[float] = 5.0
+        SCALES_BY_TYPE[complex] = 1.0
+
+    try:
+        like_eager_then_retraced(ptj.jit(_by_type), _by_type, change)
+    finally:
+        SCALES_BY_TYPE.clear()
+        SCALES_BY_TYPE.update({float: 2.0, int: 3.0})
+    model = _TypeTable()
+    jitted = ptj.jit(model)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(4):
+            torch.testing.assert_close(jitted(torch.ones(2, 3)), model(torch.ones(2, 3)))
+    assert jitted.num_traces == 1
+
+
+def _under_warning_filters(x: torch.Tensor) -> torch.Tensor:
+    return x * (2.0 if warnings.filters else 1.0)
+
+
+def test_a_librarys_own_registry_read_by_the_step_does_not_retrace_every_call() -> None:
+    """``warnings.filters`` read in the step, each call inside ``catch_warnings()`` (which
+    rebinds it to a copy): a library's registry is not guarded as state of yours (it held
+    no code of yours and no plain values), so the loop does not retrace at every call."""
+    jitted = ptj.jit(_under_warning_filters)
+    for _ in range(5):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            jitted(torch.ones(3))
+    assert jitted.num_traces == 1, jitted.explain()

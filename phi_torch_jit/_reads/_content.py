@@ -72,8 +72,8 @@ def strict(kind: Kind, value: Any) -> bool:
     if kind is Kind.VALUE:
         if type(value) is complex:
             return value.real == 0 or value.imag == 0
-        if type(value) in (tuple, frozenset):  # (2,) == (2.0,)
-            return len(value) <= MAX_STRICT
+        if type(value) in (tuple, frozenset):  # (2,) == (2.0,); not a tuple of classes
+            return len(value) <= MAX_STRICT and all(map(immutable, value))  # (their reprs)
         return isinstance(value, float) and value == 0  # np.float64 too (compared by repr)
     return kind is Kind.CONTENT and _small_plain(value, MAX_STRICT) >= 0
 

@@ -132,7 +132,7 @@ def kind_of(value: Any) -> Kind | None:
         return Kind.IDENTITY
     if isinstance(value, collections.abc.Iterator):
         return Kind.ITERATOR
-    if immutable(value):
+    if immutable(value) or _tuple_of_plain_or_code(value):
         return Kind.VALUE
     if masked(value):  # its data and its mask, each compared (fields)
         return Kind.IDENTITY
@@ -141,6 +141,17 @@ def kind_of(value: Any) -> Kind | None:
     if _numbers_array(value) and getattr(value, "size", MAX_ARRAY + 1) <= MAX_ARRAY:
         return Kind.ARRAY
     return Kind.IDENTITY
+
+
+def _tuple_of_plain_or_code(value: Any) -> bool:
+    """A plain tuple of plain values, classes and functions: ``tuple(d.keys())`` of a dict keyed
+    by classes (``{float: 2.0}``, ``copyreg.dispatch_table``), a new tuple at every read, equal
+    (``==``: the same classes, by identity) as long as the keys are. By identity it always
+    changed, and the step ran eagerly as if it changed what it reads."""
+    return type(value) is tuple and all(
+        immutable(v) or isinstance(v, (type, types.FunctionType, types.BuiltinFunctionType))
+        for v in value
+    )
 
 
 def _numbers_array(value: Any) -> bool:

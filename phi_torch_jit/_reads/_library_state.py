@@ -207,19 +207,16 @@ def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:
     return None
 
 
-_SMALL = 64
-"""Items of a container kept on a library's module or class, read by a path the code spells,
-up to which it is guarded whatever it holds (``sys.argv``, ``copyreg.dispatch_table``)."""
-
-
 def _yours(value: Any) -> bool:
     """Whether ``value``, kept on a library's module or class, is state the user's code reads
-    as its own: a function or object of the user's, a container holding one, or a small
-    container (a registry the user fills later: ``copyreg.pickle(Spec, f)``)."""
+    as its own: a function or object of the user's, a container holding one, or a container
+    of plain values (``sys.argv``). A library's own registry (``warnings.filters``, rebound to
+    a copy by every ``catch_warnings``; ``copyreg.dispatch_table``) is not: guarded, it made a
+    loop's every call retrace."""
     if isinstance(value, (type, types.ModuleType)):
         return False
-    if isinstance(value, CONTAINERS) and not isinstance(value, str):
-        return holds_users_code(value) or len(value) <= _SMALL or plain_container(value)
+    if isinstance(value, CONTAINERS):
+        return holds_users_code(value) or plain_container(value)
     return holds_users_code(value)
 
 
