@@ -985,3 +985,57 @@ def test_a_librarys_own_registry_read_by_the_step_does_not_retrace_every_call() 
             warnings.simplefilter("ignore", DeprecationWarning)
             jitted(torch.ones(3))
     assert jitted.num_traces == 1, jitted.explain()
+
+
+class _Knob(float):
+    factor = 2.0  # a class attribute of a float of yours
+
+
+class _Mode(str):
+    pass
+
+
+KNOB = _Knob(1.5)
+KNOB.offset = 1.0  # type: ignore[attr-defined]
+MODE = _Mode("mul")
+MODE.k = 2.0  # type: ignore[attr-defined]
+
+
+class _Named:
+    pass
+
+
+NAMED = _Named()
+
+NUMBERS_OF_YOURS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], None]]] = {
+    "an attribute of a float of yours": (
+        lambda x: x * KNOB + KNOB.offset,  # type: ignore[attr-defined]
+        lambda: setattr(KNOB, "offset", 4.0),
+    ),
+    "a class attribute of a float of yours": (
+        lambda x: x * KNOB.factor,
+        lambda: setattr(_Knob, "factor", 3.0),
+    ),
+    "an attribute of a str of yours": (
+        lambda x: x * MODE.k if MODE == "mul" else x,  # type: ignore[attr-defined]
+        lambda: setattr(MODE, "k", 5.0),
+    ),
+    "a class renamed": (
+        lambda x: x * 2.0 if type(NAMED).__name__ == "_Named" else x - 3.0,
+        lambda: setattr(_Named, "__name__", "Other"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NUMBERS_OF_YOURS))
+def test_numbers_of_your_classes_and_class_names_are_guarded(case: str) -> None:
+    """A float, int or str of a subclass of yours was guarded by value and exact type only:
+    its attributes (``K.offset``, ``Knob.factor``) were baked; and a class's ``__name__`` lives
+    on the type, not in its dict (probe round 26). Such a value is walked as an object now, and
+    a class of yours has its names guarded."""
+    step, change = NUMBERS_OF_YOURS[case]
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        KNOB.offset, _Knob.factor, MODE.k = 1.0, 2.0, 2.0  # type: ignore[attr-defined]
+        _Named.__name__ = "_Named"

@@ -129,7 +129,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         if issubclass(value, tuple) and hasattr(value, "_fields"):  # a namedtuple's defaults,
             listed.append((Step(True, "__new__"), Step(True, "__defaults__")))  # set there too
         data = (Step(True, n) for n in _class_data(klasses))
-        return [*listed, *data, *_methods(value), *meta]
+        named = [Step(True, "__name__"), Step(True, "__qualname__")] if ordered else []
+        return [*listed, *named, *data, *_methods(value), *meta]  # type(S).__name__ renamed
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
     if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only

@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import collections.abc
 import datetime
+import enum
 import os
 import random
 import time
@@ -28,10 +29,10 @@ from typing import Any
 import torch
 
 from .._callable_state import random_generator
-from ._code_walk import user_module
+from ._code_walk import user_class, user_module
 from ._content import plain_container
 from ._fields import has_attribute, masked
-from ._records import Kind, immutable
+from ._records import PRIMITIVES, Kind, immutable
 
 __all__ = ["kind_of", "big_array", "MAX_ARRAY", "draws", "drawn_through", "generator_of",
            "generator_state"]  # fmt: skip
@@ -133,6 +134,8 @@ def kind_of(value: Any) -> Kind | None:
     if isinstance(value, collections.abc.Iterator):
         return Kind.ITERATOR
     if immutable(value) or _tuple_of_plain_or_code(value):
+        if _number_of_yours(value):  # K = Knob(2.0): what it holds (K.offset,
+            return Kind.IDENTITY  # Knob.factor), walked as an object's
         return Kind.VALUE
     if masked(value):  # its data and its mask, each compared (fields)
         return Kind.IDENTITY
@@ -141,6 +144,13 @@ def kind_of(value: Any) -> Kind | None:
     if _numbers_array(value) and getattr(value, "size", MAX_ARRAY + 1) <= MAX_ARRAY:
         return Kind.ARRAY
     return Kind.IDENTITY
+
+
+def _number_of_yours(value: Any) -> bool:
+    """A number or string of a subclass of yours (``class Knob(float)``), not an enum member:
+    equal values may hold other attributes, instance or class ones."""
+    kind = type(value)
+    return kind not in PRIMITIVES and not isinstance(value, enum.Enum) and user_class(kind)
 
 
 def _tuple_of_plain_or_code(value: Any) -> bool:
