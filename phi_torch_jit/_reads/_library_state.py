@@ -21,8 +21,9 @@ docs/design.md):
   cast to (``torch.set_autocast_dtype`` changes them);
 * code and data of the user's kept on a library's module or class, read by a path the code
   spells: a function of yours (``F.my_act = my_act``: which one, by identity; its code is
-  walked as yours, :mod:`._reachable`), a dict or list of plain values (``torch.my_cfg["k"]``:
-  by content).
+  walked as yours, :mod:`._reachable`), an object of yours (``torch.SOLVER.k``), a container
+  holding either (``torch.OPS["op"]``, ``json.CALLBACKS``) or plain values
+  (``torch.my_cfg["k"]``: by content). A library's own registries are not (:func:`_yours`).
 
 Reached through a library's module held by the user's objects too: along a path the code
 spells (``K.backend.enabled``: :func:`library_held`, from ``_python._add_chains``), or read
@@ -185,7 +186,9 @@ def _held_by(value: Any) -> list[Any]:
 
 def _state_at(root: Any, chain: tuple[Step, ...]) -> tuple[Step, ...] | None:
     """The path to guard along ``chain`` from a library's ``root``, or None: the whole
-    chain where it ends in a plain value, or the call of a settings reader it ends in."""
+    chain where it ends in a plain value or a function of the user's, the call of a settings
+    reader it ends in, or the chain up to the first state of the user's it meets (a container
+    or an object: what is under it is walked from there)."""
     owner, value = root, root
     for n, step in enumerate(chain):
         if n and _yours(value) and not isinstance(value, types.FunctionType):
