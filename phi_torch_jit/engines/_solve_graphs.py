@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from ..errors import NotNow
-from . import _opaque_calls
 from ._graph_bodies import GraphBodies
+from ._opaque_calls import collected, keep
 from .base import CompiledFunction, FunctionTarget
 
 __all__ = ["around_solvers", "solved_alike", "SOLVE_RTOL"]
@@ -80,11 +80,11 @@ def around_solvers(
         with as_ops():
             return run(*tensors)
 
-    with _opaque_calls.collected() as keys:  # the solver calls' ops: the graph's, if kept
+    with collected() as keys:  # the solver calls' ops: the graph's, if kept
         graphed = _graphed(target, body, lock, expected)
         if graphed is None:
             return None
-        _opaque_calls.keep(keys, graphed)
+        keep(keys, graphed)
     description = f"{solvers.describe()}; the library's Python around it captured as a graph"
     return CompiledFunction(graphed, "traced", description, origin=run)
 

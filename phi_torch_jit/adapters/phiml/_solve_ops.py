@@ -32,7 +32,7 @@ import torch
 
 from ..._compat import disable_dispatch_modes
 from ..._patches import RefCounted
-from ...engines import _opaque_calls
+from ...engines._opaque_calls import call, register
 from ._graph_capture import seen_as_traced
 
 __all__ = ["solvers_as_ops", "solve_as_op", "NotAnOp"]
@@ -159,5 +159,5 @@ def solve_as_op(solvers: _Solvers, dispatch: Any, args: tuple[Any, ...]) -> Any:
         finally:
             _MATRICES.reset(token)
 
-    key = _opaque_calls.register(solve, solvers, reads=count if shape is not None else 0)
-    return _opaque_calls.call(key, (*parts, *rest))
+    key = register(solve, solvers, reads=count if shape is not None else 0)
+    return call(key, (*parts, *rest))
