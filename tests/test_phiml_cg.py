@@ -24,7 +24,7 @@ from phiml.backend.torch import _torch_backend as phiml_torch
 
 import phi_torch_jit as ptj
 from phi_torch_jit.adapters.phiml._cg import SOLVERS, padded_rows
-from phi_torch_jit.engines import _looped
+from phi_torch_jit.engines import _looped, _solve_graphs
 from phi_torch_jit.engines import compile as compile_engine
 from phi_torch_jit.engines.base import CompiledFunction, FunctionTarget
 
@@ -525,7 +525,7 @@ def test_an_adjoint_solve_met_while_the_forwards_blocks_run_straight_line_is_cap
 
 
 def test_a_captured_solve_reproduces_to_the_solves_tolerance_not_to_float_rounding() -> None:
-    """``_looped.solved_alike``: floating outputs within SOLVE_RTOL of their largest value
+    """``_solve_graphs.solved_alike``: floating outputs within SOLVE_RTOL of their largest value
     (the CG stopped at a residual tolerance, rows summed in another order), counts and flags
     exactly; shapes and dtypes as recorded."""
     x = torch.linspace(0.0, 0.43, 64).reshape(2, 32)
@@ -533,12 +533,12 @@ def test_a_captured_solve_reproduces_to_the_solves_tolerance_not_to_float_roundi
     recorded = (x, counts, flags)
     near = x + 3.8e-5 * torch.sign(torch.sin(torch.arange(64.0))).reshape(2, 32)
     assert not _looped._reproduces((near, counts, flags), recorded)  # float rounding: no
-    assert _looped.solved_alike((near, counts, flags), recorded)
-    assert not _looped.solved_alike((x + 1e-3, counts, flags), recorded)  # beyond it
-    assert not _looped.solved_alike((x, counts + 1, flags), recorded)  # another count
-    assert not _looped.solved_alike((x, counts, ~flags), recorded)
-    assert not _looped.solved_alike((x.double(), counts, flags), recorded)
-    assert not _looped.solved_alike((x,), recorded)
+    assert _solve_graphs.solved_alike((near, counts, flags), recorded)
+    assert not _solve_graphs.solved_alike((x + 1e-3, counts, flags), recorded)  # beyond it
+    assert not _solve_graphs.solved_alike((x, counts + 1, flags), recorded)  # another count
+    assert not _solve_graphs.solved_alike((x, counts, ~flags), recorded)
+    assert not _solve_graphs.solved_alike((x.double(), counts, flags), recorded)
+    assert not _solve_graphs.solved_alike((x,), recorded)
 
 
 def _pipe_step(v: Any, p: Any) -> Any:

@@ -26,11 +26,11 @@ import torch
 from .._libraries import library_solvers
 from .._loops import Captured, capture_loops
 from ..extend import LoopSolvers
-from ._solve_graphs import SOLVE_RTOL, around_solvers, solved_alike
+from ._solve_graphs import around_solvers, solved_alike
 from .base import CompiledFunction, FunctionTarget
 from .torchscript import _AsTuple, _reproduces
 
-__all__ = ["with_captured_loops", "solved_alike", "SOLVE_RTOL"]
+__all__ = ["with_captured_loops"]
 
 logger = logging.getLogger("phi_torch_jit")
 
