@@ -597,19 +597,25 @@ def test_non_contiguous_and_channels_last_inputs_equal_eager() -> None:
 # Found by the PhiFlow programs: a trace that returns another structure than its record pass -
 
 
+class _Count:
+    n = 0
+
+
 class _Ticks:
     """Python state the guards cannot see (a counter of a class that names a module without
-    a file, as a library's would: not walked), read once per pass."""
+    a file, as a library's would, kept on an object of another such class under a name the
+    step does not spell: its methods' reads of their own object are guarded, not deeper
+    state), read once per pass."""
 
     def __init__(self) -> None:
-        self._n = 0
+        self._count = _Count()
 
     def next(self) -> int:
-        self._n += 1
-        return self._n - 1
+        self._count.n += 1
+        return self._count.n - 1
 
 
-_Ticks.__module__ = "builtins"
+_Ticks.__module__ = _Count.__module__ = "builtins"
 
 
 def test_a_trace_returning_another_structure_runs_eagerly_with_one_warning() -> None:

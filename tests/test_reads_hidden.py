@@ -1039,3 +1039,66 @@ def test_numbers_of_your_classes_and_class_names_are_guarded(case: str) -> None:
     finally:
         KNOB.offset, _Knob.factor, MODE.k = 1.0, 2.0, 2.0  # type: ignore[attr-defined]
         _Named.__name__ = "_Named"
+
+
+# A base class's data that a subclass defines again, read past the override (probe round 27)
+class _BaseScale:
+    K = 2.0
+    SETTINGS = types.SimpleNamespace(k=2.0)
+
+
+class _SubScale(_BaseScale):
+    K = 7.0
+    SETTINGS = types.SimpleNamespace(k=7.0)
+
+    def base_k(self) -> float:
+        return super().K
+
+
+class _ScaledByBase(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * type(self).__mro__[1].K  # type: ignore[attr-defined]
+
+
+class _ModuleScale(_ScaledByBase):
+    K = 7.0
+
+
+_ScaledByBase.K = 2.0  # type: ignore[attr-defined]
+SUB = _SubScale()
+SCALED_BY_BASE = _ModuleScale()
+
+
+def _base_k_of(obj: Any) -> float:
+    return float(type(obj).__mro__[1].K)
+
+
+PAST_AN_OVERRIDE: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], None]]] = {
+    "super().K in a method": (lambda x: x * SUB.base_k(), lambda: setattr(_BaseScale, "K", 3.0)),
+    "type(o).__mro__[1].K in a helper": (
+        lambda x: x * _base_k_of(SUB),
+        lambda: setattr(_BaseScale, "K", 3.0),
+    ),
+    "__bases__[0].K": (
+        lambda x: x * type(SUB).__bases__[0].K,
+        lambda: setattr(_BaseScale, "K", 3.0),
+    ),
+    "an object on the base class changed in place": (
+        lambda x: x * type(SUB).__mro__[1].SETTINGS.k,
+        lambda: setattr(_BaseScale.SETTINGS, "k", 3.0),
+    ),
+    "a module's forward": (SCALED_BY_BASE, lambda: setattr(_ScaledByBase, "K", 3.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(PAST_AN_OVERRIDE))
+def test_a_base_class_value_read_past_a_subclass_override_is_guarded(case: str) -> None:
+    """``super().K``, ``type(o).__mro__[1].K``, ``__bases__[0].K``: a class of yours was
+    walked for the data its MRO shows, which is the subclass's ``K``; the base's was baked on
+    every engine (probe round 27). A base class of yours whose data a class before it in the
+    MRO defines again is walked as a class of its own."""
+    step, change = PAST_AN_OVERRIDE[case]
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        _BaseScale.K, _BaseScale.SETTINGS.k, _ScaledByBase.K = 2.0, 2.0, 2.0  # type: ignore[attr-defined]

@@ -426,3 +426,144 @@ def test_code_and_data_of_yours_kept_on_torch_are_guarded(case: str) -> None:
         del _LOGGER.probe_hooks  # type: ignore[attr-defined]
         del torch.probe_ops, json.probe_callbacks, torch.probe_solver  # type: ignore[attr-defined]
         del json.JSONEncoder.probe_registry  # type: ignore[attr-defined]
+
+
+# What a library's method reads of its own object (probe round 27): a library's objects are
+# guarded by identity, so ``sched.get_last_lr()`` baked the learning rate of the first call
+_NET = torch.nn.Linear(3, 3)
+
+
+def _scheduled(step_size: int = 1) -> tuple[torch.optim.Optimizer, Any]:
+    optimizer = torch.optim.SGD(_NET.parameters(), lr=0.1)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.5)
+
+
+def _lr_of(scheduler: Any) -> float:
+    return float(scheduler.get_last_lr()[0])
+
+
+class _ScaledBy(torch.nn.Module):
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scheduler.get_last_lr()[0]
+
+
+def _library_method_cases() -> dict[str, tuple[Callable[..., Any], Callable[[], None]]]:
+    """Each: (step, change), reaching a scheduler (or a logger, an event) another way."""
+    cases: dict[str, tuple[Callable[..., Any], Callable[[], None]]] = {}
+
+    def stepped(scheduler: Any) -> Callable[[], None]:
+        return lambda: (scheduler.optimizer.step(), scheduler.step())
+
+    _, direct = _scheduled()
+    cases["called on a global"] = (lambda x: x * direct.get_last_lr()[0], stepped(direct))
+    _, passed = _scheduled()
+    cases["called by a helper on its parameter"] = (lambda x: x * _lr_of(passed), stepped(passed))
+    _, bound = _scheduled()
+    held = bound.get_last_lr
+    cases["held as a bound method"] = (lambda x: x * held()[0], stepped(bound))
+    _, partial_of = _scheduled()
+    scaled = functools.partial(lambda s, x: x * _lr_of(s), partial_of)
+    cases["bound by a partial"] = (lambda x: scaled(x), stepped(partial_of))
+    _, listed = _scheduled()
+    schedulers = [listed]
+
+    def looped(x: torch.Tensor) -> torch.Tensor:
+        for scheduler in schedulers:
+            x = x * scheduler.get_last_lr()[0]
+        return x
+
+    cases["in a list looped over"] = (looped, stepped(listed))
+    _, attribute = _scheduled()
+    cases["an attribute of your module"] = (_ScaledBy(attribute), stepped(attribute))
+    logger = __import__("logging").getLogger("phi_torch_jit.tests.library_methods")
+    logger.setLevel(10)
+    cases["a logger's getEffectiveLevel()"] = (
+        lambda x: x * 2 if logger.getEffectiveLevel() <= 10 else x * 3,
+        lambda: logger.setLevel(30),
+    )
+    event = __import__("threading").Event()
+    cases["an event's is_set() in a helper"] = (lambda x: _if_set(event, x), event.set)
+    waiting = __import__("queue").Queue()
+    waiting.put(1)
+    cases["a queue's qsize()"] = (lambda x: x * waiting.qsize(), lambda: waiting.put(2))
+    normal = torch.distributions.Normal(0.0, 1.0)
+    normal.probe_k = 2.0  # type: ignore[attr-defined]
+    cases["a number of yours on a library object, read by a helper"] = (
+        lambda x: _times_k(normal, x),
+        lambda: setattr(normal, "probe_k", 5.0),
+    )
+    _, as_dict = _scheduled()
+    cases["a scheduler's state_dict() (self.__dict__ in a comprehension)"] = (
+        lambda x: x * as_dict.state_dict()["_last_lr"][0],
+        stepped(as_dict),
+    )
+    _, by_vars = _scheduled()
+    cases["vars(scheduler)"] = (lambda x: x * vars(by_vars)["_last_lr"][0], stepped(by_vars))
+    _, closed = _scheduled()
+    cases["self in a comprehension's cell (_get_closed_form_lr)"] = (
+        lambda x: x * closed._get_closed_form_lr()[0],
+        stepped(closed),
+    )
+    parent = __import__("logging").getLogger("phi_torch_jit.tests.parent")
+    child = __import__("logging").getLogger("phi_torch_jit.tests.parent.child")
+    parent.setLevel(10)
+    cases["a logger's level inherited from its parent"] = (
+        lambda x: x * child.getEffectiveLevel(),
+        lambda: parent.setLevel(11),
+    )
+    subset = torch.utils.data.Subset([1.0, 2.0, 3.0], [0, 1])
+    cases["len() of a dataset's subset"] = (
+        lambda x: x * len(subset),
+        lambda: subset.indices.append(2),
+    )
+    batches = torch.utils.data.BatchSampler(range(10), batch_size=3, drop_last=False)
+    cases["len() of a batch sampler"] = (
+        lambda x: x * len(batches),
+        lambda: setattr(batches, "batch_size", 5),
+    )
+    template = __import__("string").Template("$a-$b")
+    cases["a string template (self in a closure)"] = (
+        lambda x: x * len(template.substitute(a="1", b="2")),
+        lambda: setattr(template, "template", "$a--------$b"),
+    )
+    return cases
+
+
+def _if_set(event: Any, x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if event.is_set() else x * 3
+
+
+def _times_k(holder: Any, x: torch.Tensor) -> torch.Tensor:
+    return x * holder.probe_k
+
+
+@pytest.mark.parametrize("case", list(_library_method_cases()))
+def test_what_a_library_method_reads_of_its_object_is_guarded(case: str) -> None:
+    """The plain values a library object's method reads from ``self`` (``_last_lr`` of
+    ``get_last_lr()``, a logger's level, an event's flag), for every library object the step
+    reads and every method its code spells, and for a bound method held: a scheduler's step
+    between calls retraces, however the step reaches the scheduler."""
+    step, change = _library_method_cases()[case]
+    like_eager_then_retraced(ptj.jit(step), step, change)
+
+
+def test_a_library_objects_state_its_methods_do_not_read_is_not_guarded() -> None:
+    """``scheduler.step()`` changes ``last_epoch`` and ``_step_count`` on every call;
+    ``get_last_lr()`` reads only ``_last_lr``: a scheduler whose rate holds retraces never."""
+    optimizer, scheduler = _scheduled(step_size=100)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * _lr_of(scheduler)
+
+    jitted = ptj.jit(step)
+    x = torch.linspace(0.5, 1.5, 3)
+    for _ in range(6):
+        torch.testing.assert_close(jitted(x), step(x))
+        optimizer.step()
+        scheduler.step()
+    assert jitted.num_traces == 1, jitted.explain()
+    assert "_last_lr" in jitted.explain()

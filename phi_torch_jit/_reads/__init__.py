@@ -49,6 +49,9 @@ a name looked for and not found when traced   that the namespace still does     
 small containers whose ``==`` hides what a    a canonical form (``marshal``):    ``_content``
 program reads (a dict's order, ``2`` vs      types, float bits, order
 ``2.0``, ``-0.0``, ``1`` vs ``True``)
+what a library object's methods that user    the plain values their bytecode   ``_library_methods``
+code calls read of it (``sched.get_last_lr   reads from ``self``, by value;
+()``, ``len(subset)``)                       its objects, by identity
 random draws, clocks, files, grad-mode       noted in the record pass: eager   ``_unguardable``
 changes, ``backward()``, tensor hooks;       with one warning, or guarded;     (record phase)
 Python reading ``requires_grad``             the module guard checks it
@@ -61,7 +64,8 @@ reach;
 ``_held`` what a jitted callable holds besides code (a partial's arguments, a method's
 ``self`` or ``cls``); ``_python`` turns those reads into ``Read`` records and checks them
 (``PythonGuard``); ``_kinds`` how each value is guarded (and which values draw anew);
-``_content`` how a container of plain values is compared;
+``_content`` how a container of plain values is compared; ``_library_methods`` what a
+library's methods read of their own objects;
 ``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
 compiled body holds as constants (guarded by identity too);
 ``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.

@@ -130,7 +130,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
             listed.append((Step(True, "__new__"), Step(True, "__defaults__")))  # set there too
         data = (Step(True, n) for n in _class_data(klasses))
         named = [Step(True, "__name__"), Step(True, "__qualname__")] if ordered else []
-        return [*listed, *named, *data, *_methods(value), *meta]  # type(S).__name__ renamed
+        hidden = _shadowed_bases(value)  # super().K, where a subclass defines K too
+        return [*listed, *named, *data, *_methods(value), *meta, *hidden]  # type(S).__name__
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
     if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
@@ -394,6 +395,20 @@ def computed(owner: Any, step: Step) -> bool:
 
 
 _MISSING = object()
+
+
+def _shadowed_bases(klass: type) -> list[tuple[Step, ...]]:
+    """The user's base classes of ``klass`` holding data that a class before them in its MRO
+    defines again (``super().K``, ``type(s).__mro__[1].K``: the base's value is read, and
+    the class's own walk sees only the override), each to walk as a class of its own."""
+    mro = klass.__mro__
+    return [
+        (Step(True, "__mro__"), Step(False, i))
+        for i, base in enumerate(mro)
+        if i
+        and user_class(base)
+        and any(n in vars(k) for k in mro[:i] for n in _class_data([base]))
+    ]
 
 
 def _class_data(klasses: list[type]) -> list[str]:

@@ -61,6 +61,7 @@ from ._function_state import function_sources
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
+from ._library_methods import library_objects_read
 from ._library_state import answer_of, library_held, library_sources, settings_of_held
 from ._reachable import user_functions
 from ._records import (
@@ -204,6 +205,8 @@ def collect_reads(
     _add_imported(reads, imported or {})
     held = [*modules, *(r.expected for r in reads.values() if r.kind is not Kind.TENSOR)]
     for key, source in settings_of_held(held, walked):  # for mod in BACKENDS: mod.enabled
+        _add(reads, key, source)
+    for key, source in library_objects_read(reads, walked):  # sched.get_last_lr()
         _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
