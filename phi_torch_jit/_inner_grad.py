@@ -24,7 +24,8 @@ With ``create_graph=False`` the gradients are detached, as eager returns them. R
 the step runs eagerly with its warning (:class:`RunEagerly`): ``backward()`` (it writes
 ``.grad`` of tensors the caller owns), ops on the way that draw random numbers or write in
 place (a replay would draw or write again), ops that are neither ATen's nor a custom function's
-(captured loops), inputs of which one is computed from another, batched gradients. A custom
+(captured loops), inputs of which one is computed from another, batched gradients, tensors
+with a hook on the way (``weight.register_hook(...)``: eager autograd runs it). A custom
 function's op is differentiated by the function's own backward, run as Python while the
 product is traced (:mod:`._own_backward`); where the gradient is differentiated again
 (``create_graph=True``), one whose backward computes with grad mode off is refused.
@@ -198,6 +199,13 @@ class _Subgraph:
                 "from another (or one twice), which the captured gradient does not split"
             )
         self.reached = reached
+        hooked = [self.live[n] for n in ancestors if _hooked(self.live.get(n))]
+        if hooked:  # a parameter's weight.register_hook(...): eager autograd runs it
+            raise RunEagerly(
+                f"it takes torch.autograd.grad through a tensor with a hook (register_hook, on "
+                f"a tensor of shape {tuple(hooked[0].shape)}), which the captured gradient "
+                "would not run; remove the hook or apply it to the gradient in the function"
+            )
         inner = [n for n in tracer.graph.nodes if n in ancestors and n not in reached]
         self.ops = [n for n in inner if n.op == "call_function" and needs_grad[n]]
         replayed = set(self.ops)
@@ -320,6 +328,10 @@ _CUTS = frozenset(
     op for op in (torch.ops.aten.detach.default, torch.ops.aten.alias.default) if op is not None
 )
 """Ops whose result needs no gradient whatever their input."""
+
+
+def _hooked(tensor: Any) -> bool:
+    return bool(getattr(tensor, "_backward_hooks", None))
 
 
 def _recomputable(target: Any) -> bool:

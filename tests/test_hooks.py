@@ -351,3 +351,33 @@ def test_a_hook_replaced_under_its_key_or_the_hooks_reordered_retraces() -> None
     finally:
         global_first.remove()
         global_second.remove()
+
+
+class _GradScale:
+    def __init__(self) -> None:
+        self.k = 2.0
+
+
+def test_a_gradient_through_a_hooked_parameter_runs_the_hook_as_eager_does() -> None:
+    """A hook on a parameter (``weight.register_hook(lambda g: g * cfg.k)``) runs in a
+    gradient the step takes with ``torch.autograd.grad``; the captured gradient left it out,
+    on every engine that captures one (probe round 27: the gradient half of eager's, and
+    ``cfg.k`` changed between calls never seen). Such a step runs eagerly, warned."""
+    cfg = _GradScale()
+    lin = nn.Linear(3, 3)
+    lin.weight.register_hook(lambda g: g * cfg.k)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        (grad,) = torch.autograd.grad(lin(x).sum(), lin.weight)
+        return grad
+
+    x = torch.linspace(0.5, 1.5, 6).reshape(2, 3)
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():  # engine "torchscript": eager, warned
+        warnings.simplefilter("ignore", ptj.JitWarning)
+        for k in (2.0, 5.0):
+            cfg.k = k
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), step(x))
+    if "torchscript" not in jitted.explain():
+        assert "through a tensor with a hook (register_hook" in jitted.explain()
