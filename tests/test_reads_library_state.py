@@ -567,3 +567,25 @@ def test_a_library_objects_state_its_methods_do_not_read_is_not_guarded() -> Non
         scheduler.step()
     assert jitted.num_traces == 1, jitted.explain()
     assert "_last_lr" in jitted.explain()
+
+
+def _k_of(module: Any, x: torch.Tensor) -> torch.Tensor:
+    return x * module.probe_cfg["k"]
+
+
+def _by_torch_passed_to_a_helper(x: torch.Tensor) -> torch.Tensor:
+    return _k_of(torch, x)
+
+
+def test_data_of_yours_on_a_library_module_passed_to_a_helper_is_guarded() -> None:
+    """``helper(torch)`` reading ``mod.probe_cfg["k"]``: the path starts at the helper's
+    parameter, so no chain from the global ``torch`` spelled it and it was baked (guarded.md's
+    honest list until probe round 27). A library's module the walked code reads as a global
+    has every name that code spells looked up on it, as a module held in the user's state."""
+    torch.probe_cfg = {"k": 2.0}  # type: ignore[attr-defined]
+    try:
+        step = _by_torch_passed_to_a_helper
+        change = lambda: torch.probe_cfg.__setitem__("k", 5.0)  # type: ignore[attr-defined]  # noqa: E731
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        del torch.probe_cfg  # type: ignore[attr-defined]

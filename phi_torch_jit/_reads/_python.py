@@ -164,6 +164,7 @@ def collect_reads(
     shadowing: dict[int, Shadowing] = {}
     reached = _add_module_reads(reads, module_reads or {}, shadowing)
     walked = list(user_functions([*roots, *modules, *reached]))
+    libraries: list[types.ModuleType] = []
     for function in walked:
         code = function.__code__
         for key, source in function_sources(function):  # its code, defaults, attributes
@@ -184,6 +185,8 @@ def collect_reads(
             if space is None and name not in vars(builtins) and name.isidentifier():
                 _undefined(shadowing, vars(builtins), name, "builtins")  # nor builtins.K = 5
             if space is not None:  # a global, or a name set on builtins (builtins.SETTING)
+                if isinstance(space.get(name), types.ModuleType) and library_held(space[name]):
+                    libraries.append(space[name])  # helper(torch): mod.my_cfg read locally
                 source = Source(f"global {name}", f"{code.co_filename}:{line}", space, name)
                 _add(reads, (id(space), name), source)
                 _add_chains(reads, (id(space), name), source, chains.get((False, name), set()))
@@ -204,6 +207,7 @@ def collect_reads(
         _add(reads, (ident, "shadowing"), holder.source())
     _add_imported(reads, imported or {})
     held = [*modules, *(r.expected for r in reads.values() if r.kind is not Kind.TENSOR)]
+    held += libraries
     for key, source in settings_of_held(held, walked):  # for mod in BACKENDS: mod.enabled
         _add(reads, key, source)
     for key, source in library_objects_read(reads, walked):  # sched.get_last_lr()
