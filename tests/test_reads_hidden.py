@@ -1102,3 +1102,36 @@ def test_a_base_class_value_read_past_a_subclass_override_is_guarded(case: str) 
         like_eager_then_retraced(ptj.jit(step), step, change)
     finally:
         _BaseScale.K, _BaseScale.SETTINGS.k, _ScaledByBase.K = 2.0, 2.0, 2.0  # type: ignore[attr-defined]
+
+
+class _Going:
+    def __init__(self) -> None:
+        self.k = 2.0
+
+    def go(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+def test_a_bound_method_stored_anew_each_call_does_not_retrace() -> None:
+    """``box["m"] = s.go`` in the loop makes a new bound method each time, equal to the last
+    (same object, same function): it retraced every call, then ran eagerly (probe round 27).
+    A bound method is compared by equality; its object's state and its function are walked."""
+    going = _Going()
+    box: dict[str, Any] = {"m": going.go}
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return box["m"](x)  # type: ignore[no-any-return]
+
+    jitted = ptj.jit(step)
+    x = torch.linspace(0.5, 1.5, 3)
+    for _ in range(6):
+        torch.testing.assert_close(jitted(x), step(x))
+        box["m"] = going.go
+    assert jitted.num_traces == 1, jitted.explain()
+    going.k = 3.0
+    torch.testing.assert_close(jitted(x), step(x))
+    other = _Going()
+    other.k = 5.0
+    box["m"] = other.go
+    torch.testing.assert_close(jitted(x), step(x))
+    assert jitted.num_traces == 3, jitted.explain()

@@ -64,7 +64,7 @@ def library_objects_read(
     if "vars" in spelled:  # vars(sched)[...]: which object is not known
         spelled.add(_WHOLE)
     found: list[tuple[Any, Source]] = []
-    pending = [(key, r.source, r.expected) for key, r in reads.items() if r.kind is Kind.IDENTITY]
+    pending = [(key, r.source, r.expected) for key, r in reads.items() if _object_read(r)]
     for _ in range(_ROUNDS):
         below = []
         for key, source, value in pending:
@@ -81,6 +81,11 @@ def library_objects_read(
                     below.append(((key, "self", name), source.child(Step(True, name)), held))
         pending = below
     return found
+
+
+def _object_read(read: Read) -> bool:
+    """An object read by identity, or a bound method (compared by equality: ``_python``)."""
+    return read.kind is Kind.IDENTITY or isinstance(read.expected, types.MethodType)
 
 
 def _member(klass: type, name: str) -> Any:

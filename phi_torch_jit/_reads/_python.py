@@ -295,6 +295,12 @@ _MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"training"}
 """What ``nn.Module.__init__`` sets (parameters, buffers, hooks): the module guard's."""
 
 
+def _bound_anew(value: Any) -> bool:
+    """A bound method of a Python function, not of a tensor: ``s.go`` is a new object at each
+    read, equal to the last while its object and function are the same (both walked)."""
+    return isinstance(value, types.MethodType) and not isinstance(value.__self__, torch.Tensor)
+
+
 def _add_modules(reads: dict[Any, Read], modules: Sequence[nn.Module]) -> None:
     """The plain attributes of ``modules``, and their classes of yours: their methods
     (``Net.forward = other``) and data (``type(self).K``, which a forward may change)."""
@@ -352,7 +358,8 @@ def _add(
     else:
         copies = {Kind.TENSOR: tensor_meta, Kind.CONTENT: snapshot, Kind.ARRAY: array_copy}
         expected = copies.get(kind, lambda v: v)(value)
-    reads[key] = Read(source, kind, expected)
+    stored = Kind.VALUE if kind is Kind.IDENTITY and _bound_anew(value) else kind  # s.go:
+    reads[key] = Read(source, stored, expected)  # equal (same object, same function), walked
     if (answer := answer_of(value, source)) is not None:  # torch.get_num_threads, held
         _add(reads, (key, "answer"), answer)
     if kind is Kind.IDENTITY and (held := buffer_read(value)) is not None:
