@@ -86,8 +86,15 @@ class ModuleGuard:
     """
 
     def __init__(
-        self, roots: Iterable[nn.Module], hooks: bool = True, grads_read: Sequence[str] = ()
+        self,
+        roots: Iterable[nn.Module],
+        hooks: bool = True,
+        grads_read: Sequence[str] = (),
+        skip: frozenset[tuple[int, str]] = frozenset(),
     ) -> None:
+        """``skip``: (id of a module, attribute) pairs not checked (a counter the record pass
+        did not read: ``_reads._unread``)."""
+        self._skip = skip
         named: dict[int, tuple[str, nn.Module]] = {}
         for root in roots:
             for name, module in root.named_modules(prefix=type(root).__name__):
@@ -146,7 +153,7 @@ class ModuleGuard:
             (m.__dict__, name, owner) for owner, m in zip(self.names, self.modules)
             for name, value in m.__dict__.items()
             if name not in _TORCH_SLOTS and not name.startswith("__")
-            and (immutable(value) or isinstance(value, _CODE))
+            and (immutable(value) or isinstance(value, _CODE)) and (id(m), name) not in self._skip
         ]  # fmt: skip
         attributes += [  # Python attributes set on a parameter or buffer: m.weight.scale
             (t.__dict__, name, f"{owner}.{slot}")
@@ -287,6 +294,15 @@ class ModuleGuard:
             self._handle_counter = RemovableHandle.next_id  # not ours: skip this next time
         return not self._filled or self._filled_items() == self._hook_items
 
+    def changed_attributes(self) -> list[tuple[nn.Module, str]]:
+        """The modules' plain attributes whose values changed since the trace."""
+        modules = {id(m.__dict__): m for m in self.modules}
+        return [
+            (modules[id(d)], attr)
+            for d, attr, _ in self._attributes
+            if id(d) in modules and _changed(self._initial[id(d), attr], d.get(attr, _GONE))
+        ]
+
     def describe_change(self) -> str:
         """What changed since the trace, e.g. ``module Sequential.2 training True -> False``."""
         for name, was, now_training in zip(self.names, self._trainings, self._training_flags()):
@@ -318,7 +334,7 @@ class ModuleGuard:
             )
         for d, attr, owner in self._attributes:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
-            if value != old or type(value) is not type(old):
+            if _changed(old, value):
                 return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
         for owner, name, old_type, ident in self._child_names:
             module = next(m for n, m in zip(self.names, self.modules) if n == owner)
@@ -343,3 +359,10 @@ class ModuleGuard:
                 "parameters or buffers were replaced by new tensors (load_state_dict(assign=True)?)"
             )
         return "nothing"
+
+
+_GONE = object()
+
+
+def _changed(old: Any, value: Any) -> bool:
+    return bool(value != old) or type(value) is not type(old)

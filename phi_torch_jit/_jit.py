@@ -179,6 +179,7 @@ class JitFunction(Generic[P, R]):
             if session is None:  # eager; or engine "auto" compiles: without the record pass
                 return self._fn(*args, **kwargs)
             reason = retrace_reason(list(seen), miss if seen else None)
+            self._target.unread.note_failed(seen)  # counters: watched in the record pass
             with session:
                 value, specialization = specialize(self._target, key, args, kwargs, tensors)
             if specialization is None:  # engine "auto" is compiling: this call ran eagerly

@@ -34,6 +34,7 @@ from ._reads._hooks import held_by_hooks, hook_reads
 from ._reads._kinds import generator_of
 from ._reads._mutations import Changing, modules_known_before, snapshot
 from ._reads._records import Kind, Read
+from ._reads._unread import Unread
 from ._reads._written_inputs import WrittenInputs, aliased, versions, written_inputs
 from ._record import Recording, check_modules, record
 from ._registries import Registries
@@ -79,6 +80,8 @@ class Target:
     """Its logs and warnings."""
     changing: Changing = field(default_factory=Changing)
     """Record passes in a row that changed the Python state they read."""
+    unread: Unread = field(default_factory=Unread)
+    """Attributes that changed between calls, watched in record passes (counters)."""
 
 
 def specialize(
@@ -93,8 +96,9 @@ def specialize(
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     written_before = versions(tensors)
     as_called = _as_called(tensors)
-    result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]),
-                               before.modules)  # fmt: skip
+    with target.unread.watching():  # which changed attributes the step reads
+        result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]),
+                                   before.modules)  # fmt: skip
     written = written_inputs(tensors, written_before)
     output_spec, outputs = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
@@ -110,7 +114,9 @@ def specialize(
     reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
                           customs=customs)  # fmt: skip
     hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
-    reads += hooks_read
+    by_dict = {id(m.__dict__): m for m in recording.modules.values()}
+    target.unread.discard(reads, bool(recording.calls))  # a backward reads later, unwatched
+    reads = [r for r in [*reads, *hooks_read] if target.unread.keeps(r, by_dict)]
     target.report.unguarded(reads)
     used = recording.tensors_used(outputs)  # a global tensor no op was given is no input
     guard = PythonGuard(reads, used) if reads else None
@@ -159,7 +165,8 @@ def specialize(
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
         reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
                               customs=customs)  # fmt: skip
-        guard = PythonGuard([*reads, *hooks_read], used)
+        reads = [r for r in [*reads, *hooks_read] if target.unread.keeps(r, by_dict)]
+        guard = PythonGuard(reads, used)
     if guard is not None and hooks_read:  # what a hook changed in the trace pass is its own
         guard = PythonGuard(held_by_hooks(guard.reads, hooks_read), used)
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
@@ -215,7 +222,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         timings=parts.timings,
         tracer_warnings=target.report.tracer_warnings(traced.module),
         guard=(
-            ModuleGuard(modules, target.options.guard_hooks, parts.grads_read)
+            ModuleGuard(modules, target.options.guard_hooks, parts.grads_read, target.unread.unread)
             if modules and live
             else None
         ),

@@ -73,6 +73,7 @@ from ._calls import (
     view_base,
     watch_backward_nodes,
 )
+from ._calls import custom_op_gradients as custom_op_gradients
 from ._calls import graph_kept as graph_kept
 from ._fx_threads import fx_patches_per_thread
 from ._inductor import _KEPT_ON_CPU as _KEPT_ON_CPU

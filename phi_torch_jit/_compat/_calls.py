@@ -246,3 +246,13 @@ def pytree() -> Any:
 def eager_functions() -> Any:
     """The namespace of C functions behind ``torch.<op>``."""
     return EAGER_FUNCTIONS.find()
+
+
+def custom_op_gradients() -> list[Any] | None:
+    """The gradient formulas (``register_autograd``) of the ops made with
+    ``torch.library.custom_op`` so far (None where a torch has no such registry)."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return None
+    return [getattr(op, "_backward_fn", None) for op in list(OPDEFS.values())]

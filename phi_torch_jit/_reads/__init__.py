@@ -52,6 +52,8 @@ program reads (a dict's order, ``2`` vs      types, float bits, order
 what a library object's methods that user    the plain values their bytecode   ``_library_methods``
 code calls read of it (``sched.get_last_lr   reads from ``self``, by value;
 ()``, ``len(subset)``)                       its objects, by identity
+an attribute that changed between calls      watched in the retrace's record   ``_unread``
+(a counter: ``model.num_updates += 1``)      pass; not guarded if it is unread  (record phase)
 random draws, clocks, files, grad-mode       noted in the record pass: eager   ``_unguardable``
 changes, ``backward()``, tensor hooks;       with one warning, or guarded;     (record phase)
 Python reading ``requires_grad``             the module guard checks it
@@ -65,7 +67,8 @@ reach;
 ``self`` or ``cls``); ``_python`` turns those reads into ``Read`` records and checks them
 (``PythonGuard``); ``_kinds`` how each value is guarded (and which values draw anew);
 ``_content`` how a container of plain values is compared; ``_library_methods`` what a
-library's methods read of their own objects;
+library's methods read of their own objects; ``_unread`` the attributes that changed
+and the retrace did not read;
 ``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
 compiled body holds as constants (guarded by identity too);
 ``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.
