@@ -115,8 +115,9 @@ def specialize(
                           customs=customs)  # fmt: skip
     hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
     by_dict = {id(m.__dict__): m for m in recording.modules.values()}
+    reads = [*reads, *hooks_read]
     target.unread.discard(reads, bool(recording.calls))  # a backward reads later, unwatched
-    reads = [r for r in [*reads, *hooks_read] if target.unread.keeps(r, by_dict)]
+    reads = target.unread.kept(reads, by_dict)
     target.report.unguarded(reads)
     used = recording.tensors_used(outputs)  # a global tensor no op was given is no input
     guard = PythonGuard(reads, used) if reads else None
@@ -165,8 +166,7 @@ def specialize(
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
         reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
                               customs=customs)  # fmt: skip
-        reads = [r for r in [*reads, *hooks_read] if target.unread.keeps(r, by_dict)]
-        guard = PythonGuard(reads, used)
+        guard = PythonGuard(target.unread.kept([*reads, *hooks_read], by_dict), used)
     if guard is not None and hooks_read:  # what a hook changed in the trace pass is its own
         guard = PythonGuard(held_by_hooks(guard.reads, hooks_read), used)
     if traced is None:  # custom functions run eagerly inside the wrapper's forward

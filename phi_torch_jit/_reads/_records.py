@@ -11,7 +11,7 @@ import enum
 import functools
 import marshal
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -99,8 +99,7 @@ class Source:
     def set(self, value: Any) -> None:
         """Rebind it (used while tracing, to put a traced input in place of a tensor)."""
         if self.path:
-            owner = Source(self.label, self.location, self.namespace, self.name, self.cell,
-                           self.path[:-1], self.holder).get()  # fmt: skip
+            owner = self.above(-1).get()
             last = self.path[-1]
             if last.attribute:
                 setattr(owner, last.key, value)
@@ -118,9 +117,12 @@ class Source:
         last = self.path[-1] if self.path else None
         if last is None or last.attribute or last.length or last.text or last.listed:
             return False
-        owner = Source(self.label, self.location, self.namespace, self.name, self.cell,
-                       self.path[:-1], self.holder).get()  # fmt: skip
-        return isinstance(owner, tuple)
+        return isinstance(self.above(-1).get(), tuple)
+
+    def above(self, n: int) -> Source:
+        """The source of what the first ``n`` steps of the path lead to (``-1``: the owner
+        of the value)."""
+        return replace(self, path=self.path[:n])
 
     def child(self, step: Step) -> Source:
         """The source one attribute or item further."""

@@ -11,7 +11,7 @@ container's content under an attribute of an instance of a user class, or a plai
 of a user module), the retrace's record pass runs with the attribute's class watched
 (:meth:`Unread.watching`: its ``__getattribute__`` wrapped for the pass). An attribute that
 pass never reads on that object cannot have shaped what was traced from it, and the new
-specialization does not guard it (:meth:`Unread.keeps`, ``skip`` of the module guard);
+specialization does not guard it (:meth:`Unread.kept`, ``skip`` of the module guard);
 other guards still decide the path, and a retrace for another reason watches it again. A
 read of ``__dict__``, ``__getstate__`` or ``__reduce_ex__`` on the object (``vars(cfg)``,
 ``copy``, ``pickle``) counts as reading every attribute. Everything that reads an attribute
@@ -35,7 +35,7 @@ from torch import nn
 from .._compat import custom_op_gradients
 from .._sources import OWN_DIR, is_user_file
 from ._code_walk import codes
-from ._records import GONE, Kind, Read, Source, Step
+from ._records import GONE, Kind, Read, Step
 
 __all__ = ["Unread"]
 
@@ -86,11 +86,25 @@ class Unread:
             holders = {id(m.__dict__): m for m in module.modules} if module is not None else {}
             self.note(reads, changed, holders)
 
+    def kept(self, reads: list[Read], modules: Mapping[int, nn.Module]) -> list[Read]:
+        """``reads`` without those under an attribute the last record pass did not read
+        (``modules`` by the id of their ``__dict__``)."""
+        if not self.unread:
+            return reads
+        kept = []
+        for read in reads:
+            found = _attribute_of(read, modules)
+            if found is None or (id(found[0]), found[1]) not in self.unread:
+                kept.append(read)
+        return kept
+
     def discard(self, reads: Iterable[Read], custom_calls: bool) -> None:
         """Keep every guard of this specialization (forget :attr:`unread`) where code that
         runs outside the record pass may read attributes (a custom function's backward, at
         the first backward: ``custom_calls``), or where the step's code spells
         ``__getattribute__`` (``object.__getattribute__(cfg, "k")`` reads past the watch)."""
+        if not self.unread:
+            return
         if custom_calls or _backwards_of_yours() or any(_spells_bypass(r.expected) for r in reads):
             self.unread = frozenset()
 
@@ -128,14 +142,6 @@ class Unread:
             self.unread = frozenset(
                 key for key in self._watched if key not in read and key[0] not in whole
             )
-
-    def keeps(self, read: Read, modules: Mapping[int, nn.Module]) -> bool:
-        """Whether ``read`` is still guarded: not a value under an attribute the last record
-        pass did not read (``modules`` by the id of their ``__dict__``)."""
-        if not self.unread:
-            return True
-        found = _attribute_of(read, modules)
-        return found is None or (id(found[0]), found[1]) not in self.unread
 
 
 def _watchable(klass: type) -> bool:
@@ -203,8 +209,7 @@ def _attribute_of(read: Read, modules: Mapping[int, nn.Module]) -> tuple[Any, st
         return None if module is None else (module, source.name)
     n = steps[-1]
     try:
-        owner = Source(source.label, source.location, source.namespace, source.name,
-                       source.cell, source.path[:n], source.holder).get()  # fmt: skip
+        owner = source.above(n).get()
     except GONE:
         return None
     return owner, source.path[n].key
