@@ -651,3 +651,56 @@ def test_an_iteration_that_changes_its_carried_layout_is_traced_block_long() -> 
     result = captured.function(m)
     assert calls.forward == 1 + 4  # traced once, found to change its layout, then 4 times
     assert captured.loops[0].blocks_run > 1 and torch.equal(result, halving(m))
+
+
+def halve_until(x: torch.Tensor, stop: float) -> torch.Tensor:
+    while bool(x.abs().max() > stop):
+        x = x / 2
+    return x
+
+
+def test_a_loop_that_ended_in_its_first_block_runs_one_iteration_first() -> None:
+    """A warm-started solve (a simulation's pressure solve from the last step's pressure) often
+    converges in one iteration, and a block of K computed K (NOTE [a short first block] in
+    docs/loops.md). Once a run ended in its first block, a block of one iteration runs first,
+    built once; a run it does not end goes on in blocks of K and the next runs skip it for a
+    while (no measuring: the loop's own exits decide). Values equal the Python loop's."""
+    from phi_torch_jit._loops._block import SHORT_BACKOFF
+
+    built: list[int] = []
+
+    def compile_graph(graph: torch.fx.GraphModule, inputs: Any) -> torch.fx.GraphModule:
+        built.append(len(inputs))
+        return graph
+
+    captured = capture_loops(halve_until, "halve_until", compile_graph, block=4)
+    assert isinstance(captured, Captured), captured
+    (loop,) = captured.loops
+
+    def run(scale: float) -> int:  # blocks run for x = 1.5 * scale: log2(1.5 scale) halvings
+        before = loop.blocks_run
+        x = torch.full((3,), 1.5 * scale, dtype=torch.float64)
+        assert torch.equal(captured.function(x, 1.0), halve_until(x, 1.0))
+        return loop.blocks_run - before
+
+    assert run(4.0) == 1 and len(built) == 1 and not loop.short  # 3 iterations: one block
+    assert run(1.0) == 1 and len(built) == 2 and len(loop.short) == 1  # 1: the short block
+    assert run(1.0) == 1 and len(built) == 2  # built once
+    assert run(64.0) == 1 + 2  # 7 iterations: the short block, then two of 4
+    for _ in range(SHORT_BACKOFF):
+        assert run(1.0) == 1  # skipped: the block of 4 ends it
+    assert run(1.0) == 1 and loop._short_skips[next(iter(loop.short))] == 0  # tried again
+    assert run(0.5) == 0 and len(built) == 2  # at rest: no block at all
+
+
+def test_a_loop_that_never_ends_in_its_first_block_builds_no_short_block() -> None:
+    captured = _captured(cg, block=4)
+    (loop,) = captured.loops
+    blocks = 0
+    for seed in range(3):
+        b = _rhs(seed=seed)
+        x, it = captured.function(b)
+        x_eager, it_eager = cg(b)
+        assert torch.equal(x, x_eager) and int(it) == int(it_eager) > 4
+        blocks += -(-int(it) // 4)
+    assert not loop.short and len(loop.programs) == 1 and loop.blocks_run == blocks

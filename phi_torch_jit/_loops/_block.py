@@ -8,6 +8,9 @@ nothing (``where(go, new, old)``), so values and iteration counts equal the Pyth
 This is device-agnostic: on the CPU it saves the Python dispatch of each op (a CG iteration
 is a dozen ops), on CUDA it saves ``K - 1`` host synchronizations of every ``K``.
 
+A loop that has ended in its first block (a warm-started solve) runs a block of one iteration
+first (NOTE [a short first block] in docs/loops.md).
+
 Python ``int``/``float``/``bool`` values the loop carries (an iteration counter) are 0-d
 tensors inside the block and Python values again after it. Anything the block cannot take
 (another carried type, a non-scalar invariant that is not a tensor, a trace that fails: a
@@ -42,6 +45,8 @@ BLOCK_CUDA = 16
 """Iterations per block on CUDA (one host check per 16 iterations: ../shared/GPU.md)."""
 MAX_BLOCKS = 8
 """Compiled blocks kept per loop (one per input signature); more run eagerly."""
+SHORT_BACKOFF = 8
+"""Runs of a signature that skip the one-iteration block after it failed to end the loop."""
 _OWN_LOCK = threading.Lock()
 """Serializes block traces when the caller gives no lock (an engine gives the one all its FX
 tracing takes: NOTE [one tracing thread] in docs/design.md)."""
@@ -175,6 +180,12 @@ class CapturedLoop:
         """Why some inputs ran the iterations eagerly (for ``explain()``)."""
         self.blocks_run = 0
         """Blocks run (host checks), for tests and ``explain()``."""
+        self.short: dict[Any, Callable[..., Any] | str] = {}
+        """Per input signature: a block of one iteration, built once a run of the loop ended in
+        its first block (a warm-started solve that converges in one iteration)."""
+        self._short_skips: dict[Any, int] = {}
+        """Per input signature where the one-iteration block runs first: how many runs skip it
+        (after it did not end the loop)."""
 
     def __call__(self, carried: tuple[Any, ...], invariants: tuple[Any, ...]) -> tuple[Any, ...]:
         kinds = tuple(type(v) for v in carried)
@@ -187,11 +198,12 @@ class CapturedLoop:
             torch.tensor(v, dtype=_KINDS[type(v)], device=device) if type(v) in _KINDS else v
             for v in carried
         )
-        program = self._program(state, invariants, device)
+        key = _signature(state, invariants)
+        program = self._program(key, state, invariants, device)
         if isinstance(program, str):
             final = self._eagerly(state, invariants)
         else:
-            final = self._in_blocks(program, state, invariants)
+            final = self._in_blocks(key, program, state, invariants, device)
         return tuple(
             kind(v) if kind in _KINDS else _written_back(original, v, in_place)
             for kind, original, v, in_place in zip(kinds, carried, final, self.in_place)
@@ -210,21 +222,73 @@ class CapturedLoop:
         return state
 
     def _in_blocks(
-        self, program: Callable[..., Any], state: tuple[Any, ...], invariants: tuple[Any, ...]
+        self,
+        key: Any,
+        program: Callable[..., Any],
+        state: tuple[Any, ...],
+        invariants: tuple[Any, ...],
+        device: torch.device,
     ) -> tuple[Any, ...]:
+        """The loop as blocks: first, where the loop has ended in its first block before, a
+        block of one iteration (NOTE [a short first block] in docs/loops.md)."""
         inputs = _tensors_of(invariants)
         with torch.no_grad():  # a custom function's forward: its gradient is the user's
             go = _truth(self.enter(*state, *invariants), _first_tensor(state))
             flat = (go, *state)
+            if not bool(go):
+                return flat[1:]
+            short = self._short_first(key, state, invariants, device)
+            if short is not None:
+                flat = tuple(short(*flat, *inputs))
+                self.blocks_run += 1
+                ended = not bool(flat[0])
+                self._short_skips[key] = 0 if ended else SHORT_BACKOFF
+                if ended:
+                    return flat[1:]
+            blocks = 0
             while bool(flat[0]):
                 flat = tuple(program(*flat, *inputs))
                 self.blocks_run += 1
+                blocks += 1
+            if short is None and blocks == 1 and key not in self._short_skips:
+                self._short_skips[key] = 0  # ended in its first block: try one iteration first
         return flat[1:]
 
+    def _short_first(
+        self, key: Any, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
+    ) -> Callable[..., Any] | None:
+        """The one-iteration block to run first for ``key``, or None: the loop has not ended
+        in its first block, it skips the short block for a few runs, or the block is not
+        compiled (yet: engine auto compiles it in the background; for good: it failed)."""
+        skips = self._short_skips.get(key)
+        if skips is None:
+            return None
+        if skips > 0:
+            self._short_skips[key] = skips - 1
+            return None
+        short = self.short.get(key)
+        if short is None:
+            if not self.lock.acquire(blocking=False):
+                return None
+            try:
+                short = self.short.get(key)
+                if short is None:
+                    try:
+                        short = self._compile(state, invariants, device, size=1)
+                    except NotNow:
+                        return None
+                    except Exception as error:  # the blocks of the full size serve alone
+                        short = f"{type(error).__name__}: {error}".splitlines()[0]
+                    self.short[key] = short
+            finally:
+                self.lock.release()
+        if isinstance(short, str) or getattr(short, "straight_line", False):
+            return None
+        return short
+
     def _program(
-        self, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
+        self, key: Any, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
     ) -> Callable[..., Any] | str:
-        key = _signature(state, invariants)
         if key is None:
             why = "it carries or reads a local value that is neither a tensor nor a Python scalar"
             if not self.eager_reasons:
@@ -269,9 +333,13 @@ class CapturedLoop:
         return program
 
     def _compile(
-        self, state: tuple[Any, ...], invariants: tuple[Any, ...], device: torch.device
+        self,
+        state: tuple[Any, ...],
+        invariants: tuple[Any, ...],
+        device: torch.device,
+        size: int | None = None,
     ) -> Callable[..., Any]:
-        size = self.block or (BLOCK_CUDA if device.type == "cuda" else BLOCK_CPU)
+        size = size or self.block or (BLOCK_CUDA if device.type == "cuda" else BLOCK_CPU)
         slots = [_slot(v) for v in invariants]
         constants = [v if s is None else None for s, v in zip(slots, invariants)]
         iterate, enter, n = self.iterate, self.enter, len(state)
