@@ -36,7 +36,7 @@ from typing import Any
 
 from ._context import Phase, current_frame
 from ._patches import RefCounted
-from ._sources import OWN_DIR, is_user_file
+from ._sources import OWN_DIR, is_user_file, user_module
 
 __all__ = ["MODULES_SEEN"]
 
@@ -50,9 +50,9 @@ def _seen() -> Any:
     return frame.recording.unguardable
 
 
-def _user_module(module: Any) -> bool:
-    file = getattr(module, "__file__", None)
-    return isinstance(file, str) and is_user_file(file)
+def _user(module: Any) -> bool:
+    """A module of the user's: a file of theirs, or one made at run time (``user_module``)."""
+    return isinstance(module, types.ModuleType) and user_module(module)
 
 
 def _note_imported(caller: types.FrameType, *modules: Any) -> None:
@@ -61,7 +61,7 @@ def _note_imported(caller: types.FrameType, *modules: Any) -> None:
         return
     for module in modules:
         name = getattr(module, "__name__", None)
-        if isinstance(name, str) and _user_module(module):
+        if isinstance(name, str) and _user(module):
             seen.imports.setdefault(name, f"{caller.f_code.co_filename}:{caller.f_lineno}")
 
 
@@ -115,7 +115,7 @@ def _watching_evaluation(original: Callable[..., Any]) -> Callable[..., Any]:
             locals = caller.f_locals if locals is None else locals
         if current_frame() is not None and isinstance(globals, dict):
             module = sys.modules.get(globals.get("__name__", ""))  # type: ignore[arg-type]
-            if module is not None and vars(module) is globals and _user_module(module):
+            if module is not None and vars(module) is globals and _user(module):
                 _note_read(caller, module.__name__, [n for n in _loaded(source) if n in globals])
         return original(source, globals, locals, **kwargs)
 
@@ -185,7 +185,7 @@ class _Watch:
             setattr(owner, name, wrapper)
             self._saved.append((owner, name, original, wrapper))
         for module in list(sys.modules.values()):
-            if type(module) is types.ModuleType and _user_module(module):
+            if type(module) is types.ModuleType and _user(module):
                 module.__class__ = _WatchedModule
                 self._classed.append(module)
 

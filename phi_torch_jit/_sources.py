@@ -10,12 +10,13 @@ import os
 import site
 import sys
 import sysconfig
+import types
 from typing import Any
 
 import torch
 
 __all__ = ["TORCH_DIR", "OWN_DIR", "STDLIB_DIRS", "is_python_library_file", "user_location",
-           "is_user_file"]  # fmt: skip
+           "is_user_file", "user_module"]  # fmt: skip
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 """Directory of the torch package (trailing separator)."""
@@ -159,3 +160,22 @@ def _recorded_tops(root: str) -> frozenset[str]:
             continue
     known = _INSTALLED_HERE[root] = frozenset(tops)
     return known
+
+
+def user_module(module: types.ModuleType) -> bool:
+    """Whether a module is the user's: one of the user's files (``import settings``) or made
+    at run time (``types.ModuleType("config")``), not under a library's package. Its
+    attributes are configuration that the code's attribute paths read (``settings.GRAVITY``);
+    libraries' modules are not walked."""
+    filename = getattr(module, "__file__", None)
+    if isinstance(filename, str):
+        return is_user_file(filename)
+    name = getattr(module, "__name__", None)
+    made_at_run_time = getattr(module, "__spec__", None) is None
+    if not made_at_run_time or not isinstance(name, str) or name in sys.builtin_module_names:
+        return False
+    # A submodule a library's C code makes (torch._C._onnx) or its compatibility alias
+    # (typing.io) has no file and no spec either: it is its package's, a library's.
+    package = sys.modules.get(name.partition(".")[0])
+    return not (isinstance(package, types.ModuleType) and package is not module
+                and not user_module(package))  # fmt: skip

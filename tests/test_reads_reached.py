@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import functools
 import gc
+import importlib
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import struct
 import sys
 import tempfile
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -1121,6 +1123,61 @@ def test_a_users_module_looked_up_by_a_computed_key_and_the_code_it_runs_are_gua
         read_settings.GRAVITY, read_settings.scaled = gravity, scaled
         read_settings.TABLE["drag"][1] = 0.2
     assert jitted.num_traces == 4
+
+
+_ENTRY = "ptj_test_entry_settings"
+
+
+def _entry_looked_up(x: torch.Tensor) -> torch.Tensor:
+    return x * sys.modules[_ENTRY].K
+
+
+def _entry_imported(x: torch.Tensor) -> torch.Tensor:
+    return x * importlib.import_module(_ENTRY).K
+
+
+@pytest.mark.parametrize("step", [_entry_looked_up, _entry_imported],
+                         ids=["sys.modules[NAME]", "import_module(NAME)"])  # fmt: skip
+def test_a_module_replaced_under_its_name_in_sys_modules_retraces(
+    step: Callable[[torch.Tensor], torch.Tensor],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The module a step reaches by a name computed at run time may be put under another name
+    than its own (``sys.modules[NAME] = other``): every name ``sys.modules`` holds it under is
+    guarded. Before, a file module's entry was not (the walk of ``sys.modules`` ran out of room
+    in torch's C submodules, taken for modules of the user's made at run time: hundreds of
+    guards and log lines), and a module made at run time (``types.ModuleType``) put there was
+    not watched: both kept their first value. Neither the library's C submodules nor the
+    registry are guarded now."""
+    (tmp_path / "ptj_test_entry_file.py").write_text("K = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from_file = importlib.import_module("ptj_test_entry_file")
+    monkeypatch.setitem(sys.modules, "ptj_test_entry_file", from_file)  # removed afterwards
+    made = types.ModuleType(_ENTRY)
+    made.K = 7.0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, _ENTRY, from_file)
+    jitted = ptj.jit(step)
+    _like_eager(jitted, step, (torch.ones(2),), [
+        lambda: setattr(from_file, "K", 3.0),
+        lambda: sys.modules.__setitem__(_ENTRY, made),
+        lambda: setattr(made, "K", -1.0),
+        lambda: sys.modules.__setitem__(_ENTRY, from_file),  # the second trace's again
+    ])  # fmt: skip
+    assert jitted.num_traces >= 3  # the file's module, the one made at run time, its change
+    assert "_onnx" not in jitted.explain() and "typing.io" not in jitted.explain()
+
+
+def test_a_librarys_submodules_without_a_file_are_not_the_users() -> None:
+    """A module without a file or spec is the user's (``types.ModuleType("config")``, the
+    ``__main__`` of ``python -c``) unless its package is a library's: torch's C submodules
+    and the standard library's aliases are not walked as configuration."""
+    from phi_torch_jit._sources import user_module
+
+    assert not user_module(sys.modules["torch._C._onnx"])
+    assert user_module(types.ModuleType("config"))
+    assert user_module(types.ModuleType("my_package.config"))
+    assert not user_module(types.ModuleType("torch.config_of_mine"))
 
 
 class _Scaled(nn.Module):

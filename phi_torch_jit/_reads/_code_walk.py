@@ -20,7 +20,7 @@ import sys
 import types
 from typing import Any
 
-from .._sources import is_user_file
+from .._sources import is_user_file, user_module
 from ._records import Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_module", "codes", "user_class",
@@ -389,17 +389,6 @@ def user_function(function: types.FunctionType) -> bool:
     name = function.__module__
     module = sys.modules.get(name) if name is not None else None
     return name is None or (module is not None and user_module(module))
-
-
-def user_module(module: types.ModuleType) -> bool:
-    """Whether a module is the user's: one of the user's files (``import settings``) or made
-    at run time (``types.ModuleType("config")``). Its attributes are configuration that the
-    code's attribute paths read (``settings.GRAVITY``); libraries' modules are not walked."""
-    filename = getattr(module, "__file__", None)
-    if isinstance(filename, str):
-        return is_user_file(filename)
-    made_at_run_time = getattr(module, "__spec__", None) is None
-    return made_at_run_time and module.__name__ not in sys.builtin_module_names
 
 
 _USER_NAMES: dict[type, frozenset[str]] = {}

@@ -225,7 +225,7 @@ def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
         module = sys.modules.get(name)
         if module is None or not user_module(module):
             continue
-        _add(reads, ("module", name), Source(f"module {name}", where, sys.modules, name))
+        _add_registered(reads, module, where)
         namespace = vars(module)
         for attribute, value in list(namespace.items()):
             if attribute.startswith("_") or isinstance(value, (types.ModuleType, type)):
@@ -234,6 +234,15 @@ def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
                 continue  # functions: code (their globals are walked where they are called)
             source = Source(f"{name}.{attribute}", where, namespace, attribute)
             _add(reads, (id(namespace), attribute), source)
+
+
+def _add_registered(reads: dict[Any, Read], module: types.ModuleType, where: str) -> None:
+    """Guard every name ``sys.modules`` holds ``module`` under, by identity: the step reached
+    it by a name computed at run time (``sys.modules[NAME]``, ``import_module(NAME)``), which
+    may be another than the module's own (``sys.modules["config"] = other_config``)."""
+    for key, value in list(sys.modules.items()):
+        if value is module:
+            _add(reads, ("module", key), Source(f"module {key}", where, sys.modules, key))
 
 
 def _undefined(
@@ -260,6 +269,7 @@ def _add_module_reads(
             _undefined(shadowing, vars(module), attribute, f"module {name}")
             continue
         namespace = vars(module)
+        _add_registered(reads, module, where)
         _add(reads, (id(namespace), attribute), Source(f"{name}.{attribute}", where, namespace,
                                                        attribute))  # fmt: skip
         if callable(namespace[attribute]):
