@@ -29,19 +29,8 @@ import torch
 import phi_torch_jit as ptj
 from phi_torch_jit._reads._kinds import draws
 from phi_torch_jit._reads._records import Kind
-from phi_torch_jit.engines import _background
 
-
-@pytest.fixture(autouse=True)
-def _no_compile_left_running() -> None:
-    """These tests expect the warning of a record pass in the first calls. A background
-    compile an earlier test left running holds the tracing lock, and a new function's calls
-    then run eagerly without a record pass, unwarned (an order of the suite, 2026-11-30,
-    failed the auto-on-caller cases that way)."""
-    assert _background.wait_idle(120), "a background compile of an earlier test did not finish"
-
-
-pytestmark = pytest.mark.all_engines
+pytestmark = [pytest.mark.all_engines, pytest.mark.usefixtures("no_compile_left_running")]
 
 HELD = {"draw": random.random}
 BOUND = random.Random(0).random

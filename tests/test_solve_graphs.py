@@ -97,6 +97,7 @@ def implicit(u: Any, k: Any) -> Any:
 
 
 @_phiml
+@pytest.mark.usefixtures("no_compile_left_running")
 def test_a_matrix_computed_from_the_steps_inputs_is_rebuilt_at_every_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
