@@ -530,6 +530,16 @@ def _library_method_cases() -> dict[str, tuple[Callable[..., Any], Callable[[], 
         lambda x: x * len(template.substitute(a="1", b="2")),
         lambda: setattr(template, "template", "$a--------$b"),
     )
+    fraction = __import__("fractions").Fraction(1, 2)
+    cases["float() of a library's number (its slots, read through a property)"] = (
+        lambda x: x * float(fraction),
+        lambda: setattr(fraction, "_numerator", 3),
+    )
+    compared = __import__("fractions").Fraction(1, 2)
+    cases["a comparison with a library's number"] = (
+        lambda x: x * 2 if compared > 1 else x * 3,
+        lambda: setattr(compared, "_numerator", 3),
+    )
     return cases
 
 

@@ -38,6 +38,27 @@ _ROUNDS = 3
 """Objects a method reads (``self.optimizer``, ``logger.parent``) are read in turn, so deep."""
 _SYNTAX = frozenset(("__len__", "__bool__"))
 """Methods that syntax calls without the code spelling them (``len(subset)``, ``if d:``)."""
+_CONVERSIONS = {
+    "float": ("__float__", "__index__"),
+    "int": ("__int__", "__index__", "__trunc__"),
+    "complex": ("__complex__", "__float__", "__index__"),
+    "abs": ("__abs__",),
+    "round": ("__round__",),
+    "range": ("__index__",),
+}
+"""Methods a builtin the code spells calls on its argument (``float(fraction)``): what the
+object reads there makes the number the trace bakes."""
+_OPERATORS = {
+    "BINARY_OP": ("__float__", "__index__", "__int__"),  # x * fraction: torch converts it
+    "BINARY_MULTIPLY": ("__float__", "__index__", "__int__"),
+    "BINARY_ADD": ("__float__", "__index__", "__int__"),
+    "BINARY_SUBTRACT": ("__float__", "__index__", "__int__"),
+    "BINARY_TRUE_DIVIDE": ("__float__", "__index__", "__int__"),
+    "COMPARE_OP": ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
+}
+"""Methods an operator of the code calls on a library object (its value as a number, a
+comparison's answer)."""
+_IMPLIED: dict[types.CodeType, frozenset[str]] = {}
 _ATTRIBUTE_LOADS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
 _SELF_LOADS = frozenset(("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"))
 _WHOLE = "__dict__"
@@ -60,7 +81,7 @@ def library_objects_read(
     walked as any read object, and their methods' reads found in turn."""
     spelled: set[str] = set(_SYNTAX)
     for function in functions:
-        spelled |= names_used(function.__code__)
+        spelled |= names_used(function.__code__) | _implied(function.__code__)
     if "vars" in spelled:  # vars(sched)[...]: which object is not known
         spelled.add(_WHOLE)
     found: list[tuple[Any, Source]] = []
@@ -80,6 +101,21 @@ def library_objects_read(
                 if not _plain(held):
                     below.append(((key, "self", name), source.child(Step(True, name)), held))
         pending = below
+    return found
+
+
+def _implied(code: types.CodeType) -> frozenset[str]:
+    """The methods ``code`` (and the code nested in it) calls without spelling them: numeric
+    conversions of the builtins it names (``float(x)``), and its operators'."""
+    found = _IMPLIED.get(code)
+    if found is None:
+        names: set[str] = set()
+        for inner in codes(code):
+            for name in inner.co_names:
+                names.update(_CONVERSIONS.get(name, ()))
+            for instruction in dis.get_instructions(inner):
+                names.update(_OPERATORS.get(instruction.opname, ()))
+        found = _IMPLIED[code] = frozenset(names)
     return found
 
 
@@ -110,7 +146,9 @@ def _state_read(
         return []
     state = probe(owner, "__dict__")
     if type(state) is not dict:
-        return []
+        state = _slots(owner)  # a class with __slots__ (fractions.Fraction)
+        if not state:
+            return []
     names: set[str] = set(named)
     seen: set[types.CodeType] = set()
     for method in methods:
@@ -122,6 +160,22 @@ def _state_read(
         for n in sorted(names)
         if n in state and (_plain(state[n]) or _library_object(state[n]))
     ]
+
+
+_MISSING = object()
+
+
+def _slots(owner: Any) -> dict[str, Any]:
+    """The set slots of ``owner``'s classes, by name (an object without ``__dict__``)."""
+    found: dict[str, Any] = {}
+    for klass in type(owner).__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__"):
+                value = probe(owner, name, _MISSING)
+                if value is not _MISSING:
+                    found.setdefault(name, value)
+    return found
 
 
 def _walked_otherwise(value: Any) -> bool:
