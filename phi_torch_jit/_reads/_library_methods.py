@@ -145,8 +145,8 @@ def _state_read(
     if _walked_otherwise(owner):
         return []
     state = probe(owner, "__dict__")
-    if type(state) is not dict:
-        state = _slots(owner)  # a class with __slots__ (fractions.Fraction)
+    if type(state) is not dict:  # a class with __slots__ (fractions.Fraction): what its
+        state, named = _slots(owner), ()  # methods read (slots hold no data of yours)
         if not state:
             return []
     names: set[str] = set(named)
