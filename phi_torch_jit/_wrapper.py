@@ -147,13 +147,22 @@ def _rebound(sources: Sequence[Source], values: Sequence[torch.Tensor]) -> Itera
             )
     places = [_place_of(source) for source in sources]
     saved = [place.get() for place, _ in places]
-    for (place, bind), value in zip(places, values):
-        place.set(bind(value))
+    for (place, bind), value, held in zip(places, values, saved):
+        place.set(bind(_with_attributes(value, held)))
     try:
         yield
     finally:
         for (place, _), value in zip(places, saved):
             place.set(value)
+
+
+def _with_attributes(value: torch.Tensor, held: Any) -> torch.Tensor:
+    """The traced input with the Python attributes set on the tensor it stands for (``W.scale
+    = 2.0``: read by the step, guarded by value, baked by the trace)."""
+    own = getattr(held, "__dict__", None) if isinstance(held, torch.Tensor) else None
+    if type(own) is dict and own:
+        value.__dict__.update(own)
+    return value
 
 
 def _place_of(source: Source) -> tuple[Source, Callable[[torch.Tensor], Any]]:

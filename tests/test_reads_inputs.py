@@ -236,3 +236,39 @@ def test_a_tensor_no_torch_call_is_given_is_still_guarded_by_identity(
                 torch.testing.assert_close(jitted(torch.ones(3)), step(torch.ones(3)))
     finally:
         FLAG, CURRENT = torch.ones(3), A
+
+
+SCALED = torch.linspace(0.5, 1.5, 3)
+SCALED.scale = 2.0  # type: ignore[attr-defined]
+TAGGED = torch.nn.Parameter(torch.ones(3))
+TAGGED.lr_scale = {"k": 3.0}  # type: ignore[attr-defined]
+
+
+def _attributes_of_tensors(x: torch.Tensor) -> torch.Tensor:
+    return x * SCALED.scale + TAGGED.lr_scale["k"] * SCALED  # type: ignore[attr-defined]
+
+
+def test_python_attributes_set_on_a_tensor_read_are_guarded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``W.scale = 2.0`` on a global tensor (or a parameter's ``lr_scale`` outside a module):
+    the tensor is an input of the program, and its attributes were not guarded at all: the
+    first call's value was baked on every engine (guarded.md's honest list until session 29).
+    A tensor's attributes are walked as an object's: plain values by value, containers by
+    content, and how many there are; the trace's input standing for the tensor carries them."""
+    monkeypatch.setattr(SCALED, "scale", 2.0)
+    monkeypatch.setattr(TAGGED, "lr_scale", {"k": 3.0})
+    jitted = ptj.jit(_attributes_of_tensors)
+    x = torch.ones(3)
+    changes = [
+        lambda: setattr(SCALED, "scale", 5.0),
+        lambda: TAGGED.lr_scale.__setitem__("k", -1.0),  # type: ignore[attr-defined]
+        lambda: setattr(SCALED, "scale", 0.25),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for change in [lambda: None, *changes]:
+            change()
+            for _ in range(2):
+                torch.testing.assert_close(jitted(x), _attributes_of_tensors(x))
+    assert jitted.num_traces == 4

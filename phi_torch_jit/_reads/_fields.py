@@ -34,7 +34,8 @@ from ._reading_code import reads_only
 from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, immutable, probe
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
-           "VIEWS", "shows_content", "masked", "runs_code", "computed"]  # fmt: skip
+           "VIEWS", "shows_content", "masked", "runs_code", "computed",
+           "tensor_attributes"]  # fmt: skip
 
 
 def _class_of(value: Any) -> type:
@@ -52,6 +53,17 @@ def has_attributes(value: Any) -> bool:
     klass = _class_of(value)
     plain = _bag(klass) or (user_class(klass) and not isinstance(value, type))
     return plain and not isinstance(value, nn.Module) and has_attribute(value, "__dict__")
+
+
+def tensor_attributes(tensor: torch.Tensor) -> list[Step | tuple[Step, ...]]:
+    """Paths to the Python attributes set on a tensor the step reads (``W.scale = 2.0``, a
+    parameter's ``lr_scale``) and to how many there are: none where it has none (a tensor
+    is an input of the program, its attributes are not)."""
+    own = probe(tensor, "__dict__")
+    if type(own) is not dict or not own:
+        return []
+    names = [n for n in own if isinstance(n, str) and n.isidentifier() and not _dunder(n)]
+    return [(INSTANCE_DICT, LENGTH), *(Step(True, n) for n in names)]
 
 
 def fields(value: Any) -> list[Step | tuple[Step, ...]]:

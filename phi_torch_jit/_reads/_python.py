@@ -56,6 +56,7 @@ from ._fields import (
     has_attributes,
     runs_code,
     shows_content,
+    tensor_attributes,
 )
 from ._function_state import function_sources
 from ._guard import PythonGuard
@@ -383,6 +384,9 @@ def _add(
             _add(reads, (key, "content"), copied, budget)
     if kind is Kind.IDENTITY and isinstance(value, nn.Module):  # called or a container only
         _add_modules(reads, list(value.modules()))
+    for step in tensor_attributes(value) if kind is Kind.TENSOR else ():  # W.scale = 2.0
+        steps = step if isinstance(step, tuple) else (step,)
+        _add(reads, (key, steps), functools.reduce(Source.child, steps, source), budget)
     if kind is not Kind.IDENTITY:
         return
     if big_array(value):  # say so (explain): its content is not compared at every call
