@@ -136,6 +136,9 @@ def specialize(
     if modes:
         overriding = (f"a torch-function mode of yours is active around the call ({modes}), "
                       "which a captured program would not run")  # fmt: skip
+    if any(d == "torch flags" and t & 4 for d, t in key[2] or ()):  # saved-tensor hooks
+        overriding = ("saved-tensor hooks are active around the call (saved_tensors_hooks, "
+                      "save_on_cpu): a compiled backward would not call them")  # fmt: skip
     if overriding and not eager_reason:  # NOTE [eager, never a crash]
         eager_reason = _cannot_trace(target, overriding)
     traced: Traced | None = None

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import any_autocast, function_mode_at, function_modes
+from ._compat import any_autocast, function_mode_at, function_modes, saved_tensor_hooks_active
 from ._context import raised_by_check
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
@@ -105,10 +105,15 @@ def ambient_state() -> Any:
 
 def _flags() -> int:
     """Torch's global switches that the traced Python may branch on, as bits (0 when all are
-    off): inference mode (``no_grad``'s key otherwise), deterministic algorithms. Not anomaly
+    off): inference mode (``no_grad``'s key otherwise), deterministic algorithms, saved-tensor
+    hooks around the call (bit 4: such calls run eagerly, ``_pipeline``). Not anomaly
     detection: AOTAutograd switches it on, process-wide, while it captures a graph, and a call
     on another thread then took another key (a retrace)."""
-    return torch.is_inference_mode_enabled() | torch.are_deterministic_algorithms_enabled() << 1
+    return (
+        torch.is_inference_mode_enabled()
+        | torch.are_deterministic_algorithms_enabled() << 1
+        | saved_tensor_hooks_active() << 2
+    )
 
 
 _MODES = "function modes"

@@ -56,6 +56,8 @@ class Unguardable:
     changes."""
     grad_mode: list[str] = field(default_factory=list)
     """Places where the grad mode was changed (``no_grad`` / ``enable_grad`` blocks)."""
+    saved_hooks: list[str] = field(default_factory=list)
+    """Places that entered saved-tensor hooks (``saved_tensors_hooks``; not torch's own)."""
     tensor_hooks: list[str] = field(default_factory=list)
     """Places where ``Tensor.register_hook`` was called."""
     functorch: list[str] = field(default_factory=list)
@@ -146,6 +148,12 @@ class Unguardable:
                 f"engine {engine!r} does not capture; the default engine compiles "
                 "torch.autograd.grad inside the function"
             )
+        if self.saved_hooks:
+            reasons.append(
+                f"it enters saved-tensor hooks ({', '.join(self.saved_hooks[:3])}), whose "
+                "unpack a compiled program's backward would not call; there is no compiled "
+                "form of such a function"
+            )
         if self.tensor_hooks:
             reasons.append(
                 f"it registers tensor hooks ({', '.join(self.tensor_hooks[:3])}); register them "
@@ -202,6 +210,12 @@ def _from_anyone(frame: types.FrameType | None) -> bool:
     return frame is not None
 
 
+def _not_torchs(frame: types.FrameType | None) -> bool:
+    """Whether ``frame`` is not torch's or ours: a ``with`` of the user's or a library's, not
+    a non-reentrant checkpoint's (its hooks recompute what they unpack: the same values)."""
+    return frame is not None and not frame.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR))
+
+
 _ANYWHERE = frozenset({"autograd", "gradients"})
 """Kinds noted whoever calls (a library's ``autograd.grad`` is as uncapturable as the user's)."""
 
@@ -209,7 +223,8 @@ _ANYWHERE = frozenset({"autograd", "gradients"})
 def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """``original``, noting calls from user code (any code, for :data:`_ANYWHERE` kinds) in
     this thread's record pass."""
-    caller_counts = {"random": _from_user_via_python}.get(kind, _from_user)
+    callers = {"random": _from_user_via_python, "saved_hooks": _not_torchs}
+    caller_counts = callers.get(kind, _from_user)
     caller_counts = _from_anyone if kind in _ANYWHERE else caller_counts
 
     @functools.wraps(original)
@@ -262,6 +277,8 @@ def _targets() -> list[tuple[Any, str, str, str]]:
         targets += [(owner, n, "random", f"torch.{n}") for n in _TORCH_RNG if hasattr(owner, n)]
     targets.append((*grad_mode_setter(), "grad_mode", ""))
     targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    targets.append((hooks, "__enter__", "saved_hooks", "saved-tensor hooks"))
     # a new alias made without an op, as .data is: a trace would bake it as a constant
     targets.append((torch.Tensor, "as_subclass", "data", "Tensor.as_subclass"))
     targets.append((torch.Tensor, "set_", "data", "Tensor.set_"))  # swaps storage, as .data =

@@ -381,3 +381,49 @@ def test_a_gradient_through_a_hooked_parameter_runs_the_hook_as_eager_does() -> 
                 torch.testing.assert_close(jitted(x), step(x))
     if "torchscript" not in jitted.explain():
         assert "through a tensor with a hook (register_hook" in jitted.explain()
+
+
+def _doubled_on_unpack(t: torch.Tensor) -> torch.Tensor:
+    return t * 2  # a saved tensor doubled: the gradient shows whether the hook ran
+
+
+def _hooked_inside(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, _doubled_on_unpack):
+        return (x * w).sin().sum()
+
+
+def _plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x * w).sin().sum()
+
+
+@pytest.mark.parametrize("around", [False, True], ids=["inside the step", "around the call"])
+def test_saved_tensor_hooks_run_as_eagerly_and_the_step_is_warned_eager(around: bool) -> None:
+    """Saved-tensor hooks (``saved_tensors_hooks``, ``save_on_cpu``) unpack in the backward,
+    which a compiled program's backward does not call: entered in the step or active around
+    the call, the gradient was the unhooked one from the second call on, on every engine,
+    unwarned (guarded.md's honest list until session 29). Such calls run eagerly, warned
+    once; a non-reentrant checkpoint's own hooks do not count."""
+    step = _plain if around else _hooked_inside
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, _doubled_on_unpack)
+    jitted = ptj.jit(step)
+    x = torch.linspace(0.5, 1.5, 3)
+    w = torch.linspace(-1.0, 1.0, 3, requires_grad=True)
+
+    def gradient(fn: Any) -> torch.Tensor:
+        w.grad = None
+        with hooks if around else nullcontext():
+            fn(x, w).backward()
+        assert w.grad is not None
+        return w.grad.clone()
+
+    want = gradient(step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            torch.testing.assert_close(gradient(jitted), want)
+            jitted.wait_compiled()
+    said = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(said) == 1 and "saved-tensor hooks" in said[0], said
+    w.grad = None
+    _plain(x, w).backward()
+    assert w.grad is not None and not torch.allclose(want, w.grad)  # the hook mattered

@@ -28,6 +28,7 @@ from ._private import (
     LIBRARY_DESTROY,
     OP_OVERLOAD,
     PYTREE,
+    SAVED_TENSOR_HOOKS,
     SET_GRAD_ENABLED,
     SET_GRAPH_EXECUTOR_OPTIMIZE,
     SET_TRACING_STATE,
@@ -68,6 +69,15 @@ functorch_transform: Callable[[], Any] = _now_or_lazy(FUNCTORCH_STACK)
 """The innermost running torch.func transform, None outside any (read on every jitted call)."""
 any_autocast: Callable[[], bool] = _now_or_lazy(ANY_AUTOCAST)
 """Whether autocast is enabled for some device (read on every jitted call)."""
+_top_saved_hooks: Callable[[bool], Any] = _now_or_lazy(SAVED_TENSOR_HOOKS)
+
+
+def saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``,
+    ``save_on_cpu``) are active on this thread (read on every jitted call)."""
+    return _top_saved_hooks(False) is not None
+
+
 function_modes: Callable[[], int] = _now_or_lazy(FUNCTION_MODES)
 """How many torch-function modes are active (0: factories make tensors on the CPU)."""
 function_mode_at: Callable[[int], Any] = _Lazy(FUNCTION_MODE_AT)
