@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import any_autocast, function_mode_at, function_modes, saved_tensor_hooks_active
+from ._compat import any_autocast, function_mode_at, function_modes, top_saved_tensor_hooks
 from ._context import raised_by_check
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
@@ -112,7 +112,7 @@ def _flags() -> int:
     return (
         torch.is_inference_mode_enabled()
         | torch.are_deterministic_algorithms_enabled() << 1
-        | saved_tensor_hooks_active() << 2
+        | (top_saved_tensor_hooks(False) is not None) << 2
     )
 
 

@@ -69,15 +69,9 @@ functorch_transform: Callable[[], Any] = _now_or_lazy(FUNCTORCH_STACK)
 """The innermost running torch.func transform, None outside any (read on every jitted call)."""
 any_autocast: Callable[[], bool] = _now_or_lazy(ANY_AUTOCAST)
 """Whether autocast is enabled for some device (read on every jitted call)."""
-_top_saved_hooks: Callable[[bool], Any] = _now_or_lazy(SAVED_TENSOR_HOOKS)
-
-
-def saved_tensor_hooks_active() -> bool:
-    """Whether saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``,
-    ``save_on_cpu``) are active on this thread (read on every jitted call)."""
-    return _top_saved_hooks(False) is not None
-
-
+top_saved_tensor_hooks: Callable[[bool], Any] = _now_or_lazy(SAVED_TENSOR_HOOKS)
+"""The innermost saved-tensor hooks (``saved_tensors_hooks``, ``save_on_cpu``) active on this
+thread, None when none are (``top_saved_tensor_hooks(False)``, read on every jitted call)."""
 function_modes: Callable[[], int] = _now_or_lazy(FUNCTION_MODES)
 """How many torch-function modes are active (0: factories make tensors on the CPU)."""
 function_mode_at: Callable[[int], Any] = _Lazy(FUNCTION_MODE_AT)
