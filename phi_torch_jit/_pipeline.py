@@ -50,7 +50,7 @@ from ._signature import (
     modules_in,
     unflatten_arguments,
 )
-from ._specialization import EagerCall, Key, Specialization, Timings, modes_around
+from ._specialization import EagerCall, Key, Specialization, Timings, hooks_around, modes_around
 from ._state import module_tensors, rng_restored, undone
 from ._trace import Traced, trace, trace_input
 from ._wrapper import WrapperModule, make_wrapper, module_names
@@ -136,7 +136,7 @@ def specialize(
     if modes:
         overriding = (f"a torch-function mode of yours is active around the call ({modes}), "
                       "which a captured program would not run")  # fmt: skip
-    if any(d == "torch flags" and t & 4 for d, t in key[2] or ()):  # saved-tensor hooks
+    if hooks_around(key):
         overriding = ("saved-tensor hooks are active around the call (saved_tensors_hooks, "
                       "save_on_cpu): a compiled backward would not call them")  # fmt: skip
     if overriding and not eager_reason:  # NOTE [eager, never a crash]

@@ -34,6 +34,7 @@ __all__ = [
     "Key",
     "ambient_state",
     "modes_around",
+    "hooks_around",
     "describe_ambient",
     "Timings",
     "Specialization",
@@ -106,19 +107,23 @@ def ambient_state() -> Any:
 def _flags() -> int:
     """Torch's global switches that the traced Python may branch on, as bits (0 when all are
     off): inference mode (``no_grad``'s key otherwise), deterministic algorithms, saved-tensor
-    hooks around the call (bit 4: such calls run eagerly, ``_pipeline``). Not anomaly
-    detection: AOTAutograd switches it on, process-wide, while it captures a graph, and a call
-    on another thread then took another key (a retrace)."""
-    return (
-        torch.is_inference_mode_enabled()
-        | torch.are_deterministic_algorithms_enabled() << 1
-        | (top_saved_tensor_hooks(False) is not None) << 2
-    )
+    hooks around the call (:func:`hooks_around`). Not anomaly detection: AOTAutograd switches
+    it on, process-wide, while it captures a graph, and a call on another thread then took
+    another key (a retrace)."""
+    flags = torch.is_inference_mode_enabled() | torch.are_deterministic_algorithms_enabled() << 1
+    return flags | _SAVED_HOOKS * (top_saved_tensor_hooks(False) is not None)
 
 
+_SAVED_HOOKS = 4  # the bit of _flags for saved-tensor hooks around the call
 _MODES = "function modes"
 _OWN_MODES = ("torch.", "phi_torch_jit.")
 """Modes of torch (``with torch.device(...)``, a trace's own) and of ours (the record pass's)."""
+
+
+def hooks_around(key: Key) -> bool:
+    """Whether saved-tensor hooks were active around the calls of ``key``: such calls run
+    eagerly (a compiled program's backward would not call their unpack)."""
+    return any(d == "torch flags" and t & _SAVED_HOOKS for d, t in key[2] or ())
 
 
 def modes_around(key: Key) -> str:

@@ -48,13 +48,12 @@ _CONVERSIONS = {
 }
 """Methods a builtin the code spells calls on its argument (``float(fraction)``): what the
 object reads there makes the number the trace bakes."""
+_ARITHMETIC = ("BINARY_OP", "BINARY_MULTIPLY", "BINARY_ADD", "BINARY_SUBTRACT",
+               "BINARY_TRUE_DIVIDE")  # fmt: skip
+"""Arithmetic opcodes (3.11+: one; 3.10: one per operator)."""
 _OPERATORS = {
-    "BINARY_OP": ("__float__", "__index__", "__int__"),  # x * fraction: torch converts it
-    "BINARY_MULTIPLY": ("__float__", "__index__", "__int__"),
-    "BINARY_ADD": ("__float__", "__index__", "__int__"),
-    "BINARY_SUBTRACT": ("__float__", "__index__", "__int__"),
-    "BINARY_TRUE_DIVIDE": ("__float__", "__index__", "__int__"),
-    "COMPARE_OP": ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
+    **dict.fromkeys(_ARITHMETIC, ("__float__", "__index__", "__int__")),  # x * fraction: torch
+    "COMPARE_OP": ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),  # converts it
 }
 """Methods an operator of the code calls on a library object (its value as a number, a
 comparison's answer)."""

@@ -261,7 +261,7 @@ def _add_module_reads(
     name, ``sys.modules[__name__].SCALE``), each guarded like a global, and those it looked
     for and did not find (``getattr(settings, "SCALE", 1.0)``), guarded to stay undefined;
     returns the code among them (functions, classes), for the walk."""
-    reached = []
+    reached, registered = [], set()
     for (name, attribute), where in module_reads.items():
         module = sys.modules.get(name)
         if module is None or not user_module(module):
@@ -270,7 +270,9 @@ def _add_module_reads(
             _undefined(shadowing, vars(module), attribute, f"module {name}")
             continue
         namespace = vars(module)
-        _add_registered(reads, module, where)
+        if id(module) not in registered:  # one scan of sys.modules per module
+            registered.add(id(module))
+            _add_registered(reads, module, where)
         _add(reads, (id(namespace), attribute), Source(f"{name}.{attribute}", where, namespace,
                                                        attribute))  # fmt: skip
         if callable(namespace[attribute]):
