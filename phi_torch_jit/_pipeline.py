@@ -33,6 +33,7 @@ from ._reads._code_walk import user_class
 from ._reads._hooks import held_by_hooks, hook_reads
 from ._reads._kinds import generator_of
 from ._reads._mutations import Changing, modules_known_before, snapshot
+from ._reads._overflow import Overflow
 from ._reads._records import Kind, Read
 from ._reads._unread import Unread
 from ._reads._written_inputs import WrittenInputs, aliased, versions, written_inputs
@@ -82,6 +83,8 @@ class Target:
     """Record passes in a row that changed the Python state they read."""
     unread: Unread = field(default_factory=Unread)
     """Attributes that changed between calls, watched in record passes (counters)."""
+    overflow: Overflow = field(default_factory=Overflow)
+    """Objects past the walk's limits, watched in record passes."""
 
 
 def specialize(
@@ -96,7 +99,7 @@ def specialize(
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     written_before = versions(tensors)
     as_called = _as_called(tensors)
-    with target.unread.watching():  # which changed attributes the step reads
+    with target.unread.watching(), target.overflow.watching():  # what the step reads of them
         result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]),
                                    before.modules)  # fmt: skip
     written = written_inputs(tensors, written_before)
@@ -111,8 +114,11 @@ def specialize(
     imported = recording.unguardable.imports, recording.unguardable.module_reads
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
                for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip
-    reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
-                          customs=customs)  # fmt: skip
+    with target.overflow.walking():
+        reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
+                              customs=customs, overflow=target.overflow)  # fmt: skip
+    if target.overflow.look_again():  # past the walk's limits: the next call watches them
+        return result, None
     hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
     by_dict = {id(m.__dict__): m for m in recording.modules.values()}
     reads = [*reads, *hooks_read]
@@ -168,7 +174,7 @@ def specialize(
             eager_reason = _cannot_trace(target, failure)
     if guard is not None and target.options.side_effects == "trace":  # as the trace left it
         reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
-                              customs=customs)  # fmt: skip
+                              customs=customs, overflow=target.overflow)  # fmt: skip
         guard = PythonGuard(target.unread.kept([*reads, *hooks_read], by_dict), used)
     if guard is not None and hooks_read:  # what a hook changed in the trace pass is its own
         guard = PythonGuard(held_by_hooks(guard.reads, hooks_read), used)

@@ -921,14 +921,49 @@ def _reads_deep(x: torch.Tensor) -> torch.Tensor:
     return x * level.value
 
 
+def test_an_object_of_yours_below_the_walks_depth_is_guarded_as_the_step_reads_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Objects of different classes eight levels down: past the walk's depth, what the step
+    reads of them is guarded (watched in the second record pass), and nothing is logged."""
+    jitted = ptj.jit(_reads_deep)
+    leaf = DEEP
+    while isinstance(leaf, Level):
+        leaf = leaf.inner
+    try:
+        with caplog.at_level("WARNING", logger="phi_torch_jit"):
+            _like_eager(
+                jitted, _reads_deep, (torch.ones(2),), [lambda: setattr(leaf, "value", 3.0)]
+            )
+    finally:
+        leaf.value = 1.0
+    assert jitted.num_traces == 2
+    assert "not guarded" not in jitted.explain()
+    assert not any("levels down" in r.getMessage() for r in caplog.records)
+
+
+DEEP_SPACE: Any = SimpleNamespace(value=1.0)  # a leaf whose reads cannot be watched
+for _level in _LEVELS:
+    DEEP_SPACE = _level(DEEP_SPACE)
+
+
+def _reads_deep_space(x: torch.Tensor) -> torch.Tensor:
+    level = DEEP_SPACE
+    while isinstance(level, Level):
+        level = level.inner
+    return x * level.value
+
+
 def test_an_object_below_the_walks_depth_is_named_as_not_guarded(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Objects of different classes eight levels down: beyond the walk's depth, and said so
-    (the log at the trace, explain()), never assumed constant silently."""
-    jitted = ptj.jit(_reads_deep)
+    """A SimpleNamespace eight levels down (its fields are read without ``__getattribute__``,
+    so no record pass can watch them): beyond the walk's depth, and said so (the log at the
+    trace, explain()), never assumed constant silently."""
+    jitted = ptj.jit(_reads_deep_space)
     with caplog.at_level("WARNING", logger="phi_torch_jit"):
-        jitted(torch.ones(2))
+        for _ in range(2):
+            jitted(torch.ones(2))
     assert "7 levels down, the walk's depth" in jitted.explain()
     assert any("levels down" in r.getMessage() for r in caplog.records)
 

@@ -18,6 +18,9 @@ chains under it (``cfg.alpha``,              tensor is a program input
 ``settings.TABLE["drag"][1]``)
 a loop over a container of user objects      the container's length and each   ``_python``
 (``for st in stages: ... st.w``)             item's read attributes
+objects of user classes past the walk's      what the next record pass reads   ``_overflow``
+limits (512 paths, 7 levels: item 250 of     of them, each at its path         (record phase)
+300, node 40 of a linked list)
 the code and defaults of the functions run   code by identity, defaults by     ``_python``
 (``f.__code__ = g.__code__``)                value
 the process environment (``os.environ``,      by content, where user code       ``_python``
@@ -68,7 +71,7 @@ reach;
 (``PythonGuard``); ``_kinds`` how each value is guarded (and which values draw anew);
 ``_content`` how a container of plain values is compared; ``_library_methods`` what a
 library's methods read of their own objects; ``_unread`` the attributes that changed
-and the retrace did not read;
+and the retrace did not read; ``_overflow`` what the step reads past the walk's limits;
 ``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
 compiled body holds as constants (guarded by identity too);
 ``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.

@@ -10,29 +10,63 @@ from typing import Any
 
 import torch
 
-from ._records import GONE, Kind, Read, Source, same_array, tensor_meta
+from ._records import GONE, Kind, Read, Source, Step, same_array, tensor_meta
 
 __all__ = ["PythonGuard"]
 
 
 def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
     """A function returning the current values of ``sources`` as one list display: the
-    namespaces and cells are its default arguments (fast locals), the names literals."""
-    params, items = [], []
-    for i, source in enumerate(sources):
-        if source.cell is not None:
-            params.append(f"c{i}=__sources[{i}].cell")
-            items.append(source.expression(f"c{i}.cell_contents"))
-        elif source.namespace is None:
-            params.append(f"h{i}=__sources[{i}].holder")
-            items.append(source.expression(f"h{i}"))
-        else:
-            params.append(f"n{i}=__sources[{i}].namespace")
-            items.append(source.expression(f"n{i}[{source.name!r}]"))
+    namespaces, cells and held objects are its default arguments (fast locals), the names
+    literals. A prefix that several paths share (``STAGES[250]`` under ``STAGES[250].k`` and
+    ``STAGES[250].name``, the nodes of a linked list) is read once, where it is first used,
+    and named (``:=``): a path costs its last step, not its depth."""
+    roots: dict[int, str] = {}
+    held: list[Any] = []
+    chains = [_chain(source, roots, held) for source in sources]
+    uses: dict[tuple[str, tuple[Step, ...]], int] = {}
+    for root, steps in chains:
+        for k in range(1, len(steps) + 1):  # a path may be another's prefix too
+            uses[(root, steps[:k])] = uses.get((root, steps[:k]), 0) + 1
+    named: dict[tuple[str, tuple[Step, ...]], str] = {}
+    items = []
+    for root, steps in chains:
+        code = root
+        for k, step in enumerate(steps):
+            prefix = (root, steps[: k + 1])
+            if prefix in named:
+                code = named[prefix]
+                continue
+            code = step.expression(code)
+            if uses.get(prefix, 0) > 1:  # a prefix of another path too
+                named[prefix] = f"p{len(named)}"
+                code = f"({named[prefix]} := {code})"
+        items.append(code)
+    params = [f"{name}=__held[{i}]" for i, name in enumerate(roots.values())]
     text = f"def fetch({', '.join(params)}):\n    return [{', '.join(items)}]\n"
-    scope: dict[str, Any] = {"__sources": sources, "_marshal": marshal.dumps}
+    scope: dict[str, Any] = {"__held": held, "_marshal": marshal.dumps}
     exec(compile(text, "<phi_torch_jit guard>", "exec"), scope)
     return scope["fetch"]  # type: ignore[no-any-return]
+
+
+_CONTENTS = Step(True, "cell_contents")
+
+
+def _chain(source: Source, roots: dict[int, str], held: list[Any]) -> tuple[str, tuple[Step, ...]]:
+    """The parameter ``source`` starts from (one per namespace, cell or held object) and the
+    steps from it: a global's name and a cell's contents are steps like the path's."""
+    root: Any
+    first: tuple[Step, ...]
+    if source.cell is not None:
+        root, first = source.cell, (_CONTENTS,)
+    elif source.namespace is None:
+        root, first = source.holder, ()
+    else:
+        root, first = source.namespace, (Step(False, source.name),)
+    if id(root) not in roots:
+        roots[id(root)] = f"r{len(roots)}"
+        held.append(root)
+    return roots[id(root)], (*first, *source.path)
 
 
 _SCRIPTED = (torch.jit.ScriptFunction, torch.jit.ScriptModule)

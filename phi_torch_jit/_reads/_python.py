@@ -64,6 +64,7 @@ from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
 from ._library_methods import library_objects_read
 from ._library_state import answer_of, library_held, library_sources, settings_of_held
+from ._overflow import Overflow, overflowed
 from ._reachable import user_functions
 from ._records import (
     GONE,
@@ -139,7 +140,7 @@ def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
     module_reads: Mapping[tuple[str, str], str] | None = None, role: str = "an argument",
-    customs: Sequence[Any] = (),
+    customs: Sequence[Any] = (), overflow: Overflow | None = None,
 ) -> list[Read]:  # fmt: skip
     """The globals and closure variables the user code reachable from ``fn`` and the
     recorded ``modules`` reads, each once (see the module docstring). ``arguments``: callable
@@ -149,7 +150,8 @@ def collect_reads(
     ``module_reads``: (module, attribute) the record pass saw read -> where. ``fn`` None:
     only ``arguments`` are walked, named ``role`` (the hooks of :mod:`._hooks`).
     ``customs``: the custom functions' callables the record pass saw called: tensors their
-    code reads are guarded by identity too (:mod:`._custom_bodies`)."""
+    code reads are guarded by identity too (:mod:`._custom_bodies`). ``overflow``: what lies
+    past the walk's limits, and what the record pass read of it (:mod:`._overflow`)."""
     reads: dict[Any, Read] = {}
     _add_modules(reads, modules)
     for argument in arguments:
@@ -215,6 +217,8 @@ def collect_reads(
         _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
+    for key, source, whole in overflow.sources() if overflow is not None else ():
+        _add(reads, key, source, None if whole else [-1])  # each object the step read there
     return list(reads.values())
 
 
@@ -239,8 +243,7 @@ def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
 
 def _add_registered(reads: dict[Any, Read], module: types.ModuleType, where: str) -> None:
     """Guard every name ``sys.modules`` holds ``module`` under, by identity: the step reached
-    it by a name computed at run time (``sys.modules[NAME]``, ``import_module(NAME)``), which
-    may be another than the module's own (``sys.modules["config"] = other_config``)."""
+    it by a name computed at run time (``import_module(NAME)``), maybe not its own."""
     for key, value in list(sys.modules.items()):
         if value is module:
             _add(reads, ("module", key), Source(f"module {key}", where, sys.modules, key))
@@ -405,12 +408,12 @@ def _add(
         steps_under = fields(value)
     except Exception:  # an object's own __getattr__/__len__ rules: not walked
         steps_under = []
-    if level - slack >= TREE_DEPTH:
-        # say so (explain): never assumed constant silently (a class's or a module's data is
-        # walked where it is reached as such)
+    if level - slack >= TREE_DEPTH:  # past it, what the record pass saw read; else said
+        # (explain; a class's or a module's data is walked where it is reached as such)
         if steps_under and not isinstance(value, (type, types.ModuleType)):
-            where = f"{len(steps_under)} fields ({TREE_DEPTH} levels down, the walk's depth)"
-            reads[key] = replace(reads[key], unguarded=where)
+            if not overflowed(source, steps_under):
+                where = f"{len(steps_under)} fields ({TREE_DEPTH} levels down, the walk's depth)"
+                reads[key] = replace(reads[key], unguarded=where)
     else:
         budget = [_MAX_FIELDS] if budget is None else budget
         if has_attributes(value):  # an attribute added later (shadowing a method, or read
@@ -425,9 +428,10 @@ def _add(
         for n, step in enumerate(steps_under):
             if budget[0] < 0:  # a chain's step: the root's own walk covers what is under it
                 break
-            if budget[0] == 0:  # say so (explain): never assumed constant silently
-                left = f"{len(steps_under) - n} of its {len(steps_under)} fields"
-                reads[key] = replace(reads[key], unguarded=f"{left} (a tree walks {_MAX_FIELDS})")
+            if budget[0] == 0:  # past it, what the record pass saw read; else said (explain)
+                left = f"{len(steps_under) - n} of its {len(steps_under)} fields (a tree walks "
+                if not overflowed(source, steps_under[n:]):
+                    reads[key] = replace(reads[key], unguarded=f"{left}{_MAX_FIELDS})")
                 break
             budget[0] -= 1
             steps = step if isinstance(step, tuple) else (step,)

@@ -141,15 +141,7 @@ class Source:
     def expression(self, root: str) -> str:
         """Python code reading it, given code ``root`` reading the global, cell or object."""
         for step in self.path:
-            if step.length:
-                root = f"len({root})"
-            elif step.text:
-                root = _EXPRESSIONS[step.key].format(root)
-            elif step.listed:
-                root = f"tuple({root})"
-            else:
-                root += f".{step.key}" if step.attribute else f"[{step.key!r}]"
-                root += _called(step)
+            root = step.expression(root)
         return root
 
 
@@ -174,6 +166,17 @@ class Step:
     only if the types, signs and order agree (``2`` and ``2.0``, ``-0.0`` and ``0.0``,
     ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` are ``==``, but a program that read them
     may differ)."""
+
+    def expression(self, owner: str) -> str:
+        """Python code taking this step from code ``owner``."""
+        if self.length:
+            return f"len({owner})"
+        if self.text:
+            return _EXPRESSIONS[self.key].format(owner)
+        if self.listed:
+            return f"tuple({owner})"
+        owner += f".{self.key}" if self.attribute else f"[{self.key!r}]"
+        return owner + _called(self)
 
 
 LENGTH = Step(False, None, length=True)

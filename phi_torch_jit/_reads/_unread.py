@@ -37,7 +37,7 @@ from .._sources import OWN_DIR, is_user_file
 from ._code_walk import codes
 from ._records import GONE, Kind, Read, Step
 
-__all__ = ["Unread"]
+__all__ = ["Unread", "patch_reads", "watchable", "watch_lock"]
 
 _WHOLE = frozenset(("__dict__", "__getstate__", "__reduce_ex__", "__reduce__", "__getattribute__"))
 """Read on a watched object, these read every attribute it has."""
@@ -48,7 +48,7 @@ _HEAP_TYPE = 1 << 9
 """``Py_TPFLAGS_HEAPTYPE``: a class made by a ``class`` statement."""
 _MAX_WATCHED = 64
 """Attributes watched per function at most (the first ones that changed)."""
-_LOCK = threading.Lock()
+watch_lock = threading.Lock()
 
 
 class Unread:
@@ -109,7 +109,7 @@ class Unread:
             self.unread = frozenset()
 
     def _watch(self, owner: Any, name: str) -> None:
-        if isinstance(owner, type) or not _watchable(type(owner)):
+        if isinstance(owner, type) or not watchable(type(owner)):
             return
         if len(self._watched) < _MAX_WATCHED:
             self._watched.setdefault((id(owner), name), owner)
@@ -126,9 +126,9 @@ class Unread:
         whole: set[int] = set()
         idents = {ident for ident, _ in self._watched}
         restore = []
-        with _LOCK:
+        with watch_lock:
             for klass in {id(type(o)): type(o) for o in self._watched.values()}.values():
-                patched = _patch(klass, idents, read, whole)
+                patched = patch_reads(klass, idents, read, whole)
                 if patched is None:  # a class that refuses it: every attribute counts as read
                     whole.update(k[0] for k, o in self._watched.items() if type(o) is klass)
                 else:
@@ -136,7 +136,7 @@ class Unread:
         try:
             yield
         finally:
-            with _LOCK:
+            with watch_lock:
                 for undo in reversed(restore):
                     undo()
             self.unread = frozenset(
@@ -144,7 +144,7 @@ class Unread:
             )
 
 
-def _watchable(klass: type) -> bool:
+def watchable(klass: type) -> bool:
     """Every class in ``klass``'s MRO but ``object`` defined in Python (a heap type): C code
     of a built-in base (``SimpleNamespace``'s ``==`` and ``repr``) reads the instance's
     dict without ``__getattribute__``."""
@@ -167,7 +167,7 @@ def _spells_bypass(value: Any) -> bool:
     )
 
 
-def _patch(klass: type, idents: set[int], read: set[tuple[int, str]], whole: set[int]) -> Any:
+def patch_reads(klass: type, idents: set[int], read: set[tuple[int, str]], whole: set[int]) -> Any:
     """Wrap ``klass.__getattribute__`` to note reads on the objects ``idents``; the undo."""
     own = klass.__dict__.get("__getattribute__")
     inherited = next(k.__dict__["__getattribute__"] for k in klass.__mro__[1:]

@@ -1,0 +1,179 @@
+"""Stage 1 (reads), past the walk's limits: what the record pass saw read of the rest.
+
+The walk guards every field under a global or closure object, up to ``_MAX_FIELDS`` reads
+per object and :data:`~._fields.TREE_DEPTH` levels (a guard is read before every call). A step
+that reads item 250 of a list of 300 stage objects, an entry of a dict of 1000 by a computed
+key, or node 40 of a linked list reads beyond them, and such a read was baked unguarded (a
+logged warning; probe round 30).
+
+So the rest of such an object (its *overflow*: the fields the walk did not reach) is indexed
+when the walk stops there: which object lies where, by path from the global, up to
+:data:`MAX_INDEXED` objects. Objects of classes of yours among them are watched in the next
+record pass (their class's ``__getattribute__`` wrapped for the pass, as :mod:`._unread`
+watches counters), and what that pass reads of them is guarded: each such object by identity
+at its path, and each attribute read, by value or identity. The walk's overflow costs one more
+record pass (the first call that meets it builds no specialization; the next call records
+again, watching) and guards what the step reads, not what it could: the eager step itself
+pays at least as much for those reads. An overflow holding objects that cannot be watched
+(a ``SimpleNamespace``, a library's) stays unguarded, said in ``explain()`` and the log.
+See NOTE [past the walk's limits] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import types
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import nn
+
+from ._fields import fields, runs_code
+from ._kinds import kind_of
+from ._records import GONE, Kind, Source, Step
+from ._unread import patch_reads, watch_lock, watchable
+
+__all__ = ["Overflow", "overflowed", "MAX_INDEXED"]
+
+MAX_INDEXED = 1 << 14
+"""Objects indexed under one function's overflows at most (the index is built in each record
+pass: 16384 objects take about 50 ms)."""
+MAX_OBSERVED = 1 << 14
+"""Attribute reads guarded from one record pass's watch at most (a guard of 16384 reads costs
+about 1.5 ms here: a step reading that much of its state pays more itself)."""
+
+_CURRENT: contextvars.ContextVar[Overflow | None] = contextvars.ContextVar("overflow", default=None)
+
+
+class Overflow:
+    """Per jitted function: the objects past the walk's limits, by path, and which of their
+    attributes the last watched record pass read."""
+
+    def __init__(self) -> None:
+        self._index: dict[int, tuple[Source, Any]] = {}
+        """id -> (where, the object) of each object in the overflows the last walk met."""
+        self._watched: dict[int, Any] = {}
+        """The objects of watchable classes the next record pass watches (held)."""
+        self._read: set[tuple[int, str]] = set()
+        self._whole: set[int] = set()
+        self._looked: dict[int, Any] = {}
+        """The objects the last record pass watched."""
+        self._again = False
+        """Whether the last record pass was a look again (never two in a row)."""
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """Run the record pass with the indexed objects' classes noting the attributes read."""
+        self._read, self._whole, self._looked = set(), set(), dict(self._watched)
+        if not self._watched:
+            yield
+            return
+        idents, restore = set(self._watched), []
+        with watch_lock:
+            for klass in {id(type(o)): type(o) for o in self._watched.values()}.values():
+                undo = patch_reads(klass, idents, self._read, self._whole)
+                if undo is None:  # a class that refuses it: whatever it holds counts as read
+                    self._whole.update(i for i, o in self._watched.items() if type(o) is klass)
+                else:
+                    restore.append(undo)
+        try:
+            yield
+        finally:
+            with watch_lock:
+                for undo in reversed(restore):
+                    undo()
+
+    @contextmanager
+    def walking(self) -> Iterator[None]:
+        """The walk of :func:`~._python.collect_reads`: its overflows are indexed anew."""
+        self._index = {}
+        token = _CURRENT.set(self)
+        try:
+            yield
+        finally:
+            _CURRENT.reset(token)
+            self._watched = {i: v for i, (_, v) in self._index.items() if watchable(type(v))}
+
+    def look_again(self) -> bool:
+        """Whether the walk met objects past its limits that the record pass did not watch:
+        then no specialization is built from it, and the next call records again, watching
+        (never two record passes in a row)."""
+        again = not self._again and any(i not in self._looked for i in self._watched)
+        self._again = again
+        return again
+
+    def sources(self) -> Iterator[tuple[Any, Source, bool]]:
+        """(key, where, whole) of each watched object the pass read and of each attribute
+        it read: an object at its path (``whole``: every field under it, for ``vars(obj)``),
+        an attribute's value without walking what is under it."""
+        read = sorted(p for p in self._read if p[0] in self._index)[:MAX_OBSERVED]
+        for ident in sorted({i for i, _ in read} | (self._whole & set(self._index))):
+            yield ("overflow", ident), self._index[ident][0], ident in self._whole
+        for ident, name in read:
+            where, value = self._index[ident]
+            if not name.startswith("__") and not runs_code(value, Step(True, name)):
+                yield ("overflow", ident, name), where.child(Step(True, name)), False
+
+    def index(self, source: Source, steps: list[Any]) -> bool:
+        """Index the object at ``source`` and what ``steps`` and the steps below reach,
+        breadth first (the shortest path to each), up to :data:`MAX_INDEXED`; whether the
+        record pass watched all that the step can read there (not so for objects it did not
+        or cannot watch, a ``SimpleNamespace``'s fields, values held directly in a container)."""
+        pending: deque[tuple[Source, bool, list[Any] | None]] = deque([(source, False, steps)])
+        seen = True
+        while pending:
+            where, in_container, under = pending.popleft()
+            try:
+                value = where.get()
+            except GONE:
+                continue
+            kind = kind_of(value)
+            if kind is not Kind.IDENTITY or id(value) in self._index:
+                seen = seen and not (in_container and kind not in (Kind.IDENTITY, None))
+                continue
+            if len(self._index) >= MAX_INDEXED:
+                return False
+            self._index[id(value)] = (where, value)
+            container = isinstance(value, _CONTAINERS)
+            if not (container or watchable(type(value))):  # code, modules: walked apart
+                seen = seen and isinstance(value, _CODE)
+                continue
+            seen = seen and (container or id(value) in self._looked)
+            try:
+                under = fields(value) if under is None else under
+            except Exception:  # an object's own __getattr__/__len__ rules: not walked
+                continue
+            pending.extend((_child(where, s), container, None) for s in under if _data(s))
+        return seen
+
+
+_CODE = (type, types.ModuleType, types.FunctionType, types.MethodType,
+         types.BuiltinFunctionType, nn.Module)  # fmt: skip
+"""Objects whose state is guarded apart (code and modules by the walk, nn.Modules by the
+module guard)."""
+_CONTAINERS = (list, tuple, dict, set, frozenset, deque)
+"""What holds objects by position or key (not watched: an object in it is, where it is read)."""
+
+
+def _child(source: Source, step: Any) -> Source:
+    for each in step if isinstance(step, tuple) else (step,):
+        source = source.child(each)
+    return source
+
+
+def _data(step: Any) -> bool:
+    """A step to an attribute or an item (not to the class, nor to a listing of the keys)."""
+    steps = step if isinstance(step, tuple) else (step,)
+    first, last = steps[0], steps[-1]
+    if first.attribute and first.key in ("__class__", "__mro__", "__dict__"):
+        return False
+    return not (last.listed or last.length or last.call or last.text)
+
+
+def overflowed(source: Source, steps: list[Any]) -> bool:
+    """Note that the walk stopped under ``source`` with ``steps`` left; whether the record
+    pass watched all that lies there (then it is guarded as read, not said unguarded)."""
+    overflow = _CURRENT.get()
+    return overflow is not None and overflow.index(source, steps)

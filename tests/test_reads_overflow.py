@@ -1,0 +1,208 @@
+"""Reads past the walk's limits (``_reads._overflow``): item 250 of a list of 300 stage objects
+a loop reads, an entry of a dict of 1000 objects read by a computed key, node 40 of a linked
+list, a value nine objects down. The record pass after the one that met them watches those
+objects, and what it reads of them is guarded: a change retraces, never a stale value; what
+the step does not read is not guarded. Every engine (shared suite)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from helpers import Counter, like_eager_then_retraced
+
+import phi_torch_jit as ptj
+from phi_torch_jit._reads._guard import PythonGuard
+from phi_torch_jit._reads._records import Kind, Read, Source, Step
+
+pytestmark = pytest.mark.all_engines
+
+
+class Stage:
+    def __init__(self, k: float) -> None:
+        self.k = k
+        self.name = f"stage {k}"
+
+
+class Node:
+    def __init__(self, value: float, after: Node | None) -> None:
+        self.value = value
+        self.after = after
+
+
+STAGES = [Stage(1.0) for _ in range(300)]
+TABLE = {i: Stage(1.0) for i in range(1000)}
+KEY = 700
+HEAD: Node | None = None
+for _ in range(50):
+    HEAD = Node(1.0, HEAD)
+_LEVELS = [type(f"Level{i}", (), {}) for i in range(10)]
+DEEP: Any = _LEVELS[9]()
+DEEP.k = 1.0
+for _klass in reversed(_LEVELS[:9]):
+    _outer = _klass()
+    _outer.child = DEEP
+    DEEP = _outer
+
+
+def through_the_stages(x: torch.Tensor) -> torch.Tensor:
+    for stage in STAGES:
+        x = x * stage.k
+    return x
+
+
+def by_a_computed_key(x: torch.Tensor) -> torch.Tensor:
+    return x * TABLE[KEY].k
+
+
+def along_the_links(x: torch.Tensor) -> torch.Tensor:
+    node = HEAD
+    while node is not None:
+        x = x + node.value
+        node = node.after
+    return x
+
+
+def nine_down(x: torch.Tensor) -> torch.Tensor:
+    level = DEEP
+    for _ in range(9):
+        level = level.child
+    return x * level.k
+
+
+def _node(i: int) -> Node:
+    node = HEAD
+    for _ in range(i):
+        assert node is not None
+        node = node.after
+    assert node is not None
+    return node
+
+
+def _deepest() -> Any:
+    level = DEEP
+    for _ in range(9):
+        level = level.child
+    return level
+
+
+CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], Any], str]] = {
+    "a list of 300, item 250": (through_the_stages, lambda: STAGES[250], "k"),
+    "a dict of 1000, by a computed key": (by_a_computed_key, lambda: TABLE[KEY], "k"),
+    "a linked list of 50, node 40": (along_the_links, lambda: _node(40), "value"),
+    "nine objects down": (nine_down, _deepest, "k"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_what_the_step_reads_past_the_walks_limits_is_guarded(case: str) -> None:
+    step, owner, name = CASES[case]
+    before = getattr(owner(), name)
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, lambda: setattr(owner(), name, 2.0))
+    finally:
+        setattr(owner(), name, before)
+
+
+def test_the_record_pass_after_the_one_that_met_the_limits_watches_and_builds() -> None:
+    calls = Counter()
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        calls.forward += 1
+        return by_a_computed_key(x)
+
+    jitted = ptj.jit(step)
+    x = torch.ones(3)
+    jitted(x)
+    assert (calls.forward, len(jitted.specializations)) == (1, 0)  # no guard yet: none built
+    jitted(x)
+    assert len(jitted.specializations) == 1
+    jitted.wait_compiled()
+    ran = calls.forward
+    for _ in range(3):
+        torch.testing.assert_close(jitted(x), step(x))
+    assert calls.forward == ran + 3  # the three eager calls here only: the program served
+    assert jitted.num_traces == 1
+
+
+def test_what_the_step_does_not_read_past_the_limits_is_not_guarded() -> None:
+    global KEY
+    jitted = ptj.jit(by_a_computed_key)
+    x = torch.ones(3)
+    old = TABLE[KEY]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ptj.JitWarning)
+            for change in (lambda: None, lambda: setattr(TABLE[900], "k", 5.0)):
+                change()
+                for _ in range(3):
+                    torch.testing.assert_close(jitted(x), by_a_computed_key(x))
+                jitted.wait_compiled()
+            assert jitted.num_traces == 1  # TABLE[900] is not read (past the walk's 512 reads)
+            TABLE[KEY] = Stage(3.0)  # the entry read, replaced
+            torch.testing.assert_close(jitted(x), x * 3.0)
+            KEY = 5
+            torch.testing.assert_close(jitted(x), x * 1.0)
+    finally:
+        KEY, TABLE[700], TABLE[900].k = 700, old, 1.0
+
+
+def test_an_attribute_added_past_the_limits_and_read_with_a_default_retraces() -> None:
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * getattr(TABLE[KEY], "scale", 1.0)
+
+    try:
+        like_eager_then_retraced(ptj.jit(scaled), scaled, lambda: setattr(TABLE[KEY], "scale", 4.0))
+    finally:
+        del TABLE[KEY].scale
+
+
+def test_objects_past_the_limits_that_cannot_be_watched_are_said_unguarded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spaces = [SimpleNamespace(k=1.0, name="n") for _ in range(400)]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for space in spaces:
+            x = x * space.k
+        return x
+
+    jitted = ptj.jit(step)
+    with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
+        torch.testing.assert_close(jitted(torch.ones(3)), torch.ones(3))
+    assert "not guarded" in jitted.explain()  # a documented limit, said: docs/guarded.md
+    assert any("fields" in record.getMessage() for record in caplog.records)
+
+
+class _Counted:
+    reads = 0
+
+    def __init__(self, after: Any) -> None:
+        self.after = after
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "after":
+            _Counted.reads += 1
+        return object.__getattribute__(self, name)
+
+
+def test_the_guard_reads_a_shared_prefix_of_paths_once() -> None:
+    head: Any = None
+    for _ in range(40):
+        head = _Counted(head)
+    reads = []
+    for depth in range(1, 40):
+        source = Source(f"node {depth}", "here", holder=head, path=(Step(True, "after"),) * depth)
+        reads.append(Read(source, Kind.IDENTITY, source.get()))
+    guard = PythonGuard(reads)
+    _Counted.reads = 0
+    assert guard.holds()
+    assert _Counted.reads == 39  # one per node, not 780 (each path from the head)
+    _node_38 = reads[37].source.get()
+    _node_38.after = _Counted(None)  # node 39 replaced
+    assert not guard.holds()
