@@ -162,21 +162,53 @@ def test_an_attribute_added_past_the_limits_and_read_with_a_default_retraces() -
         del TABLE[KEY].scale
 
 
-def test_objects_past_the_limits_that_cannot_be_watched_are_said_unguarded(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_namespaces_containers_and_tensors_past_the_limits_are_guarded_as_they_are() -> None:
+    """What no record pass can watch (a ``SimpleNamespace``'s fields are read without
+    ``__getattribute__``, a list's items by subscript) is guarded whole instead: a namespace
+    of plain values by content, a container by identity and length, a value in it by value,
+    a tensor in it as an input of the program (changed in place, seen)."""
     spaces = [SimpleNamespace(k=1.0, name="n") for _ in range(400)]
+    nested = [SimpleNamespace(inner=SimpleNamespace(v=1.0)) for _ in range(300)]
+    tensors = [torch.ones(3) for _ in range(600)]
 
-    def step(x: torch.Tensor) -> torch.Tensor:
+    def through_spaces(x: torch.Tensor) -> torch.Tensor:
         for space in spaces:
             x = x * space.k
         return x
 
+    def nested_read(x: torch.Tensor) -> torch.Tensor:
+        return x * nested[280].inner.v
+
+    def summed(x: torch.Tensor) -> torch.Tensor:
+        for t in tensors:
+            x = x + t
+        return x
+
+    like_eager_then_retraced(ptj.jit(through_spaces), through_spaces,
+                             lambda: setattr(spaces[350], "k", 2.0))  # fmt: skip
+    like_eager_then_retraced(ptj.jit(nested_read), nested_read,
+                             lambda: setattr(nested[280].inner, "v", 3.0))  # fmt: skip
+    like_eager_then_retraced(ptj.jit(summed), summed, lambda: tensors[550].add_(1.0), traces=1)
+
+
+def test_what_is_too_big_to_guard_past_the_limits_is_said_unguarded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Past ``MAX_LEAVES`` reads of what cannot be watched (a dict of 1500 lists, each with
+    three numbers and a namespace, read by a computed key): not guarded, and said so (the log
+    at the trace, explain()), with no partial guard paid for at every call."""
+    lists = {i: [1.0, 2.0, float(i), SimpleNamespace(a=1)] for i in range(1500)}
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * lists[1200][1]
+
     jitted = ptj.jit(step)
     with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
-        torch.testing.assert_close(jitted(torch.ones(3)), torch.ones(3))
+        for _ in range(2):
+            torch.testing.assert_close(jitted(torch.ones(3)), torch.ones(3) * 2.0)
     assert "not guarded" in jitted.explain()  # a documented limit, said: docs/guarded.md
     assert any("fields" in record.getMessage() for record in caplog.records)
+    assert len(jitted.specializations[-1].python_guard or ()) < 1024
 
 
 class _Counted:

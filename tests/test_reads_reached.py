@@ -942,25 +942,26 @@ def test_an_object_of_yours_below_the_walks_depth_is_guarded_as_the_step_reads_i
     assert not any("levels down" in r.getMessage() for r in caplog.records)
 
 
-DEEP_SPACE: Any = SimpleNamespace(value=1.0)  # a leaf whose reads cannot be watched
-for _level in _LEVELS:
-    DEEP_SPACE = _level(DEEP_SPACE)
+DEEP_LIST: Any = SimpleNamespace(values=[1.0] * 70_000)  # more than the guard takes past the
+for _level in _LEVELS:  # walk's limits (_reads._overflow.MAX_COMPARED, MAX_LEAVES)
+    DEEP_LIST = _level(DEEP_LIST)
 
 
-def _reads_deep_space(x: torch.Tensor) -> torch.Tensor:
-    level = DEEP_SPACE
+def _reads_deep_list(x: torch.Tensor) -> torch.Tensor:
+    level = DEEP_LIST
     while isinstance(level, Level):
         level = level.inner
-    return x * level.value
+    return x * level.values[7]
 
 
 def test_an_object_below_the_walks_depth_is_named_as_not_guarded(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A SimpleNamespace eight levels down (its fields are read without ``__getattribute__``,
-    so no record pass can watch them): beyond the walk's depth, and said so (the log at the
-    trace, explain()), never assumed constant silently."""
-    jitted = ptj.jit(_reads_deep_space)
+    """A list of 70000 numbers eight levels down (its items are read by subscript, which no
+    record pass watches, and more than the guard takes past the walk's limits): beyond the
+    walk's depth, and said so (the log at the trace, explain()), never assumed constant
+    silently."""
+    jitted = ptj.jit(_reads_deep_list)
     with caplog.at_level("WARNING", logger="phi_torch_jit"):
         for _ in range(2):
             jitted(torch.ones(2))

@@ -37,9 +37,9 @@ _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections
 _SEQUENCES = (list, set, tuple, collections.deque, array.array, bytearray)
 
 
-def plain_container(value: Any) -> bool:
+def plain_container(value: Any, limit: int = MAX_CONTENT) -> bool:
     try:
-        return _small_plain(value, MAX_CONTENT) >= 0
+        return _small_plain(value, limit) >= 0
     except Exception:  # a container's own rules (a __len__ that raises)
         return False
 

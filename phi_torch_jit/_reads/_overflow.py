@@ -14,9 +14,10 @@ watches counters), and what that pass reads of them is guarded: each such object
 at its path, and each attribute read, by value or identity. The walk's overflow costs one more
 record pass (the first call that meets it builds no specialization; the next call records
 again, watching) and guards what the step reads, not what it could: the eager step itself
-pays at least as much for those reads. An overflow holding objects that cannot be watched
-(a ``SimpleNamespace``, a library's) stays unguarded, said in ``explain()`` and the log.
-See NOTE [past the walk's limits] in docs/design.md.
+pays at least as much for those reads. What cannot be watched (a ``SimpleNamespace``'s
+fields, a list's items, tensors in a list) is guarded as it is, up to :data:`MAX_LEAVES`
+reads (a table of numbers compared whole); past that it stays unguarded, said in
+``explain()`` and the log. See NOTE [past the walk's limits] in docs/design.md.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from typing import Any
 
 from torch import nn
 
-from ._fields import fields, runs_code
+from ._content import plain_container, snapshot
+from ._fields import INSTANCE_DICT, fields, runs_code
 from ._kinds import kind_of
-from ._records import GONE, Kind, Source, Step
+from ._records import GONE, Kind, Read, Source, Step, probe
 from ._unread import patch_reads, watch_lock, watchable
 
 __all__ = ["Overflow", "overflowed", "MAX_INDEXED"]
@@ -43,6 +45,13 @@ pass: 16384 objects take about 50 ms)."""
 MAX_OBSERVED = 1 << 14
 """Attribute reads guarded from one record pass's watch at most (a guard of 16384 reads costs
 about 1.5 ms here: a step reading that much of its state pays more itself)."""
+MAX_LEAVES = 1 << 12
+"""Reads of what cannot be watched past the walk's limits at most, per walk: the containers
+(their identity and length), the values held directly in them, and the objects of classes
+with a C base (a ``SimpleNamespace``) with their fields (4096 reads: about 0.35 ms a call)."""
+MAX_COMPARED = 1 << 16
+"""Items of a container of plain values compared whole (one ``==``: 46 us for a dict of 3000
+one-number lists, where a read of each list took 263 us)."""
 
 _CURRENT: contextvars.ContextVar[Overflow | None] = contextvars.ContextVar("overflow", default=None)
 
@@ -62,6 +71,10 @@ class Overflow:
         """The objects the last record pass watched."""
         self._again = False
         """Whether the last record pass was a look again (never two in a row)."""
+        self._leaves: list[Source] = []
+        """What cannot be watched there, guarded as it is (not walked under)."""
+        self._compared: dict[Any, Read] = {}
+        """Containers of plain values there, compared whole."""
 
     @contextmanager
     def watching(self) -> Iterator[None]:
@@ -88,7 +101,7 @@ class Overflow:
     @contextmanager
     def walking(self) -> Iterator[None]:
         """The walk of :func:`~._python.collect_reads`: its overflows are indexed anew."""
-        self._index = {}
+        self._index, self._leaves, self._compared = {}, [], {}
         token = _CURRENT.set(self)
         try:
             yield
@@ -104,10 +117,14 @@ class Overflow:
         self._again = again
         return again
 
-    def sources(self) -> Iterator[tuple[Any, Source, bool]]:
-        """(key, where, whole) of each watched object the pass read and of each attribute
-        it read: an object at its path (``whole``: every field under it, for ``vars(obj)``),
-        an attribute's value without walking what is under it."""
+    def sources(self) -> Iterator[tuple[Any, Source | None, Any]]:
+        """(key, where, whole) of what cannot be watched, of each watched object the pass
+        read and of each attribute it read: an object at its path (``whole``: every field
+        under it, for ``vars(obj)``), the rest without walking what is under them; first
+        (None, None, reads) with the reads of containers compared whole."""
+        yield None, None, self._compared
+        for n, leaf in enumerate(self._leaves):
+            yield ("overflow leaf", n), leaf, False
         read = sorted(p for p in self._read if p[0] in self._index)[:MAX_OBSERVED]
         for ident in sorted({i for i, _ in read} | (self._whole & set(self._index))):
             yield ("overflow", ident), self._index[ident][0], ident in self._whole
@@ -118,43 +135,61 @@ class Overflow:
 
     def index(self, source: Source, steps: list[Any]) -> bool:
         """Index the object at ``source`` and what ``steps`` and the steps below reach,
-        breadth first (the shortest path to each), up to :data:`MAX_INDEXED`; whether the
-        record pass watched all that the step can read there (not so for objects it did not
-        or cannot watch, a ``SimpleNamespace``'s fields, values held directly in a container)."""
+        breadth first (the shortest path to each), up to :data:`MAX_INDEXED`. Objects of
+        watchable classes are left to the watch; what cannot be watched is kept as a leaf,
+        guarded as it is (containers, what they hold directly, a ``SimpleNamespace`` and its
+        fields), up to :data:`MAX_LEAVES`. Whether all of it is guarded: every watchable
+        object watched in the record pass, and nothing left out."""
         pending: deque[tuple[Source, bool, list[Any] | None]] = deque([(source, False, steps)])
-        seen = True
+        seen, kept = True, len(self._leaves)
         while pending:
-            where, in_container, under = pending.popleft()
+            where, held, under = pending.popleft()  # held: in what cannot be watched
             try:
                 value = where.get()
             except GONE:
                 continue
             kind = kind_of(value)
             if kind is not Kind.IDENTITY or id(value) in self._index:
-                seen = seen and not (in_container and kind not in (Kind.IDENTITY, None))
+                if held and kind is not None and kind is not Kind.IDENTITY:
+                    seen = self._leaf(where) and seen  # a value in a list, a namespace's field
                 continue
             if len(self._index) >= MAX_INDEXED:
-                return False
+                seen = False
+                break
             self._index[id(value)] = (where, value)
-            container = isinstance(value, _CONTAINERS)
-            if not (container or watchable(type(value))):  # code, modules: walked apart
-                seen = seen and isinstance(value, _CODE)
+            if isinstance(value, _CODE):  # code, modules: walked apart
                 continue
-            seen = seen and (container or id(value) in self._looked)
+            if isinstance(value, _SIZED) and plain_container(value, MAX_COMPARED):
+                read = Read(where, Kind.CONTENT, snapshot(value))  # a table of numbers: one
+                self._compared[("overflow content", id(value))] = read  # ==, not a read each
+                continue
+            watched = watchable(type(value))
+            if not watched and plain_container(own := probe(value, "__dict__")) and own:
+                seen = self._leaf(where.child(INSTANCE_DICT)) and seen  # a namespace of
+                continue  # plain values: its fields compared whole, one read
+            seen = (self._leaf(where) if not watched else id(value) in self._looked) and seen
             try:
                 under = fields(value) if under is None else under
             except Exception:  # an object's own __getattr__/__len__ rules: not walked
                 continue
-            pending.extend((_child(where, s), container, None) for s in under if _data(s))
+            pending.extend((_child(where, s), not watched, None) for s in under if _data(s))
+        if not seen:  # said unguarded: no reads that guarantee nothing, each call
+            del self._leaves[kept:]
         return seen
 
+    def _leaf(self, where: Source) -> bool:
+        if len(self._leaves) >= MAX_LEAVES:
+            return False
+        self._leaves.append(where)
+        return True
+
+
+_SIZED = (list, dict, set, tuple, deque)
 
 _CODE = (type, types.ModuleType, types.FunctionType, types.MethodType,
          types.BuiltinFunctionType, nn.Module)  # fmt: skip
 """Objects whose state is guarded apart (code and modules by the walk, nn.Modules by the
 module guard)."""
-_CONTAINERS = (list, tuple, dict, set, frozenset, deque)
-"""What holds objects by position or key (not watched: an object in it is, where it is read)."""
 
 
 def _child(source: Source, step: Any) -> Source:

@@ -217,8 +217,8 @@ def collect_reads(
         _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
-    for key, source, whole in overflow.sources() if overflow is not None else ():
-        _add(reads, key, source, None if whole else [-1])  # each object the step read there
+    for key, past, whole in overflow.sources() if overflow is not None else ():
+        _add(reads, key, past, None if whole else [-1]) if past else reads.update(whole)
     return list(reads.values())
 
 
