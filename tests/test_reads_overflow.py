@@ -238,3 +238,102 @@ def test_the_guard_reads_a_shared_prefix_of_paths_once() -> None:
     _node_38 = reads[37].source.get()
     _node_38.after = _Counted(None)  # node 39 replaced
     assert not guard.holds()
+
+
+class _Base:
+    k = 1.0
+
+    def __init__(self, v: float) -> None:
+        self.v = v
+
+
+class _Late(_Base):  # its objects lie only past the walk's limits
+    k = 2.0
+
+
+class _Tagged(dict):  # type: ignore[type-arg]
+    def __init__(self, **entries: float) -> None:
+        super().__init__(**entries)
+        self.tag = "t"
+
+
+SHARED = _Base(2.0)
+ALIASED = [_Base(1.0) for _ in range(600)]
+ALIASED[595] = ALIASED[599] = SHARED  # one object at two places
+_ROW = [_Base(1.0) for _ in range(30)]
+GRID = [_ROW] * 30  # one row list thirty times
+ORDERED = {f"g{i}": {j: _Base(1.0 + j) for j in range(40)} for i in range(30)}
+CLASSES = [_Base(1.0) for _ in range(590)] + [_Late(1.0) for _ in range(10)]
+TAGGED = [_Tagged(v=1.0) for _ in range(600)]
+
+
+def _aliased(x: torch.Tensor) -> torch.Tensor:
+    for o in ALIASED:
+        x = x + o.v
+    return x
+
+
+def _grid(x: torch.Tensor) -> torch.Tensor:
+    for row in GRID:
+        for o in row:
+            x = x + o.v
+    return x
+
+
+def _ordered(x: torch.Tensor) -> torch.Tensor:
+    for inner in ORDERED.values():
+        for o in inner.values():
+            x = x * 0.5 + o.v  # the order counts
+    return x
+
+
+def _class_data(x: torch.Tensor) -> torch.Tensor:
+    for o in CLASSES:
+        x = x + type(o).k * o.v
+    return x
+
+
+def _tagged(x: torch.Tensor) -> torch.Tensor:
+    for t in TAGGED:
+        x = x + t["v"]
+    return x
+
+
+def _reorder() -> None:
+    inner = ORDERED["g29"]
+    inner[0] = inner.pop(0)
+
+
+STRUCTURE: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], None]]] = {
+    "an object at a second place, replaced there": (
+        _aliased, lambda: ALIASED.__setitem__(599, _Base(100.0))),
+    "a row shared thirty times, one replaced": (
+        _grid, lambda: GRID.__setitem__(29, [_Base(2.0) for _ in range(30)])),
+    "a dict's order": (_ordered, _reorder),
+    "class data read by type(o).k": (_class_data, lambda: setattr(_Late, "k", 10.0)),
+    "an object's class swapped": (_class_data, lambda: setattr(CLASSES[595], "__class__", _Base)),
+    "the items of a dict subclass with attributes": (
+        _tagged, lambda: TAGGED[599].__setitem__("v", 100.0)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(STRUCTURE))
+def test_the_structure_past_the_limits_is_guarded(case: str) -> None:
+    """Probe round 31: what holds the objects past the limits, not only what they hold."""
+    step, change = STRUCTURE[case]
+    snapshot = ([*ALIASED], [*GRID], {k: dict(v) for k, v in ORDERED.items()}, _Late.k,
+                [*CLASSES], [dict(t) for t in TAGGED])  # fmt: skip
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change, x=torch.zeros(1))
+    finally:
+        ALIASED[:], GRID[:], _Late.k, CLASSES[:] = (
+            snapshot[0],
+            snapshot[1],
+            snapshot[3],
+            snapshot[4],
+        )
+        for key, inner in snapshot[2].items():
+            ORDERED[key] = inner
+        for t, entries in zip(TAGGED, snapshot[5], strict=True):
+            t.update(entries)
+        CLASSES[595].__class__ = _Late

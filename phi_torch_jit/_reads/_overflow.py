@@ -119,15 +119,23 @@ class Overflow:
 
     def sources(self) -> Iterator[tuple[Any, Source | None, Any]]:
         """(key, where, whole) of what cannot be watched, of each watched object the pass
-        read and of each attribute it read: an object at its path (``whole``: every field
-        under it, for ``vars(obj)``), the rest without walking what is under them; first
-        (None, None, reads) with the reads of containers compared whole."""
-        yield None, None, self._compared
+        read, its class (walked whole, once per class) and each attribute it read: an object
+        at its path (``whole``: every field under it, for ``vars(obj)``), the rest without
+        walking what is under them; last (None, None, reads) with reads made here: the
+        containers compared whole, each place an object is met again, each read object's
+        class (``obj.__class__ = Other``)."""
+        direct = dict(self._compared)
         for n, leaf in enumerate(self._leaves):
             yield ("overflow leaf", n), leaf, False
         read = sorted(p for p in self._read if p[0] in self._index)[:MAX_OBSERVED]
         for ident in sorted({i for i, _ in read} | (self._whole & set(self._index))):
-            yield ("overflow", ident), self._index[ident][0], ident in self._whole
+            where, value = self._index[ident]
+            yield ("overflow", ident), where, ident in self._whole
+            direct[("overflow class", ident)] = Read(
+                where.child(_CLASS), Kind.IDENTITY, type(value)
+            )
+            yield ("class", id(type(value))), where.child(_CLASS), True  # type(o).k: its data
+        yield None, None, direct
         for ident, name in read:
             where, value = self._index[ident]
             if not name.startswith("__") and not runs_code(value, Step(True, name)):
@@ -141,7 +149,7 @@ class Overflow:
         fields), up to :data:`MAX_LEAVES`. Whether all of it is guarded: every watchable
         object watched in the record pass, and nothing left out."""
         pending: deque[tuple[Source, bool, list[Any] | None]] = deque([(source, False, steps)])
-        seen, kept = True, len(self._leaves)
+        seen, kept, compared = True, len(self._leaves), len(self._compared)
         while pending:
             where, held, under = pending.popleft()  # held: in what cannot be watched
             try:
@@ -149,8 +157,12 @@ class Overflow:
             except GONE:
                 continue
             kind = kind_of(value)
-            if kind is not Kind.IDENTITY or id(value) in self._index:
-                if held and kind is not None and kind is not Kind.IDENTITY:
+            if kind is Kind.IDENTITY and id(value) in self._index:  # met again (a registry's
+                if not isinstance(value, _CODE):  # two keys, [row] * 30): here too, by identity
+                    seen = self._same(where, value) and seen
+                continue
+            if kind is not Kind.IDENTITY:
+                if held and kind is not None:
                     seen = self._leaf(where) and seen  # a value in a list, a namespace's field
                 continue
             if len(self._index) >= MAX_INDEXED:
@@ -164,7 +176,10 @@ class Overflow:
                 self._compared[("overflow content", id(value))] = read  # ==, not a read each
                 continue
             watched = watchable(type(value))
-            if not watched and plain_container(own := probe(value, "__dict__")) and own:
+            plain = not isinstance(value, _SIZED) and plain_container(
+                own := probe(value, "__dict__")
+            )
+            if not watched and plain and own:
                 seen = self._leaf(where.child(INSTANCE_DICT)) and seen  # a namespace of
                 continue  # plain values: its fields compared whole, one read
             seen = (self._leaf(where) if not watched else id(value) in self._looked) and seen
@@ -173,14 +188,25 @@ class Overflow:
             except Exception:  # an object's own __getattr__/__len__ rules: not walked
                 continue
             pending.extend((_child(where, s), not watched, None) for s in under if _data(s))
+            for step in under if not watched else ():  # a dict's order, a registry's size
+                if not (_data(step) or _class_step(step)):
+                    seen = self._leaf(_child(where, step)) and seen
         if not seen:  # said unguarded: no reads that guarantee nothing, each call
             del self._leaves[kept:]
+            for key in list(self._compared)[compared:]:
+                del self._compared[key]
         return seen
 
     def _leaf(self, where: Source) -> bool:
-        if len(self._leaves) >= MAX_LEAVES:
+        if len(self._leaves) + len(self._compared) >= MAX_LEAVES:
             return False
         self._leaves.append(where)
+        return True
+
+    def _same(self, where: Source, value: Any) -> bool:
+        if len(self._leaves) + len(self._compared) >= MAX_LEAVES:
+            return False
+        self._compared[("overflow place", len(self._compared))] = Read(where, Kind.IDENTITY, value)
         return True
 
 
@@ -196,6 +222,14 @@ def _child(source: Source, step: Any) -> Source:
     for each in step if isinstance(step, tuple) else (step,):
         source = source.child(each)
     return source
+
+
+_CLASS = Step(True, "__class__")
+
+
+def _class_step(step: Any) -> bool:
+    first = step[0] if isinstance(step, tuple) else step
+    return bool(first.attribute and first.key in ("__class__", "__mro__"))
 
 
 def _data(step: Any) -> bool:
