@@ -35,7 +35,7 @@ from ._content import plain_container, snapshot
 from ._fields import INSTANCE_DICT, fields, runs_code
 from ._kinds import kind_of
 from ._records import GONE, Kind, Read, Source, Step, probe
-from ._unread import patch_reads, watch_lock, watchable
+from ._unread import reads_watched, watchable
 
 __all__ = ["Overflow", "overflowed", "MAX_INDEXED"]
 
@@ -80,23 +80,8 @@ class Overflow:
     def watching(self) -> Iterator[None]:
         """Run the record pass with the indexed objects' classes noting the attributes read."""
         self._read, self._whole, self._looked = set(), set(), dict(self._watched)
-        if not self._watched:
+        with reads_watched(self._watched.values(), self._read, self._whole):
             yield
-            return
-        idents, restore = set(self._watched), []
-        with watch_lock:
-            for klass in {id(type(o)): type(o) for o in self._watched.values()}.values():
-                undo = patch_reads(klass, idents, self._read, self._whole)
-                if undo is None:  # a class that refuses it: whatever it holds counts as read
-                    self._whole.update(i for i, o in self._watched.items() if type(o) is klass)
-                else:
-                    restore.append(undo)
-        try:
-            yield
-        finally:
-            with watch_lock:
-                for undo in reversed(restore):
-                    undo()
 
     @contextmanager
     def walking(self) -> Iterator[None]:

@@ -37,7 +37,7 @@ from .._sources import OWN_DIR, is_user_file
 from ._code_walk import codes
 from ._records import GONE, Kind, Read, Step
 
-__all__ = ["Unread", "patch_reads", "watchable", "watch_lock"]
+__all__ = ["Unread", "reads_watched", "watchable"]
 
 _WHOLE = frozenset(("__dict__", "__getstate__", "__reduce_ex__", "__reduce__", "__getattribute__"))
 """Read on a watched object, these read every attribute it has."""
@@ -48,7 +48,7 @@ _HEAP_TYPE = 1 << 9
 """``Py_TPFLAGS_HEAPTYPE``: a class made by a ``class`` statement."""
 _MAX_WATCHED = 64
 """Attributes watched per function at most (the first ones that changed)."""
-watch_lock = threading.Lock()
+_LOCK = threading.Lock()
 
 
 class Unread:
@@ -124,24 +124,37 @@ class Unread:
             return
         read: set[tuple[int, str]] = set()
         whole: set[int] = set()
-        idents = {ident for ident, _ in self._watched}
-        restore = []
-        with watch_lock:
-            for klass in {id(type(o)): type(o) for o in self._watched.values()}.values():
-                patched = patch_reads(klass, idents, read, whole)
-                if patched is None:  # a class that refuses it: every attribute counts as read
-                    whole.update(k[0] for k, o in self._watched.items() if type(o) is klass)
-                else:
-                    restore.append(patched)
         try:
-            yield
+            with reads_watched(self._watched.values(), read, whole):
+                yield
         finally:
-            with watch_lock:
-                for undo in reversed(restore):
-                    undo()
             self.unread = frozenset(
                 key for key in self._watched if key not in read and key[0] not in whole
             )
+
+
+@contextmanager
+def reads_watched(
+    owners: Iterable[Any], read: set[tuple[int, str]], whole: set[int]
+) -> Iterator[None]:
+    """Run the block with the classes of ``owners`` noting in ``read`` (id, name) of each
+    attribute read on them, and in ``whole`` the ids of those read whole (``vars(obj)``, or
+    of a class that refuses the watch)."""
+    owners = list(owners)
+    idents, restore = {id(o) for o in owners}, []
+    with _LOCK:
+        for klass in {id(type(o)): type(o) for o in owners}.values():
+            undo = _patch(klass, idents, read, whole)
+            if undo is None:  # a class that refuses it: every attribute counts as read
+                whole.update(id(o) for o in owners if type(o) is klass)
+            else:
+                restore.append(undo)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for undo in reversed(restore):
+                undo()
 
 
 def watchable(klass: type) -> bool:
@@ -167,7 +180,7 @@ def _spells_bypass(value: Any) -> bool:
     )
 
 
-def patch_reads(klass: type, idents: set[int], read: set[tuple[int, str]], whole: set[int]) -> Any:
+def _patch(klass: type, idents: set[int], read: set[tuple[int, str]], whole: set[int]) -> Any:
     """Wrap ``klass.__getattribute__`` to note reads on the objects ``idents``; the undo."""
     own = klass.__dict__.get("__getattribute__")
     inherited = next(k.__dict__["__getattribute__"] for k in klass.__mro__[1:]
