@@ -4,6 +4,7 @@ values a trace baked are fetched by one generated function and compared in three
 from __future__ import annotations
 
 import marshal
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -24,10 +25,8 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
     roots: dict[int, str] = {}
     held: list[Any] = []
     chains = [_chain(source, roots, held) for source in sources]
-    uses: dict[tuple[str, tuple[Step, ...]], int] = {}
-    for root, steps in chains:
-        for k in range(1, len(steps) + 1):  # a path may be another's prefix too
-            uses[(root, steps[:k])] = uses.get((root, steps[:k]), 0) + 1
+    # how many paths each prefix starts (a whole path counts: it may be another's prefix)
+    uses = Counter((root, steps[:k]) for root, steps in chains for k in range(1, len(steps) + 1))
     named: dict[tuple[str, tuple[Step, ...]], str] = {}
     items = []
     for root, steps in chains:
@@ -38,7 +37,7 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
                 code = named[prefix]
                 continue
             code = step.expression(code)
-            if uses.get(prefix, 0) > 1:  # a prefix of another path too
+            if uses[prefix] > 1:  # read again by a later path: named
                 named[prefix] = f"p{len(named)}"
                 code = f"({named[prefix]} := {code})"
         items.append(code)

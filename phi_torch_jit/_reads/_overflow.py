@@ -23,9 +23,10 @@ reads (a table of numbers compared whole); past that it stays unguarded, said in
 from __future__ import annotations
 
 import contextvars
+import functools
 import types
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -102,29 +103,26 @@ class Overflow:
         self._again = again
         return again
 
-    def sources(self) -> Iterator[tuple[Any, Source | None, Any]]:
-        """(key, where, whole) of what cannot be watched, of each watched object the pass
-        read, its class (walked whole, once per class) and each attribute it read: an object
-        at its path (``whole``: every field under it, for ``vars(obj)``), the rest without
-        walking what is under them; last (None, None, reads) with reads made here: the
-        containers compared whole, each place an object is met again, each read object's
-        class (``obj.__class__ = Other``)."""
-        direct = dict(self._compared)
+    def add_to(self, reads: dict[Any, Read], add: Callable[..., None]) -> None:
+        """Add to ``reads`` what the last walk found past its limits: what cannot be watched,
+        as it is; each watched object the pass read, at its path (walked whole where the pass
+        read it whole, ``vars(obj)``), with its class (by identity: ``obj.__class__ = Other``;
+        walked once per class: ``type(o).k``); each attribute read, not walked under. ``add``:
+        the walk's ``_add(reads, key, source, budget)`` (a budget of ``[-1]``: no descent)."""
+        reads.update(self._compared)
         for n, leaf in enumerate(self._leaves):
-            yield ("overflow leaf", n), leaf, False
+            add(reads, ("overflow leaf", n), leaf, [-1])
         read = sorted(p for p in self._read if p[0] in self._index)[:MAX_OBSERVED]
         for ident in sorted({i for i, _ in read} | (self._whole & set(self._index))):
             where, value = self._index[ident]
-            yield ("overflow", ident), where, ident in self._whole
-            direct[("overflow class", ident)] = Read(
-                where.child(_CLASS), Kind.IDENTITY, type(value)
-            )
-            yield ("class", id(type(value))), where.child(_CLASS), True  # type(o).k: its data
-        yield None, None, direct
+            add(reads, ("overflow", ident), where, None if ident in self._whole else [-1])
+            klass = where.child(_CLASS)
+            reads[("overflow class", ident)] = Read(klass, Kind.IDENTITY, type(value))
+            add(reads, ("class", id(type(value))), klass, None)
         for ident, name in read:
             where, value = self._index[ident]
             if not name.startswith("__") and not runs_code(value, Step(True, name)):
-                yield ("overflow", ident, name), where.child(Step(True, name)), False
+                add(reads, ("overflow", ident, name), where.child(Step(True, name)), [-1])
 
     def index(self, source: Source, steps: list[Any]) -> bool:
         """Index the object at ``source`` and what ``steps`` and the steps below reach,
@@ -204,9 +202,7 @@ module guard)."""
 
 
 def _child(source: Source, step: Any) -> Source:
-    for each in step if isinstance(step, tuple) else (step,):
-        source = source.child(each)
-    return source
+    return functools.reduce(Source.child, step if isinstance(step, tuple) else (step,), source)
 
 
 _CLASS = Step(True, "__class__")
@@ -219,9 +215,8 @@ def _class_step(step: Any) -> bool:
 
 def _data(step: Any) -> bool:
     """A step to an attribute or an item (not to the class, nor to a listing of the keys)."""
-    steps = step if isinstance(step, tuple) else (step,)
-    first, last = steps[0], steps[-1]
-    if first.attribute and first.key in ("__class__", "__mro__", "__dict__"):
+    first, last = (step[0], step[-1]) if isinstance(step, tuple) else (step, step)
+    if _class_step(step) or (first.attribute and first.key == "__dict__"):
         return False
     return not (last.listed or last.length or last.call or last.text)
 

@@ -217,8 +217,8 @@ def collect_reads(
         _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
-    for key, past, whole in overflow.sources() if overflow is not None else ():
-        _add(reads, key, past, None if whole else [-1]) if past else reads.update(whole)
+    if overflow is not None:  # past the walk's limits: what the record pass saw read there
+        overflow.add_to(reads, _add)
     return list(reads.values())
 
 
