@@ -201,8 +201,9 @@ def _stand_in(monkeypatch: pytest.MonkeyPatch, script: str) -> None:
     monkeypatch.setattr(_compile_process, "_BOOT", script)
 
 
-_READS_A_REQUEST = (
+_READS_A_REQUEST = (  # says its imports are done, as the worker does, then reads requests
     "import pickle, sys\n"
+    "pickle.dump({'ready': True}, sys.stdout.buffer); sys.stdout.buffer.flush()\n"
     "def request():\n"
     "    n = int.from_bytes(sys.stdin.buffer.read(8), 'little')\n"
     "    return sys.stdin.buffer.read(n)\n"

@@ -19,6 +19,8 @@ import time
 import weakref
 from typing import Any, Protocol
 
+from ._spare_core import taken
+
 __all__ = ["Upgradable", "submit", "wait_idle", "worker_alive", "exiting"]
 
 
@@ -100,7 +102,8 @@ class _Worker:
             program = ref()
             try:
                 if program is not None and not self.closing:
-                    program.upgrade()
+                    with taken():  # NOTE [a core for the compile]
+                        program.upgrade()
             except Abandoned:  # at exit: the program stays on its fast tier
                 pass
             finally:

@@ -54,6 +54,7 @@ import torch
 from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
 from ._graph_pickle import graph_bytes, graph_from
 from ._op_contracts import contracts_in, present
+from ._spare_core import give_back, take
 from ._warm_starts import CompileTarget, remembered
 
 __all__ = [
@@ -166,6 +167,8 @@ class _Worker:
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
+        self.booted = threading.Event()
+        """Set when the running process said its imports are done, or ended."""
         self.closed = False
         self.compiles = 0
         """Compiles the worker finished (tests)."""
@@ -179,6 +182,7 @@ class _Worker:
                 process = self._running()
                 if process is None:
                     return False
+                self.booted.wait()  # its first message is read by _await_boot
                 reply = self._exchange(process, request)
                 if reply is not None:
                     break
@@ -217,6 +221,14 @@ class _Worker:
             _logger.debug("phi_torch_jit: no compile worker process: %s", error)
             self._discard()
             return None
+        self.booted = threading.Event()
+        take()  # its imports use a core until it says they are done
+        threading.Thread(
+            target=_await_boot,
+            args=(self.process, self.booted),
+            name="phi_torch_jit worker boot",
+            daemon=True,
+        ).start()
         return self.process
 
     @staticmethod
@@ -273,6 +285,19 @@ class _Worker:
         an error, so that nothing compiles in-process while the interpreter shuts down)."""
         self.closed = True
         self.stop()
+
+
+def _await_boot(process: subprocess.Popen[bytes], booted: threading.Event) -> None:
+    """Read the worker's first message (its imports are done), or its end; then the core
+    its imports used is given back."""
+    try:
+        assert process.stdout is not None
+        pickle.load(process.stdout)
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
+        _logger.debug("phi_torch_jit: the compile worker ended while it started: %s", error)
+    finally:
+        give_back()
+        booted.set()
 
 
 _BOOT = (

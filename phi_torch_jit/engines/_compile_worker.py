@@ -13,8 +13,10 @@ grad_outputs)}``, answered on stdin (length-prefixed like a request) by ``{"pres
 ``{"error": ...}``. The compiled program itself stays here: only inductor's caches carry it
 back.
 
-Stdin and stdout carry nothing else: the process's own file descriptors 0 and 1 are pointed
-elsewhere at start (inductor's C++ compiler writes to them). It ends when its stdin closes
+Once its imports are done it says so on stdout (``{"ready": True}``, before any reply): until
+then it uses a core (NOTE [a core for the compile]). Stdin and stdout carry nothing else: the
+process's own file descriptors 0 and 1 are pointed elsewhere at start (inductor's C++
+compiler writes to them). It ends when its stdin closes
 (the caller's process ended), on a request it cannot read, or after ``idle_exit_s`` without
 one. It runs at a lower CPU priority (:data:`NICE`) than the caller.
 """
@@ -47,6 +49,7 @@ def serve(idle_exit_s: float) -> None:
     from .._compat import import_inductor
 
     import_inductor()  # before the first request: the caller may start this one early
+    _send(replies, {"ready": True})  # the caller's steps may use every core again
     while True:
         ready, _, _ = select.select([requests], [], [], idle_exit_s)
         if not ready:

@@ -7,13 +7,11 @@ serves the captured graph through a *fast tier* that costs no backend compile:
 or with ``torchscript=True`` ``torchscript-graph`` (a TorchScript trace of the captured graph,
 faithful: no user Python is in it) where TorchScript works and the graph only calls ops.
 
-Meanwhile the backend (inductor by default) compiles the same graph on a background thread
-(``engines/_background.py``; a cold inductor compile of a graph of torch's ops and ours runs in a
-worker process and is then loaded, ``engines/_compile_process.py``), called on the graph
-directly: no dynamo, no run of the program, the backward compiled with the forward. When it is
-ready, one attribute assignment switches the specialization to it, so a call runs entirely on
-one tier or the other. A failed compile is logged once and the fast tier stays. ``explain()``
-shows the tier, the compile time and when the switch happened; ``wait_compiled`` waits for it.
+Meanwhile the backend (inductor) compiles the same graph on a background thread (``_background``;
+cold inductor compiles in a worker process, then loaded, ``_compile_process``; served calls
+leave them a core, ``_spare_core``), on the graph directly: no dynamo, no run of the program,
+the backward with the forward. One assignment then switches to it: a call runs wholly on one
+tier. A failed compile is logged once and the fast tier stays (``explain()``).
 
 Both tiers run the same graph: results agree to float rounding (inductor fuses and reorders
 arithmetic; about 1e-6 relative in float32, docs/engines.md). Random ops draw from the
@@ -44,6 +42,7 @@ from ._capture import uses_rng as _uses_rng
 from ._compile_process import ahead_of, compile_ahead, start_worker_for
 from ._generic_sizes import sizes_left_dynamic
 from ._light import straight_line, tensor_ops_only
+from ._spare_core import HELD, with_fewer_threads
 from ._tracing_lock import note_busy
 from ._warm_starts import await_loads, remembered
 from .base import CompiledModule, Engine
@@ -194,6 +193,8 @@ class TieredProgram:
         self._load_awaited = False
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if HELD.cores:  # NOTE [a core for the compile]
+            return with_fewer_threads(self.serve, *tensors, *self.state)  # type: ignore[no-any-return]
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
 
     def _serve_fast(self, *inputs: torch.Tensor) -> Any:

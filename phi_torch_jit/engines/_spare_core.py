@@ -1,0 +1,100 @@
+"""A core left to our background work: while a compile of ours runs beside the caller (on
+the compile thread, in the worker process, or while that process starts), the programs
+engine "auto" serves run torch's intra-op work on one thread fewer.
+
+Why: torch's CPU ops split their work over OpenMP threads, one per core by default, and every
+op ends when its last thread is done. Where one of those threads shares its core with our
+compile, each op waits for the scheduler to give it back: a PhiFlow heat step (128x128, its
+CG run by PhiML's loop on the fast tier) took 7.0 ms a step while the worker process started
+and compiled beside it on this 2-core machine, 2.7 ms without the worker, and 3.2 ms with the
+worker and one thread (NOTE [a core for the compile] in docs/design.md).
+
+Only where the caller's threads fill every core this process may use (torch's default),
+only on OpenMP builds (a native thread pool cannot change its size once used), and only
+around our served programs: the record pass and the meter's eager samples run the user's
+Python, which may read ``torch.get_num_threads()``, and so does code outside our calls.
+Inductor's kernels were generated for a thread count and keep it; their ATen calls do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["busy", "taken", "take", "give_back", "with_fewer_threads", "HELD"]
+
+
+class _Held:
+    __slots__ = ("cores",)
+
+    def __init__(self) -> None:
+        self.cores = 0
+        """Background jobs of ours using a core now."""
+
+
+HELD = _Held()
+"""Read, not called, on a served call's path (:func:`busy` is the same test)."""
+_lock = threading.Lock()
+calls = 0
+"""Calls run on one thread fewer (tests)."""
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+CORES = _cores()
+"""Cores this process may run on."""
+OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+"""Whether torch's intra-op threads are OpenMP's, whose number can change between ops."""
+
+
+def take() -> None:
+    """Background work of ours starts using a core (pair with :func:`give_back`)."""
+    with _lock:
+        HELD.cores += 1
+
+
+def give_back() -> None:
+    with _lock:
+        HELD.cores -= 1
+
+
+@contextlib.contextmanager
+def taken() -> Iterator[None]:
+    """Around background work of ours that uses a core."""
+    take()
+    try:
+        yield
+    finally:
+        give_back()
+
+
+def busy() -> bool:
+    """Whether background work of ours uses a core now."""
+    return HELD.cores > 0
+
+
+def with_fewer_threads(run: Callable[..., Any], *args: Any) -> Any:
+    """``run(*args)``, on one intra-op thread fewer where torch's threads fill every core and
+    background work of ours uses one (:func:`busy`); the count is set back after, unless
+    ``run`` changed it."""
+    global calls
+    threads = torch.get_num_threads()
+    if not (HELD.cores and OPENMP and 1 < threads and threads >= CORES):
+        return run(*args)
+    torch.set_num_threads(threads - 1)
+    calls += 1
+    try:
+        return run(*args)
+    finally:
+        if torch.get_num_threads() == threads - 1:
+            torch.set_num_threads(threads)
