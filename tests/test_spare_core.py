@@ -8,6 +8,7 @@ Counts and thread numbers seen inside calls, never a clock.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +23,10 @@ from phi_torch_jit.engines import _background, _compile_process, _spare_core
 
 @pytest.fixture(autouse=True)
 def _no_compile_of_others() -> None:
-    """No background compile an earlier test left running holds a core."""
+    """No background compile an earlier test left running holds a core, nor a worker process
+    that is still starting."""
     assert _background.wait_idle(120)
+    assert _compile_process._WORKER.booted.wait(120)
 
 
 @pytest.fixture
@@ -134,3 +137,14 @@ def test_the_worker_process_holds_a_core_until_its_imports_are_done(
         _compile_process.stop_worker()
         assert worker.booted.wait(60)
         assert not _spare_core.busy()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_forked_child_holds_no_core_for_its_parents_compile() -> None:
+    with _spare_core.taken():
+        pid = os.fork()
+        if pid == 0:  # the child: its parent's compile thread and worker are not its own
+            os._exit(0 if not _spare_core.busy() else 1)
+        _, status = os.waitpid(pid, 0)
+        assert _spare_core.busy()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -168,7 +168,9 @@ class _Worker:
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
         self.booted = threading.Event()
-        """Set when the running process said its imports are done, or ended."""
+        """Set when the running process said its imports are done, or ended (set while
+        there is none)."""
+        self.booted.set()
         self.closed = False
         self.compiles = 0
         """Compiles the worker finished (tests)."""
@@ -268,6 +270,8 @@ class _Worker:
         """In a forked child: the worker and the lock are the parent's; start afresh."""
         self.process = None
         self._lock = threading.Lock()
+        self.booted = threading.Event()
+        self.booted.set()
 
     def stop(self) -> None:
         """Kill the worker; a compile thread waiting for its reply sees it end."""

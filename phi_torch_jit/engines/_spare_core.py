@@ -78,6 +78,17 @@ def taken() -> Iterator[None]:
         give_back()
 
 
+def _forked() -> None:
+    """In a forked child: the parent's compile thread and worker are not its own."""
+    global _lock
+    _lock = threading.Lock()
+    HELD.cores = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def busy() -> bool:
     """Whether background work of ours uses a core now."""
     return HELD.cores > 0
