@@ -139,6 +139,28 @@ def test_the_worker_process_holds_a_core_until_its_imports_are_done(
         assert not _spare_core.busy()
 
 
+def test_a_compile_inside_a_call_on_one_thread_fewer_sees_every_thread(two_cores: None) -> None:
+    """Inductor makes its kernels for the thread count it sees and keys its caches by it: a
+    compile on the caller's thread inside a served call (here: compile_on="caller", while
+    another compile of ours holds a core) must not make them for one thread."""
+    seen: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return gm.forward
+
+    jitted = ptj.jit(
+        lambda x: x.cos() - 1, engine="auto", backend=backend, compile_on="caller", fallback="off"
+    )
+    x = torch.randn(5)
+    with _spare_core.taken():
+        for _ in range(3):
+            assert torch.allclose(jitted(x), x.cos() - 1)
+        assert _spare_core.calls > 0
+    assert seen == [2]
+    assert torch.get_num_threads() == 2
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
 def test_a_forked_child_holds_no_core_for_its_parents_compile() -> None:
     with _spare_core.taken():

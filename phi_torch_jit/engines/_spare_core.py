@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["busy", "taken", "take", "give_back", "with_fewer_threads", "HELD"]
+__all__ = ["busy", "taken", "take", "give_back", "with_fewer_threads", "all_threads", "HELD"]
 
 
 class _Held:
@@ -40,6 +40,8 @@ class _Held:
 HELD = _Held()
 """Read, not called, on a served call's path (:func:`busy` is the same test)."""
 _lock = threading.Lock()
+_local = threading.local()
+"""``threads``: this thread's own count while a call runs on one fewer (else 0)."""
 calls = 0
 """Calls run on one thread fewer (tests)."""
 
@@ -104,8 +106,26 @@ def with_fewer_threads(run: Callable[..., Any], *args: Any) -> Any:
         return run(*args)
     torch.set_num_threads(threads - 1)
     calls += 1
+    _local.threads = threads
     try:
         return run(*args)
     finally:
+        _local.threads = 0
         if torch.get_num_threads() == threads - 1:
             torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def all_threads() -> Iterator[None]:
+    """Around a compile on this thread: inductor makes its CPU kernels for the thread count it
+    sees, and keys its caches by it, so a compile inside a call on one thread fewer (a loop's
+    block met with new inputs) sees the caller's own count."""
+    threads = getattr(_local, "threads", 0)
+    if not threads or torch.get_num_threads() != threads - 1:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads - 1)

@@ -59,6 +59,7 @@ from ._capture import CAPTURE_LOCK, WITHOUT_GRAD, capture, uses_rng
 from ._generic_sizes import fake_inputs_for, sizes_left_dynamic
 from ._graph_bodies import GraphBodies
 from ._looped import faster, with_captured_loops
+from ._spare_core import all_threads
 from ._twice import TwiceDifferentiable, needs_twice
 from ._warm_starts import remember, remembered
 from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
@@ -257,7 +258,7 @@ class Compilable:
         ]
         cuda = next((t.device for t in inputs if t.device.type == "cuda"), None)
         on_device = torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext()
-        with torch.set_grad_enabled(self.grad_enabled), on_device:
+        with torch.set_grad_enabled(self.grad_enabled), on_device, all_threads():
             graph = lstms_unrolled(self.graph) if self.grad_enabled else self.graph
             graph = for_inductor(graph) if self.backend == "inductor" else graph
             fakes = None if self.backend == "inductor" else fake_inputs_for(graph, inputs)
