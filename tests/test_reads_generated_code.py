@@ -15,6 +15,7 @@ import torch
 from helpers import like_eager_then_retraced
 
 import phi_torch_jit as ptj
+from phi_torch_jit._reads._code_walk import user_function
 
 pytestmark = pytest.mark.all_engines
 
@@ -28,6 +29,30 @@ def test_a_helper_made_by_exec_has_its_globals_guarded() -> None:
         return scale(x)
 
     like_eager_then_retraced(ptj.jit(step), step, lambda: namespace.update(K=3.0))
+
+
+@pytest.mark.parametrize("name", ["<generated>", "<lambdifygenerated-1>", "<string>"])
+def test_a_step_compiled_from_a_string_into_a_namespace_of_its_own_has_its_globals_guarded(
+    name: str,
+) -> None:
+    """Generated code (a template, a symbolic library's code printer) under a file name of its
+    own, in a namespace that names itself but is no module's: no globals were guarded (probe
+    32), whatever the name."""
+    namespace: dict[str, Any] = {"__name__": "generated_model"}
+    source = "K = 2.0\ndef helper(x):\n    return x + K\ndef step(x):\n    return helper(x) * K\n"
+    exec(compile(source, name, "exec"), namespace)
+    step = namespace["step"]
+    like_eager_then_retraced(ptj.jit(step), step, lambda: namespace.update(K=3.0))
+
+
+def test_torchs_and_a_librarys_generated_code_are_not_the_users() -> None:
+    traced = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    assert not user_function(type(traced).forward)  # <eval_with_key>: torch's
+    assert user_function(generated.Made.__init__)  # a dataclass of a user's module
+    import dataclasses
+
+    library_made = dataclasses.make_dataclass("Made", [("a", int)])  # its code in module types
+    assert not user_function(library_made.__init__)  # <string> in a library module's namespace
 
 
 @pytest.fixture

@@ -381,14 +381,31 @@ def user_class(klass: type) -> bool:
 
 def user_function(function: types.FunctionType) -> bool:
     """Whether a function is the user's: from a file of the user's, or compiled from a string
-    in a module of the user's (``python -c``, an ``exec`` of the user's: into a bare dict
-    too; a dataclass's generated ``__init__``, which calls its ``default_factory``)."""
+    (``<string>``, ``<generated>``...) in a module of the user's (``python -c``, a dataclass's
+    generated ``__init__``, which calls its ``default_factory``) or into a namespace that is no
+    module's (an ``exec`` of the user's into a dict of its own, whatever its ``__name__``:
+    generated code, a symbolic library's generated function). Code typed at a prompt is the
+    user's; torch's generated code (FX's ``<eval_with_key>``) and ours are not."""
     filename = function.__code__.co_filename
-    if filename != "<string>":  # a file, <stdin> or <console>: the user's; other generated code
+    if not filename.startswith("<") or filename.startswith(_NOT_GENERATED_BY_USERS):
         return is_user_file(filename)
     name = function.__module__
-    module = sys.modules.get(name) if name is not None else None
-    return name is None or (module is not None and user_module(module))
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or getattr(module, "__dict__", None) is not function.__globals__:
+        return True  # its own namespace, made by an exec
+    return user_module(module)
+
+
+_NOT_GENERATED_BY_USERS = (
+    "<stdin>",
+    "<console>",
+    "<ipython-input-",
+    "<frozen ",
+    "<eval_with_key>",
+    "<phi_torch_jit ",
+)
+"""Names of code that :func:`is_user_file` decides: typed at a prompt (the user's), or made by
+the interpreter, torch's FX or us."""
 
 
 _USER_NAMES: dict[type, frozenset[str]] = {}
