@@ -170,3 +170,37 @@ def test_a_forked_child_holds_no_core_for_its_parents_compile() -> None:
         _, status = os.waitpid(pid, 0)
         assert _spare_core.busy()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+class _Recorder:
+    """A background job that records the compile thread's intra-op thread count."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.done = threading.Event()
+
+    def upgrade(self) -> None:
+        self.threads.append(torch.get_num_threads())
+        self.done.set()
+
+
+def test_the_compile_thread_started_inside_a_call_on_one_thread_fewer_uses_every_thread(
+    two_cores: None,
+) -> None:
+    """A thread takes torch's process-wide count at its first op: a compile thread started
+    inside a served call on one thread fewer took that count, and inductor made its kernels
+    (and the worker's request) for it."""
+    for _ in range(200):  # the compile thread ends after a second without work
+        if not _background.worker_alive():
+            break
+        threading.Event().wait(0.05)
+    assert not _background.worker_alive()
+    job = _Recorder()
+
+    def served_call() -> bool:
+        assert _background.submit(job)
+        return job.done.wait(60)  # the thread started and ran the job during this call
+
+    with _spare_core.taken():
+        assert _spare_core.with_fewer_threads(served_call)
+    assert job.threads == [2]

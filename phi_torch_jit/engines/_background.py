@@ -19,7 +19,9 @@ import time
 import weakref
 from typing import Any, Protocol
 
-from ._spare_core import taken
+import torch
+
+from ._spare_core import own_threads, taken
 
 __all__ = ["Upgradable", "submit", "wait_idle", "worker_alive", "exiting"]
 
@@ -74,11 +76,15 @@ class _Worker:
         self._pending = 0
         self._thread: threading.Thread | None = None
         self.closing = False
+        self.threads = 1
+        """The intra-op thread count of the caller that submitted last."""
 
     def submit(self, program: Upgradable) -> bool:
+        threads = own_threads()
         with self._lock:
             if self.closing:
                 return False
+            self.threads = threads  # the caller's: the compile thread's kernels are made for it
             self._pending += 1
             self._queue.put(weakref.ref(program))
             if self._thread is None or not self._thread.is_alive():
@@ -102,7 +108,9 @@ class _Worker:
             program = ref()
             try:
                 if program is not None and not self.closing:
-                    with taken():  # NOTE [a core for the compile]
+                    if torch.get_num_threads() != self.threads:  # NOTE [a core for the compile]
+                        torch.set_num_threads(self.threads)
+                    with taken():
                         program.upgrade()
             except Abandoned:  # at exit: the program stays on its fast tier
                 pass

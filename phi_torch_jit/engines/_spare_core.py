@@ -26,7 +26,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["busy", "taken", "take", "give_back", "with_fewer_threads", "all_threads", "HELD"]
+__all__ = [
+    "busy",
+    "taken",
+    "take",
+    "give_back",
+    "with_fewer_threads",
+    "all_threads",
+    "own_threads",
+    "HELD",
+]
 
 
 class _Held:
@@ -113,6 +122,14 @@ def with_fewer_threads(run: Callable[..., Any], *args: Any) -> Any:
         _local.threads = 0
         if torch.get_num_threads() == threads - 1:
             torch.set_num_threads(threads)
+
+
+def own_threads() -> int:
+    """This thread's intra-op thread count as the user set it (inside a call on one thread
+    fewer: the count before it). A thread takes torch's process-wide count, which
+    ``torch.set_num_threads`` also sets, at its first op: one started inside such a call
+    takes one fewer, so the compile thread sets its own from this (:mod:`._background`)."""
+    return getattr(_local, "threads", 0) or torch.get_num_threads()
 
 
 @contextlib.contextmanager
