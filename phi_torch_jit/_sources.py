@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 __all__ = ["TORCH_DIR", "OWN_DIR", "STDLIB_DIRS", "is_python_library_file", "user_location",
-           "is_user_file", "user_module"]  # fmt: skip
+           "is_user_file", "user_module", "TYPED_IN"]  # fmt: skip
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 """Directory of the torch package (trailing separator)."""
@@ -91,7 +91,7 @@ def is_user_file(filename: str) -> bool:
     ``DIR`` on ``PYTHONPATH``): its state is the library's, not the user's, and is not
     walked for guards."""
     known = _USER.get(filename)
-    if known is None and filename.startswith(_INTERACTIVE):
+    if known is None and filename.startswith(TYPED_IN):
         known = _USER[filename] = True
     if known is None:
         path = _resolved(filename) if not filename.startswith("<") else ""
@@ -101,7 +101,7 @@ def is_user_file(filename: str) -> bool:
     return known
 
 
-_INTERACTIVE = ("<stdin>", "<console>", "<ipython-input-")
+TYPED_IN = ("<stdin>", "<console>", "<ipython-input-")
 """Names of code typed in at a prompt (the user's: a REPL session is a script)."""
 
 _RESOLVED_DIRS: dict[str, str] = {}

@@ -20,7 +20,7 @@ import sys
 import types
 from typing import Any
 
-from .._sources import is_user_file, user_module
+from .._sources import TYPED_IN, is_user_file, user_module
 from ._records import Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_module", "codes", "user_class",
@@ -396,14 +396,7 @@ def user_function(function: types.FunctionType) -> bool:
     return user_module(module)
 
 
-_NOT_GENERATED_BY_USERS = (
-    "<stdin>",
-    "<console>",
-    "<ipython-input-",
-    "<frozen ",
-    "<eval_with_key>",
-    "<phi_torch_jit ",
-)
+_NOT_GENERATED_BY_USERS = (*TYPED_IN, "<frozen ", "<eval_with_key>", "<phi_torch_jit ")
 """Names of code that :func:`is_user_file` decides: typed at a prompt (the user's), or made by
 the interpreter, torch's FX or us."""
 

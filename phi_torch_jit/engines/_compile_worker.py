@@ -16,9 +16,9 @@ back.
 Once its imports are done it says so on stdout (``{"ready": True}``, before any reply): until
 then it uses a core (NOTE [a core for the compile]). Stdin and stdout carry nothing else: the
 process's own file descriptors 0 and 1 are pointed elsewhere at start (inductor's C++
-compiler writes to them). It ends when its stdin closes
-(the caller's process ended), on a request it cannot read, or after ``idle_exit_s`` without
-one. It runs at a lower CPU priority (:data:`NICE`) than the caller.
+compiler writes to them). It ends when its stdin closes (the caller's process ended), on a
+request it cannot read, or after ``idle_exit_s`` without one. It runs at a lower CPU priority
+(:data:`NICE`) than the caller.
 """
 
 from __future__ import annotations
