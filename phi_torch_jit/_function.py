@@ -51,7 +51,7 @@ from ._compat import (
 )
 from ._context import CustomCallee, Phase, current_frame
 from ._custom import CustomFunction, untraced
-from ._function_closures import ClosurePlan, plan_closures
+from ._function_closures import ClosurePlan, plan_closures, plan_library_closures
 from ._function_ctx import (
     ContextLayout,
     FunctionContext,
@@ -62,7 +62,7 @@ from ._function_ctx import (
     run_backward,
     run_forward,
 )
-from ._libraries import custom_forward
+from ._libraries import closure_roots, custom_forward
 from ._patches import RefCounted
 from ._sources import is_user_file
 from ._warnings import torchscript_notices_hidden
@@ -405,9 +405,11 @@ def _closures_of(cls: Any, frame: Any) -> ClosurePlan | None:
     unguardable in the record pass (the specialization runs eagerly, warned)."""
     if cls not in frame.new_functions:
         return ClosurePlan(())
-    if custom_forward(cls) is not None:  # a library's class: its adapter passes the values
-        return ClosurePlan(())
-    plan = plan_closures(cls)
+    if custom_forward(cls) is not None:  # a library's class: where its values sit, its word
+        roots = closure_roots(cls)
+        plan = plan_library_closures(cls, roots) if roots else ClosurePlan(())
+    else:
+        plan = plan_closures(cls)
     if frame.phase is Phase.COMPILE and (isinstance(plan, str) or len(plan)):
         # made inside a custom function's forward being compiled, closing over its traced
         # values: that forward runs as Python instead

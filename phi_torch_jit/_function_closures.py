@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["ClosurePlan", "plan_closures"]
+from .extend import ClosureRoot
+
+__all__ = ["ClosurePlan", "plan_closures", "plan_library_closures", "LIBRARY_DEPTH"]
 
 _METHODS = ("forward", "setup_context", "backward", "jvp")
 
@@ -47,7 +49,11 @@ class _Path:
     steps: tuple[Step, ...]
 
     def describe(self) -> str:
-        return "".join(f".{key}" if kind == "attr" else f"[{key!r}]" for kind, key in self.steps)
+        return "".join(
+            f".{key}" if kind == "attr" else f".__closure__[{key}]" if kind == "closure"
+            else f"[{key!r}]"
+            for kind, key in self.steps
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,31 @@ def plan_closures(cls: type) -> ClosurePlan | str:
             continue
         if _reaches_tensor(value):
             return f" (class attribute {name}) holds a tensor"
+    return ClosurePlan(tuple(paths))
+
+
+LIBRARY_DEPTH = 5
+"""Levels below a library's closure root walked for tensors: a PhiML solve's initial guess
+sits at ``["solve"].x0._native`` (three), a stacked one at ``._tensors[i]._native`` (five)."""
+
+
+def plan_library_closures(cls: type, roots: Sequence[ClosureRoot]) -> ClosurePlan | str:
+    """The plan for the tensors under ``roots`` (a library's word on where the call's own
+    values sit in ``cls``'s closures, :meth:`~phi_torch_jit.extend.Library.closure_roots`),
+    or why none can be made (a root that is not there: the library changed)."""
+    paths: list[_Path] = []
+    budget = _Budget()
+    for method, cell, steps in roots:
+        path = _Path(method, cell, tuple(steps))
+        try:
+            holder, step = _place(cls, path)
+            value = _get(holder, step)
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            return f" (its library's closure root {method}{path.describe()}) is not there"
+        found = _tensor_steps(value, LIBRARY_DEPTH, budget)
+        if isinstance(found, str):
+            return f"{path.describe()}{found}"
+        paths += [_Path(method, cell, (*path.steps, *rest)) for rest in found]
     return ClosurePlan(tuple(paths))
 
 

@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
-from .extend import DeferredChecks, LoopSolvers, PassHooks, libraries
+from .extend import ClosureRoot, DeferredChecks, LoopSolvers, PassHooks, libraries
 
 __all__ = [
     "LibraryPasses",
     "ForwardChecks",
     "forward_checks",
     "custom_forward",
+    "closure_roots",
     "backward_scope",
     "owned_by_library",
     "library_solvers",
@@ -102,6 +103,11 @@ def custom_forward(cls: type) -> Callable[..., Any] | None:
         if forward is not None:
             return forward
     return None
+
+
+def closure_roots(cls: type) -> tuple[ClosureRoot, ...]:
+    """Where the libraries say the call's own values sit in ``cls``'s closures."""
+    return tuple(root for library in libraries() for root in library.closure_roots(cls))
 
 
 def backward_scope(cls: type) -> AbstractContextManager[list[Any]]:

@@ -38,6 +38,7 @@ __all__ = [
     "PassHooks",
     "DeferredChecks",
     "LoopSolvers",
+    "ClosureRoot",
     "register_library",
     "libraries",
 ]
@@ -147,6 +148,12 @@ class LoopSolvers(Protocol):
         """One line for ``explain()``."""
 
 
+ClosureRoot = tuple[str, int, tuple[tuple[str, Any], ...]]
+"""``(method, cell, steps)``: the closure cell ``cell`` of the class's method ``method``
+(``"forward"``, ``"backward"``), then steps down from its value: ``("closure", i)`` a
+function's closure cell, ``("attr", name)``, ``("item", key)``."""
+
+
 class Library:
     """A library adapter: override the hooks the library needs; each does nothing by default.
 
@@ -176,6 +183,15 @@ class Library:
     def backward_scope(self, cls: type) -> AbstractContextManager[Any] | None:
         """A context the backward of ``cls`` runs in when phi_torch_jit runs it, or None."""
         return None
+
+    def closure_roots(self, cls: type) -> Sequence[ClosureRoot]:
+        """Where the call's own values sit in the closures of ``cls``, a class this library
+        gives a forward (:meth:`custom_forward`) and makes anew for calls with new values
+        (PhiML: a solve's initial guess, closed over by its custom-gradient function). The
+        tensors under each root become inputs of the custom function, as those of a class
+        defined in the step do; a tensor under a root that cannot be replaced runs the
+        specialization eagerly, warned. Empty: the class closes over no values of a call."""
+        return ()
 
     def forward_checks(self, always: bool) -> AbstractContextManager[DeferredChecks] | None:
         """Collects the checks the library's code defers while a custom forward is traced (all

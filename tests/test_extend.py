@@ -209,6 +209,91 @@ def test_a_librarys_hooks_run_around_the_passes_and_its_functions(
     assert _SCOPED_RUNS.gradient > scoped_before  # and the backward ran inside it
 
 
+def _made_per_call(scale: torch.Tensor) -> type:
+    """A library's class made anew for each call, its forward reading the call's settings two
+    objects below a closure cell of the native function it wraps (deeper than a class of the
+    user's may hold them: the library names the root)."""
+    settings = {"solve": _Settings(scale)}
+
+    def native(x: torch.Tensor) -> torch.Tensor:
+        return x * settings["solve"].scale
+
+    class PerCall(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return native(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad * settings["solve"].scale
+
+    return PerCall
+
+
+@dataclass
+class _Settings:
+    scale: torch.Tensor
+
+
+class _RootedLibrary(extend.Library):
+    """Gives the forward of ``PerCall`` classes and names where their values sit."""
+
+    name = "rooted"
+
+    def __init__(self, root: tuple[Any, ...] = ()) -> None:
+        self.root = root
+
+    def custom_forward(self, cls: type) -> Any:
+        return cls.forward if cls.__qualname__.endswith("PerCall") else None
+
+    def closure_roots(self, cls: type) -> tuple[extend.ClosureRoot, ...]:
+        if not cls.__qualname__.endswith("PerCall"):
+            return ()
+        code = cls.forward.__code__
+        native = cls.forward.__closure__[code.co_freevars.index("native")].cell_contents
+        inner = native.__code__.co_freevars.index("settings")
+        cell = code.co_freevars.index("native")
+        return (("forward", cell, self.root or (("closure", inner),)),)
+
+
+def _per_call_step(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return _made_per_call(scale).apply(x).cos()
+
+
+@pytest.mark.all_engines
+def test_a_librarys_class_made_per_call_takes_each_calls_tensors_where_the_library_says(
+    monkeypatch: pytest.MonkeyPatch, jit_engine: str
+) -> None:
+    """The tensors under the roots a library names (:meth:`Library.closure_roots`) are inputs of
+    its class's custom function: each call's scale, not the first call's, with one trace."""
+    monkeypatch.setattr(extend, "_LIBRARIES", [*extend.libraries()])
+    extend.register_library(_RootedLibrary())
+    step = ptj.jit(_per_call_step)
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    for n in range(4):
+        scale = torch.full((5,), 1.0 + n, dtype=torch.float64)
+        y = step(x, scale)
+        assert_close(y, (x * scale).cos())
+        (g,) = torch.autograd.grad(y.sum(), x)
+        assert_close(g, -(x * scale).sin() * scale)
+    assert step.num_traces == 1
+
+
+def test_a_closure_root_that_is_not_there_runs_the_step_eagerly_warned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A root the class does not have (the library changed): never the first call's values."""
+    monkeypatch.setattr(extend, "_LIBRARIES", [*extend.libraries()])
+    extend.register_library(_RootedLibrary(root=(("closure", 0), ("attr", "gone"))))
+    step = ptj.jit(_per_call_step)
+    x = torch.randn(5, dtype=torch.float64)
+    with pytest.warns(ptj.JitWarning, match="closure root"):
+        step(x, torch.full((5,), 2.0, dtype=torch.float64))
+    for n in range(3):
+        scale = torch.full((5,), 3.0 + n, dtype=torch.float64)
+        assert_close(step(x, scale), (x * scale).cos())
+
+
 def test_importing_and_jitting_pure_torch_imports_no_library() -> None:
     """The adapters register without importing their libraries: a pure-torch program never
     loads PhiML or PhiFlow."""

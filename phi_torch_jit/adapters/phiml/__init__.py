@@ -30,10 +30,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ...extend import Library, ValueType, register_library, register_values
+from ...extend import ClosureRoot, Library, ValueType, register_library, register_values
 from ._bridge import PhiMLBridge
 from ._checks import deferred_checks
-from ._functions import backward_scope, traceable_forward
+from ._functions import backward_scope, closure_roots, traceable_forward
 from ._values import assemble, disassemble, is_phiml
 
 __all__ = ["PHIML_VALUES", "PhiMLLibrary", "PHIML"]
@@ -94,6 +94,9 @@ class PhiMLLibrary(Library):
 
     def backward_scope(self, cls: type) -> AbstractContextManager[Any] | None:
         return backward_scope(cls)
+
+    def closure_roots(self, cls: type) -> tuple[ClosureRoot, ...]:
+        return closure_roots(cls)
 
     def forward_checks(self, always: bool) -> AbstractContextManager[Any] | None:
         return deferred_checks(always) if "phiml.math._optimize" in sys.modules else None

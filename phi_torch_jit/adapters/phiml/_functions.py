@@ -7,9 +7,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from ...extend import ClosureRoot
 from ._backend_patches import SPARSE_COO
 
-__all__ = ["is_custom_function", "backward_scope", "traceable_forward"]
+__all__ = ["is_custom_function", "backward_scope", "traceable_forward", "closure_roots"]
 
 
 _CUSTOM_FUNCTION = ("phiml.backend.torch._torch_backend", "construct_torch_custom_function.")
@@ -57,3 +58,30 @@ def traceable_forward(cls: type) -> Callable[..., Any] | None:
 
     forward.__module__ = cls.__module__  # PhiML's code: its CG loops may be captured
     return forward
+
+
+def closure_roots(cls: type) -> tuple[ClosureRoot, ...]:
+    """Where a PhiML custom-gradient Function class holds its call's auxiliary arguments: the
+    ``auxiliary_kwargs`` of the signature key its native forward (and backward) closes over.
+
+    PhiML passes a solve's ``Solve`` (with its initial guess ``x0``) and a function solve's
+    keyword arguments as auxiliary arguments, not as tensors of the call, and makes the class
+    anew for each call whose auxiliary arguments differ by value. Compiled as recorded, the
+    class would keep the first call's initial guess: a solve stopped after a few iterations
+    returned another result than eager's, and a NaN guess did not diverge. Their tensors
+    become inputs of the custom function instead. Other classes: none. A PhiML whose native
+    forward keeps no ``in_key``: the whole forward function is the root (walked whole)."""
+    if not is_custom_function(cls):
+        return ()
+    function: Any = cls.__dict__.get("forward")
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    if code is None or "f" not in code.co_freevars:
+        return ()
+    cell = code.co_freevars.index("f")
+    native = function.__closure__[cell].cell_contents
+    native_code = getattr(native, "__code__", None)
+    if native_code is None or "in_key" not in native_code.co_freevars:
+        return (("forward", cell, ()),)
+    key = ("closure", native_code.co_freevars.index("in_key"))
+    return (("forward", cell, (key, ("attr", "auxiliary_kwargs"))),)

@@ -1,0 +1,103 @@
+"""The values PhiML passes its custom-gradient functions beside their tensors: a solve's
+``Solve`` with its initial guess ``x0`` (``adapters.phiml._functions.closure_roots``).
+
+PhiML makes a new ``autograd.Function`` class for each call whose auxiliary arguments differ,
+closing over them; compiled as recorded, the class kept the first call's initial guess. A solve
+stopped after two iterations then returned the first call's answer for every guess (off by as
+much as the answer itself), and a NaN guess gave a finite field where eager raises
+``Diverged``. The guess is an input of the custom function now, on every engine, with one
+trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("phiml")
+pytest.importorskip("phi")
+
+from helpers import phiml_eager
+from phi.torch.flow import Solve, math, spatial  # PhiML on torch
+
+import phi_torch_jit as ptj
+
+pytestmark = [
+    pytest.mark.all_engines,
+    pytest.mark.torchscript_bodies,  # PhiML's eager CG scripts its loop (torch.jit.script)
+    pytest.mark.filterwarnings("ignore::UserWarning"),  # PhiML: sparse CSR beta notice
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+]
+
+
+@math.jit_compile_linear
+def _operator(x: Any) -> Any:
+    return math.laplace(x, padding=0) - 0.1 * x
+
+
+def _two_iterations(b: Any, x0: Any) -> Any:
+    """Two CG iterations from ``x0``: their result depends on the guess as much as on ``b``."""
+    solve = Solve("CG", 1e-12, 1e-12, max_iterations=2, x0=x0, suppress=[math.NotConverged])
+    return math.solve_linear(_operator, b, solve)
+
+
+def _converged(b: Any, x0: Any) -> Any:
+    return math.solve_linear(_operator, b, Solve("CG", 1e-5, 1e-5, x0=x0))
+
+
+def _field(seed: int, scale: float = 1.0) -> Any:
+    torch.manual_seed(seed)
+    return math.tensor(scale * torch.randn(10, 10, dtype=torch.float64), spatial("x,y"))
+
+
+def _largest(x: Any) -> float:
+    return float(math.max(abs(x)))
+
+
+def test_a_solve_starts_from_each_calls_initial_guess() -> None:
+    step = ptj.jit(_two_iterations)
+    b = _field(0)
+    for n in range(4):
+        x0 = _field(n + 1, scale=n + 1.0)
+        with phiml_eager():
+            want = _two_iterations(b, x0)
+        got = step(b, x0)
+        assert _largest(got - want) <= 1e-5 * _largest(want)  # float32 rounding
+    assert step.num_traces == 1
+
+
+def test_a_nan_initial_guess_diverges_as_eagerly() -> None:
+    step = ptj.jit(_converged)
+    b = _field(0)
+    for n in range(2):
+        x0 = _field(n + 1)
+        with phiml_eager():
+            want = _converged(b, x0)
+        assert _largest(step(b, x0) - want) <= 1e-4 * _largest(want)
+    nan = _field(3, scale=float("nan"))  # the same structure: served by the same program
+    with phiml_eager(), pytest.raises(math.Diverged):
+        _converged(b, nan)
+    for _ in range(3):  # compiled calls among them (the meter's eager samples: one in five)
+        with pytest.raises(math.Diverged):
+            step(b, nan)
+    assert step.num_traces == 1
+
+
+def test_the_gradient_through_a_solve_from_each_calls_guess_is_eagers() -> None:
+    step = ptj.jit(_two_iterations)
+
+    def gradient(solve: Any, n: int) -> torch.Tensor:
+        torch.manual_seed(0)
+        native = torch.randn(10, 10, dtype=torch.float64, requires_grad=True)
+        x = solve(math.tensor(native, spatial("x,y")), _field(n + 1, scale=n + 1.0))
+        (grad,) = torch.autograd.grad(math.l2_loss(x).native(), native)
+        return grad
+
+    for n in range(3):
+        with phiml_eager():
+            want = gradient(_two_iterations, n)
+        torch.testing.assert_close(gradient(step, n), want, rtol=1e-5, atol=1e-5 * want.abs().max())
+    assert step.num_traces == 1
