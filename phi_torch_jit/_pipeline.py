@@ -28,7 +28,7 @@ from ._explain import Reporter
 from ._guards import ModuleGuard, has_backward_hooks
 from ._meter import Meter
 from ._options import Options
-from ._reads import PythonGuard, collect_reads
+from ._reads import CachedCalls, PythonGuard, collect_reads
 from ._reads._code_walk import user_class
 from ._reads._hooks import held_by_hooks, hook_reads
 from ._reads._kinds import generator_of
@@ -99,7 +99,7 @@ def specialize(
     start = time.perf_counter()  # the record pass: an eager run (NOTE [never slower than eager])
     written_before = versions(tensors)
     as_called = _as_called(tensors)
-    with target.unread.watching(), target.overflow.watching():  # what the step reads of them
+    with target.unread.watching(), target.overflow.watching(), CachedCalls(before.reads) as cached:
         result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]),
                                    before.modules)  # fmt: skip
     written = written_inputs(tensors, written_before)
@@ -178,6 +178,7 @@ def specialize(
         guard = PythonGuard(target.unread.kept([*reads, *hooks_read], by_dict), used)
     if guard is not None and hooks_read:  # what a hook changed in the trace pass is its own
         guard = PythonGuard(held_by_hooks(guard.reads, hooks_read), used)
+    guard = cached.guarded(guard, used)  # the caches of cached functions: NOTE [cached calls]
     if traced is None:  # custom functions run eagerly inside the wrapper's forward
         traced, calls = Traced(CompiledModule(wrapper.forward), (), output_spec, 0.0), ()
     else:

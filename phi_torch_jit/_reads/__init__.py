@@ -55,6 +55,9 @@ program reads (a dict's order, ``2`` vs      types, float bits, order
 what a library object's methods that user    the plain values their bytecode   ``_library_methods``
 code calls read of it (``sched.get_last_lr   reads from ``self``, by value;
 ()``, ``len(subset)``)                       its objects, by identity
+the cache of a function of yours            ``cache_info()``: misses, size    ``_cached_calls``
+(``functools.lru_cache``): cleared, or      by value, hits not lower; each    (record phase)
+a result changed in place                   result returned, as read objects
 an attribute that changed between calls      watched in the retrace's record   ``_unread``
 (a counter: ``model.num_updates += 1``)      pass; not guarded if it is unread  (record phase)
 random draws, clocks, files, grad-mode       noted in the record pass: eager   ``_unguardable``
@@ -69,7 +72,8 @@ reach;
 ``_held`` what a jitted callable holds besides code (a partial's arguments, a method's
 ``self`` or ``cls``); ``_python`` turns those reads into ``Read`` records and checks them
 (``PythonGuard``); ``_kinds`` how each value is guarded (and which values draw anew);
-``_content`` how a container of plain values is compared; ``_library_methods`` what a
+``_content`` how a container of plain values is compared; ``_cached_calls`` the caches of
+cached functions and what they returned; ``_library_methods`` what a
 library's methods read of their own objects; ``_unread`` the attributes that changed
 and the retrace did not read; ``_overflow`` what the step reads past the walk's limits;
 ``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
@@ -81,6 +85,7 @@ paths] in docs/design.md).
 
 from __future__ import annotations
 
+from ._cached_calls import CachedCalls
 from ._python import Kind, PythonGuard, Read, Source, collect_reads
 
-__all__ = ["Kind", "PythonGuard", "Read", "Source", "collect_reads"]
+__all__ = ["CachedCalls", "Kind", "PythonGuard", "Read", "Source", "collect_reads"]

@@ -157,8 +157,9 @@ class Step:
     """``len()`` of the value instead (a list's or dict's length: an append is a change)."""
     call: bool = False
     """Call the attribute (``var.get()`` of a ``contextvars.ContextVar``)."""
-    argument: str | None = None
-    """With ``call``: the one argument to call it with (``var.get(UNSET)``)."""
+    argument: str | int | None = None
+    """With ``call``: the one argument to call it with (``var.get(UNSET)``, a cache's
+    ``hits.__ge__(3)``)."""
     listed: bool = False
     """``tuple()`` of the value instead: a set's members in its order (``list(S)[i]``)."""
     text: bool = False

@@ -1,0 +1,228 @@
+"""Stage 1 (reads), cached calls: what the caches of ``functools.lru_cache`` and
+``functools.cache`` functions that the step calls hold.
+
+The walk guards what a cached function reads (it follows the wrapper's ``__wrapped__``), but a
+cache hit returns what the function computed from that state when the entry was filled, maybe
+long before the trace. Two more things decide what a call of the wrapper returns: which
+entries its cache holds (``cache_clear()`` empties it, and the next call computes anew from
+the state now) and what the results it holds hold now (``table()[0] = 5.0`` changes the list
+the cache hands out). Both were baked silently (probe: a cleared cache kept the traced value).
+
+So each wrapper the walk reads (a global, a closure variable, a method of a class of yours, an
+attribute or an item) has its cache guarded as ``cache_info()`` tells it, read once per guard
+check: ``misses`` and ``currsize`` unchanged (an entry added, evicted or cleared), and ``hits``
+not below what they were when the guard was built (``cache_clear()`` resets them to zero too,
+so clearing and refilling by as many misses is seen unless as many hits followed). Hits are
+not compared for equality: every eager call of the step (a record pass, a call served
+eagerly) adds one, and compiled calls do not call the wrapper at all, so a step calling it on
+every call does not retrace. And the record pass runs with each wrapper found at a place that
+can be rebound (a global, a closure cell, a class's or an object's ``__dict__``, a dict's
+entry, a list's item) replaced there by an :class:`_Observer` that notes what it returns; each
+mutable result is guarded like a read object (a list of numbers by content, an object of
+yours by its attributes; tensors in it by identity, as constants of the program). See NOTE
+[cached calls] in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._code_walk import user_function
+from ._guard import PythonGuard
+from ._held import describe_callable
+from ._python import collect_reads
+from ._records import GONE, Kind, Read, Source, Step, immutable, probe
+
+__all__ = ["CachedCalls", "is_cache"]
+
+_CACHE_TYPE = type(functools.lru_cache(maxsize=None)(len))
+"""``functools._lru_cache_wrapper``: what ``lru_cache`` and ``cache`` return (C code)."""
+MAX_RESULTS = 64
+"""Distinct results guarded per cached function (what one record pass saw it return)."""
+_INFO = Step(True, "cache_info", call=True)
+_LOCK = threading.Lock()
+
+
+def is_cache(value: Any) -> bool:
+    """Whether ``value`` is a function wrapped by ``functools.lru_cache`` or ``cache``."""
+    return isinstance(value, _CACHE_TYPE)
+
+
+def _yours(value: Any) -> bool:
+    """Whether ``value`` is the cache of a function of yours (maybe under other decorators:
+    ``@lru_cache`` over ``@torch.no_grad()``): a library's cache is the library's state, which
+    its own calls change (its misses would retrace your step)."""
+    if not is_cache(value):
+        return False
+    for _ in range(4):
+        value = probe(value, "__wrapped__")
+        function = getattr(value, "__func__", value)
+        if isinstance(function, types.FunctionType) and user_function(function):
+            return True
+    return False
+
+
+class _Observer:
+    """Stands in for a cached function during one record pass: calls it, and notes what it
+    returns; everything else (``cache_info()``, ``__wrapped__``) is the wrapper's."""
+
+    def __init__(self, wrapper: Any, results: list[Any]) -> None:
+        self._wrapper = wrapper
+        self._results = results
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._wrapper(*args, **kwargs)
+        results = self._results
+        if len(results) < MAX_RESULTS and all(r is not result for r in results):
+            results.append(result)
+        return result
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        """A method: the wrapper bound to ``obj``, observed."""
+        if obj is None:
+            return self
+        return _Observer(self._wrapper.__get__(obj, owner), self._results)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapper, name)
+
+
+class CachedCalls:
+    """The record pass's watch on cached functions, and the guards of their caches.
+
+    ``with CachedCalls(reads):`` runs the record pass with the wrappers among ``reads`` (the
+    side-effect snapshot's, taken before it) observed where they can be rebound;
+    :meth:`guarded` then adds the guards, after the trace (which calls them again)."""
+
+    def __init__(self, reads: Iterable[Read]) -> None:
+        self._places: list[tuple[Source, Any, _Observer]] = []
+        """Where a wrapper was found, the wrapper, its observer."""
+        self._results: dict[int, list[Any]] = {}
+        """What each wrapper (by id) returned in the record pass."""
+        for read in reads:
+            wrapper = read.expected
+            if read.kind is Kind.IDENTITY and _yours(wrapper):
+                results = self._results.setdefault(id(wrapper), [])
+                self._places.append((read.source, wrapper, _Observer(wrapper, results)))
+        self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> CachedCalls:
+        with _LOCK:
+            for source, wrapper, observer in self._places:
+                place = _rebinding(source, wrapper)
+                if place is not None:
+                    place(observer)
+                    self._undo.append(functools.partial(_restore, source, place, observer, wrapper))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _LOCK:
+            for undo in reversed(self._undo):
+                undo()
+        self._undo = []
+
+    def guarded(self, guard: PythonGuard | None, used: set[int] | None) -> PythonGuard | None:
+        """``guard`` with the state of the caches it reads a wrapper of, and what the record
+        pass saw them return; ``used``: the tensors the program uses (``PythonGuard``'s)."""
+        if guard is None:
+            return None
+        wrappers = {id(r.expected): r for r in guard.reads
+                    if r.kind is Kind.IDENTITY and _yours(r.expected)}  # fmt: skip
+        added: list[Read] = []
+        for ident, read in wrappers.items():
+            added += _cache_state(read.expected, read.source)
+            added += _results_read(read.expected, self._results.get(ident, []))
+        return PythonGuard([*guard.reads, *added], used) if added else guard
+
+
+def _rebinding(source: Source, wrapper: Any) -> Callable[[Any], None] | None:
+    """What rebinds the place ``source`` reads (which holds ``wrapper`` now), or None where
+    it cannot be rebound without running code of the user's (a ``__setattr__``) or copying."""
+    try:
+        if source.get() is not wrapper:
+            return None
+        if not source.path:
+            return None if source.namespace is None and source.cell is None else source.set
+        last, owner = source.path[-1], source.above(-1).get()
+    except GONE:
+        return None
+    if last.call or last.length or last.listed or last.text:
+        return None
+    if isinstance(owner, types.MappingProxyType) and source.path[-2:-1] == (_DICT,):
+        owner = source.above(-2).get()  # K.__dict__["f"]: a method of a class
+    elif last.attribute and not isinstance(owner, type):
+        owner = probe(owner, "__dict__")  # an object's attribute, in its own dict
+    if isinstance(owner, type) and isinstance(last.key, str) and last.key in vars(owner):
+        return functools.partial(type.__setattr__, owner, last.key)
+    if type(owner) is dict and owner.get(last.key) is wrapper:
+        return functools.partial(owner.__setitem__, last.key)
+    if type(owner) is list and type(last.key) is int and owner[last.key] is wrapper:
+        return functools.partial(owner.__setitem__, last.key)  # OPS = [a, b]
+    return None
+
+
+_DICT = Step(True, "__dict__")
+
+
+def _restore(source: Source, place: Callable[[Any], None], observer: Any, wrapper: Any) -> None:
+    """Put ``wrapper`` back, unless the step rebound the place itself."""
+    try:
+        if source.get() is observer:
+            place(wrapper)
+    except GONE:
+        return
+
+
+def _cache_state(wrapper: Any, source: Source) -> list[Read]:
+    """Reads of ``wrapper.cache_info()`` (one call per guard check: the paths share it)."""
+    hits = wrapper.cache_info().hits
+    steps = {
+        "misses": (Step(True, "misses"),),
+        "currsize": (Step(True, "currsize"),),
+        f"hits >= {hits}": (Step(True, "hits"), Step(True, "__ge__", call=True, argument=hits)),
+    }
+    reads = []
+    for label, path in steps.items():
+        where = Source(f"{source.label}.cache_info().{label}", source.location, holder=wrapper,
+                       path=(_INFO, *path))  # fmt: skip
+        reads.append(Read(where, Kind.VALUE, where.get()))
+    return reads
+
+
+def _results_read(wrapper: Any, results: list[Any]) -> list[Read]:
+    """What the record pass saw ``wrapper`` return, guarded like read objects: tensors by
+    identity (constants of the program), modules by the module guard, immutable values by
+    the cache's state (the same entry holds the same value)."""
+    kept = [r for r in results if not (immutable(r) or isinstance(r, (torch.Tensor, nn.Module)))]
+    if not kept:
+        return []
+    name = getattr(wrapper, "__qualname__", type(wrapper).__name__)
+    where = describe_callable(getattr(wrapper, "__wrapped__", wrapper))
+    reads = collect_reads(None, (), kept, role=f"what {name}() returned")
+    unique: dict[tuple[Any, ...], Read] = {}
+    for read in reads:  # each result is a root twice (an argument, and an object held)
+        unique.setdefault(_place(read.source), read)
+    return [_as_held(r, where) for r in unique.values()]
+
+
+def _place(source: Source) -> tuple[Any, ...]:
+    return id(source.holder), id(source.namespace), source.name, id(source.cell), source.path
+
+
+def _as_held(read: Read, where: str) -> Read:
+    source = replace(read.source, location=where)
+    if read.kind is not Kind.TENSOR:
+        return replace(read, source=source)
+    try:  # no input of the program: it was traced as a constant
+        value = source.get()
+    except GONE:  # gone already: the guard fails, as for any read gone
+        value = None
+    return Read(source, Kind.IDENTITY, value)
