@@ -82,7 +82,8 @@ def test_a_matrix_with_one_long_row_is_multiplied_as_scattered_nonzeros() -> Non
     that row, every row held the whole grid (1024 entries at 32x32, 13 ms per block of four
     CG iterations); scattered into their rows, the nonzeros are all there is. Small matrices
     keep their padded rows (and the rounding of their sums)."""
-    from phi_torch_jit.adapters.phiml._cg import PADDED_ENTRIES, _product, product_form
+    from phi_torch_jit.adapters.phiml._cg import _product
+    from phi_torch_jit.adapters.phiml._forms import PADDED_ENTRIES, product_form
 
     laplacian = _laplacian(16).to_dense()  # 257 rows padded to 257: past PADDED_ENTRIES
     n = laplacian.shape[0]
@@ -405,16 +406,16 @@ def test_a_matrix_over_the_same_parts_is_put_in_product_form_once_until_written(
     """Building the padded rows took 1.06 ms of a 7.4 ms heat step, for the same matrix every
     step. Kept per matrix, they are built again after an in-place write to the matrix, for
     another matrix, and every time for values that require grad (never kept)."""
-    from phi_torch_jit.adapters.phiml import _cg as _phiml_cg
+    from phi_torch_jit.adapters.phiml import _forms as _phiml_forms
 
     built: list[int] = []
-    product_form = _phiml_cg.product_form
+    product_form = _phiml_forms.product_form
 
     def counted(matrix: torch.Tensor) -> tuple[torch.Tensor, ...]:
         built.append(1)
         return product_form(matrix)
 
-    monkeypatch.setattr(_phiml_cg, "product_form", counted)
+    monkeypatch.setattr(_phiml_forms, "product_form", counted)
     solvers = _uncompiled_solvers()
     matrix = _laplacian(6)
     _, args = _solves(6)[0]

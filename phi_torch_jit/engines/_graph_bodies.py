@@ -107,8 +107,13 @@ def _direct_reads_refused() -> Iterator[None]:
             _LOCAL.depth -= 1
 
 
-def capture_body(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> Any:
-    """``fn`` as a straight-line program of its ATen ops, or a string saying why it cannot be."""
+def capture_body(
+    fn: Callable[..., Any],
+    inputs: tuple[torch.Tensor, ...],
+    prepare: Callable[[torch.fx.GraphModule], Any] | None = None,
+) -> Any:
+    """``fn`` as a straight-line program of its ATen ops, or a string saying why it cannot be;
+    ``prepare`` changes the captured graph in place first (``_folded_reads``)."""
     import warnings
 
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -130,6 +135,8 @@ def capture_body(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> An
     dependent = data_dependent_shape(graph)
     if dependent:
         return f"the output shape of {dependent} depends on tensor values"
+    if prepare is not None:
+        prepare(graph)
     try:
         return straight_line(graph)
     except NotImplementedError as error:
@@ -143,7 +150,11 @@ class GraphBodies(Engine):
 
     name = "graph-bodies"
 
-    def __init__(self, lock: Any = None) -> None:
+    def __init__(
+        self, lock: Any = None, prepare: Callable[[torch.fx.GraphModule], Any] | None = None
+    ) -> None:
+        self.prepare = prepare
+        """Changes each captured graph in place before it is made straight-line, or None."""
         self.lock = lock if lock is not None else _OWN_LOCK
         """The engine's tracing lock: make_fx keeps process-wide state (torch 2.13's FX
         tracing flag), so no capture may overlap engine "auto"'s background compile. Taken
@@ -155,14 +166,14 @@ class GraphBodies(Engine):
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         if _LOCAL.depth:  # inside this thread's capture of the calling body: lock held
-            captured = capture_body(target.fn, target.example_inputs)
+            captured = capture_body(target.fn, target.example_inputs, self.prepare)
         elif target.expected is None and not self.lock.acquire(blocking=False):
             raise NotNow(f"{target.label}: the tracing lock is taken (a background compile)")
         else:
             if target.expected is not None:
                 self.lock.acquire()
             try:
-                captured = capture_body(target.fn, target.example_inputs)
+                captured = capture_body(target.fn, target.example_inputs, self.prepare)
             finally:
                 self.lock.release()
         if isinstance(captured, str):

@@ -29,7 +29,7 @@ import torch
 from .._compat import unaliased
 from ._op_contracts import NAMESPACE
 
-__all__ = ["register", "call", "collected", "keep", "OP_NAME"]
+__all__ = ["register", "call", "collected", "keep", "reads_of", "OP_NAME"]
 
 OP_NAME = "opaque_call"
 
@@ -70,6 +70,12 @@ def register(function: Callable[..., Sequence[torch.Tensor]], owner: Any, reads:
     if collecting is not None:
         collecting.append(key)
     return key
+
+
+def reads_of(key: int) -> int:
+    """How many leading arguments the callable under ``key`` only reads (0: released)."""
+    registered = _CALLABLES.get(key)
+    return registered[1] if registered is not None else 0
 
 
 _COLLECTING: ContextVar[list[int] | None] = ContextVar("phi_torch_jit_opaque", default=None)

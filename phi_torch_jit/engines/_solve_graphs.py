@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import NotNow
+from ._folded_reads import fold_read_arguments
 from ._graph_bodies import GraphBodies
 from ._opaque_calls import collected, keep
 from .base import CompiledFunction, FunctionTarget
@@ -93,7 +94,7 @@ def _graphed(
     target: FunctionTarget, body: Any, lock: Any, expected: tuple[torch.Tensor, ...]
 ) -> Any:
     """``body`` captured straight-line and checked against ``expected``, or None (logged)."""
-    bodies = GraphBodies(lock)
+    bodies = GraphBodies(lock, prepare=fold_read_arguments)  # a matrix's parts: once
     try:  # no expected outputs: GraphBodies neither waits nor checks; checked here
         graphed = bodies.compile_function(
             dataclasses.replace(target, fn=body, expected=None, reference=None)

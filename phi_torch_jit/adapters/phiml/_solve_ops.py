@@ -41,7 +41,9 @@ __all__ = ["solvers_as_ops", "solve_as_op", "NotAnOp"]
 class _Solvers(Protocol):
     """``_cg.Solvers`` as this module uses it."""
 
-    def solve(self, dispatch: Any, args: tuple[Any, ...]) -> Any: ...
+    def solve(
+        self, dispatch: Any, args: tuple[Any, ...], parts: tuple[torch.Tensor, ...] | None = None
+    ) -> Any: ...
 
 
 class NotAnOp(RuntimeError):
@@ -155,7 +157,8 @@ def solve_as_op(solvers: _Solvers, dispatch: Any, args: tuple[Any, ...]) -> Any:
             matrix = torch.sparse_csr_tensor(tensors[0], tensors[1], tensors[2], shape)
         token = _MATRICES.set(None)  # runs the solver (during the capture too: real tensors)
         try:
-            return held.solve(dispatch, (matrix, *tensors[count:]))
+            parts = tuple(tensors[:count]) if shape is not None else None  # read only
+            return held.solve(dispatch, (matrix, *tensors[count:]), parts)
         finally:
             _MATRICES.reset(token)
 
