@@ -6,7 +6,8 @@ closing over them; compiled as recorded, the class kept the first call's initial
 stopped after two iterations then returned the first call's answer for every guess (off by as
 much as the answer itself), and a NaN guess gave a finite field where eager raises
 ``Diverged``. The guess is an input of the custom function now, on every engine, with one
-trace."""
+trace. A sparse matrix argument made anew each call (its pattern compared by value in the key)
+is solved as eagerly too."""
 
 from __future__ import annotations
 
@@ -101,3 +102,20 @@ def test_the_gradient_through_a_solve_from_each_calls_guess_is_eagers() -> None:
             want = gradient(_two_iterations, n)
         torch.testing.assert_close(gradient(step, n), want, rtol=1e-5, atol=1e-5 * want.abs().max())
     assert step.num_traces == 1
+
+
+def test_a_sparse_matrix_made_anew_each_call_is_solved_as_eagerly() -> None:
+    """A matrix argument built every call with the same pattern: its key holds the pattern's
+    indices as PhiML tensors, compared by value (probe round 34: ``!=`` on them raised while
+    the second call's retrace was explained)."""
+
+    def solve(matrix: Any, b: Any) -> Any:
+        return math.solve_linear(matrix, b, Solve("CG", 1e-6, 1e-6, x0=0 * b))
+
+    step = ptj.jit(solve)
+    b = _field(0)
+    for n in range(4):
+        matrix = math.matrix_from_function(_operator, b)[0] * (1.0 + n)
+        with phiml_eager():
+            want = solve(matrix, b)
+        assert _largest(step(matrix, b) - want) <= 1e-5 * _largest(want)

@@ -86,10 +86,7 @@ class PhiKey:
         self.shapes = other.shapes  # equal: shared, the next comparison is one identity test
         if self.specs is other.specs and self.tree is other.tree:
             return True
-        try:
-            equal = bool(self.specs == other.specs) and bool(self.tree == other.tree)
-        except Exception:  # structures that cannot be compared are not equal
-            return False
+        equal = _same(self.specs, other.specs) and _same(self.tree, other.tree)
         if equal:  # share one structure: NOTE [PhiML bridge], equal keys adopt one structure
             self.specs, self.tree = other.specs, other.tree
         return equal
@@ -106,13 +103,32 @@ class PhiKey:
             ("layout", self.specs, other.specs),
             ("constants", self.constants, other.constants),
         ):
-            if old != new:
+            if not _same(old, new):
                 return f"PhiML {name}: {_short(old)} -> {_short(new)}"
         return f"PhiML structure: {_short(self.tree)} -> {_short(other.tree)}"
 
     def __repr__(self) -> str:
         shapes = ", ".join(_ANSI.sub("", str(shape)) for shape in self.shapes)
         return f"PhiML[{shapes}]"
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Whether two parts of keys are equal. PhiML tensors in them (the indices of a sparse
+    matrix, built anew with the same pattern every call) are compared by shape and value, as
+    PhiML compares its own keys: by ``==`` they answer a tensor, whose truth raised (probe
+    round 34: the second call's retrace message crashed). What cannot be compared is not
+    equal."""
+    try:
+        return bool(old == new)  # no tensor in them: the common case, on every call
+    except Exception:
+        pass
+    from phiml.math._tensors import equality_by_shape_and_value
+
+    try:
+        with equality_by_shape_and_value(equal_nan=True):
+            return bool(old == new)
+    except Exception:
+        return False
 
 
 def _frozen(value: Any) -> Any:
