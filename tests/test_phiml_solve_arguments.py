@@ -119,3 +119,26 @@ def test_a_sparse_matrix_made_anew_each_call_is_solved_as_eagerly() -> None:
         with phiml_eager():
             want = solve(matrix, b)
         assert _largest(step(matrix, b) - want) <= 1e-5 * _largest(want)
+
+
+def _weighted(x: Any, w: Any) -> Any:
+    return math.laplace(x, padding=0) - w * x
+
+
+def test_a_solve_with_a_linear_function_and_its_keyword_tensor_is_solved_as_eagerly() -> None:
+    """An undecorated linear function (no matrix): PhiML's torch CG refused it under our record
+    pass, which PhiML takes for its jit ("not yet supported for arbitrary functions"), where
+    eager code solves it (probe round 34). Its tensor keyword ``w`` is an auxiliary argument:
+    each call's."""
+
+    def solve(b: Any, w: Any) -> Any:
+        return math.solve_linear(_weighted, b, Solve("CG", 1e-6, 1e-6, x0=0 * b), w=w)
+
+    step = ptj.jit(solve)
+    b = _field(0)
+    for n in range(4):
+        w = _field(n + 1).__abs__() + (n + 1.0)
+        with phiml_eager():
+            want = solve(b, w)
+        assert _largest(step(b, w) - want) <= 1e-5 * _largest(want)
+    assert step.num_traces == 1

@@ -123,7 +123,7 @@ class PhiMLBridge:
         tracing.append(self)  # when_available asks PhiML's own jit stack
         try:
             with _AVAILABILITY.active(), CHECKS.active(), LOOPS.active(), VIEW.active():
-                with SPARSE_COO.active():
+                with SPARSE_COO.active(), _FUNCTION_SOLVES.active():
                     yield
         finally:
             stack.remove(self)
@@ -180,3 +180,44 @@ def phiml_jit_tracing() -> bool:
 
 _AVAILABILITY_PATCH = _Availability()
 _AVAILABILITY = RefCounted(_AVAILABILITY_PATCH.install, _AVAILABILITY_PATCH.remove)
+
+
+class _FunctionSolves:
+    """``TorchBackend.conjugate_gradient`` that solves with a linear *function* in our record
+    passes as eagerly, where PhiML's refuses under a jit.
+
+    PhiML's torch CG takes a function (a matrix-free ``solve_linear`` of an undecorated
+    function) only where its values are available, and asserts otherwise: "JIT-compiling
+    conjugate_gradient with PyTorch is not yet supported for arbitrary functions". A record pass
+    holds real values, but PhiML sees this bridge as a jit, so a step that eager code runs
+    raised (probe round 34). In a record pass, outside a TorchScript trace, it runs PhiML's
+    generic CG, as eager code does; its ``while_loop`` then makes the specialization run
+    eagerly, warned (``_backend_patches.LOOPS``). Traces and PhiML's own jit are refused as
+    before."""
+
+    def __init__(self) -> None:
+        self._original: Any = None
+
+    def install(self) -> None:
+        from phiml.backend._backend import Backend
+        from phiml.backend.torch import _torch_backend as backend
+
+        original = self._original = backend.TorchBackend.__dict__["conjugate_gradient"]
+
+        def conjugate_gradient(self_: Any, lin: Any, *args: Any) -> Any:
+            stack = backend.CURRENT_JIT_CALLS
+            recording = stack and isinstance(stack[-1], PhiMLBridge) and stack[-1].recording
+            if callable(lin) and recording and get_tracing_state() is None:
+                return Backend.conjugate_gradient(self_, lin, *args)
+            return original(self_, lin, *args)
+
+        backend.TorchBackend.conjugate_gradient = conjugate_gradient
+
+    def remove(self) -> None:
+        from phiml.backend.torch import _torch_backend as backend
+
+        backend.TorchBackend.conjugate_gradient = self._original
+
+
+_FUNCTION_SOLVES_PATCH = _FunctionSolves()
+_FUNCTION_SOLVES = RefCounted(_FUNCTION_SOLVES_PATCH.install, _FUNCTION_SOLVES_PATCH.remove)
