@@ -142,3 +142,36 @@ def test_a_solve_with_a_linear_function_and_its_keyword_tensor_is_solved_as_eage
             want = solve(b, w)
         assert _largest(step(b, w) - want) <= 1e-5 * _largest(want)
     assert step.num_traces == 1
+
+
+def _scaled(x: Any, k: Any) -> Any:
+    return x * k
+
+
+def _scaled_gradient(arguments: dict[str, Any], y: Any, dy: Any) -> dict[str, Any]:
+    return {"x": dy * arguments["k"]}
+
+
+_SCALE = math.custom_gradient(_scaled, _scaled_gradient, auxiliary_args="k")
+
+
+def test_a_custom_gradients_auxiliary_tensor_is_each_calls_after_eager_calls_with_its_value(
+) -> None:  # fmt: skip
+    """PhiML keeps a class per key, comparing auxiliary arguments by value: the jitted call made
+    after an eager one with equal values got the eager call's class, holding its tensor, and a
+    compiled backend kept that tensor's value from then on (probe round 34: a 0-dim scale
+    changed in place). Our passes make their own classes."""
+
+    def step(x: Any, k: torch.Tensor) -> Any:
+        return _SCALE(x, k)
+
+    jitted = ptj.jit(step)
+    x = math.tensor(torch.ones(3), spatial("x"))
+    k = torch.tensor(1.0)
+    for n in range(6):
+        k.fill_(1.0 + n)  # the same tensor, a new value
+        with phiml_eager():
+            want = step(x, k).native("x")
+        torch.testing.assert_close(jitted(x, k).native("x"), want)
+    # PhiML compares each call's key with the eager calls' keys by value, a tensor read the
+    # trace guards: a new value retraces (and, past a few, the step runs eagerly, warned)

@@ -98,6 +98,35 @@ def capturing() -> bool:
     return getattr(top, "is_phi_torch_jit_bridge", False) and not top.recording
 
 
+def _ours_on_top() -> bool:
+    """Whether our bridge is the jit on PhiML's stack (a record or a trace pass of ours)."""
+    backend = sys.modules.get(_BACKEND)
+    stack = backend.CURRENT_JIT_CALLS if backend is not None else ()
+    return bool(stack) and getattr(stack[-1], "is_phi_torch_jit_bridge", False)
+
+
+@contextmanager
+def _fresh_classes(function: Any) -> Iterator[None]:
+    """PhiML's custom-gradient ``function`` makes a new ``autograd.Function`` class for this
+    call, as it does for auxiliary arguments it has not seen.
+
+    PhiML keeps a class per key and compares the auxiliary arguments by value: a call equal to
+    an earlier one (eager code's, or an earlier pass's) got that call's class, holding that
+    call's tensors, which our passes then took for constants (probe round 34: a 0-dim tensor
+    argument changed in place was baked by a compiled backend from the third call on). A class
+    made in the pass holds the pass's own values, which become inputs of its custom function
+    (``_functions.closure_roots``). PhiML's cache is set aside for the call, not changed."""
+    kept = getattr(function, "traces", None)
+    if type(kept) is not dict:
+        yield
+        return
+    function.traces = {}
+    try:
+        yield
+    finally:
+        function.traces = kept
+
+
 class _View:
     """Installs the patched ``CustomGradientFunction.__call__`` and PhiML's view of torch."""
 
@@ -114,13 +143,16 @@ class _View:
         backend.torch = _TORCH  # answers as torch does, except under _LOCAL.traced
 
         def __call__(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            if _LOCAL.traced or not capturing():
+            if _LOCAL.traced or not _ours_on_top():
                 return original(self_, *args, **kwargs)
-            _LOCAL.traced = True
-            try:
-                return original(self_, *args, **kwargs)
-            finally:
-                _LOCAL.traced = False
+            with _fresh_classes(self_):
+                if not capturing():
+                    return original(self_, *args, **kwargs)
+                _LOCAL.traced = True
+                try:
+                    return original(self_, *args, **kwargs)
+                finally:
+                    _LOCAL.traced = False
 
         cls.__call__ = __call__
 
