@@ -101,7 +101,7 @@ def capturing() -> bool:
 def _ours_on_top() -> bool:
     """Whether our bridge is the jit on PhiML's stack (a record or a trace pass of ours)."""
     backend = sys.modules.get(_BACKEND)
-    stack = backend.CURRENT_JIT_CALLS if backend is not None else ()
+    stack: list[Any] = backend.CURRENT_JIT_CALLS if backend is not None else []
     return bool(stack) and getattr(stack[-1], "is_phi_torch_jit_bridge", False)
 
 
