@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -105,21 +106,17 @@ class Forms:
         objects at the same versions as a kept form's are that matrix, without comparing
         their bits."""
         if parts is not None:
-            with self._lock:
-                for i, entry in enumerate(self._entries):
-                    if entry.built_over(matrix, parts):
-                        self._entries.insert(0, self._entries.pop(i))
-                        return entry.form
+            found = self._first(lambda entry: entry.built_over(matrix, parts))
+            if found is not None:
+                return found.form
         described = _described(matrix)
         if described is None:
             return product_form(matrix)
         header, bits = described
-        with self._lock:
-            for i, entry in enumerate(self._entries):
-                if entry.matches(header, bits):
-                    self._entries.insert(0, self._entries.pop(i))
-                    entry.known_by(parts)
-                    return entry.form
+        found = self._first(lambda entry: entry.matches(header, bits))
+        if found is not None:
+            found.known_by(parts)
+            return found.form
         form = product_form(matrix)
         with self._lock:
             entry = _Form(header, tuple(b.clone() for b in bits), form)
@@ -127,6 +124,15 @@ class Forms:
             self._entries.insert(0, entry)
             del self._entries[self.KEPT :]
         return form
+
+    def _first(self, test: Callable[[_Form], bool]) -> _Form | None:
+        """The most recent kept form that passes ``test``, moved to the front; None."""
+        with self._lock:
+            for i, entry in enumerate(self._entries):
+                if test(entry):
+                    self._entries.insert(0, self._entries.pop(i))
+                    return entry
+        return None
 
 
 class _Form:
@@ -141,7 +147,6 @@ class _Form:
     ) -> None:
         self.header, self.bits, self.form = header, bits, form
         self.versions = tuple(version(t) for t in form)
-
         self.parts: tuple[weakref.ref[torch.Tensor], ...] = ()
         """The tensors a matrix equal to this one was last built over (weakly: the form does
         not keep them alive), and their versions and shapes then."""
@@ -151,17 +156,17 @@ class _Form:
         return (
             header == self.header
             and all(torch.equal(a, b) for a, b in zip(bits, self.bits))
-            and tuple(version(t) for t in self.form) == self.versions
+            and self._form_unwritten()
         )
+
+    def _form_unwritten(self) -> bool:
+        return tuple(version(t) for t in self.form) == self.versions
 
     def known_by(self, parts: tuple[torch.Tensor, ...] | None) -> None:
         """Remember ``parts`` (those of a matrix that matched) for :meth:`built_over`."""
         marks = _marks(parts) if parts is not None else None
-        if marks is None:
-            self.parts, self.marks = (), ()
-            return
-        assert parts is not None
-        self.parts, self.marks = tuple(weakref.ref(p) for p in parts), marks
+        known = () if parts is None or marks is None else tuple(weakref.ref(p) for p in parts)
+        self.parts, self.marks = known, marks or ()
 
     def built_over(self, matrix: torch.Tensor, parts: tuple[torch.Tensor, ...]) -> bool:
         """Whether ``matrix`` is built over the very tensors a matching one was, unwritten
@@ -173,7 +178,7 @@ class _Form:
         return (
             _marks(parts) == self.marks
             and (matrix.layout, tuple(matrix.shape)) == self.header[:2]
-            and tuple(version(t) for t in self.form) == self.versions
+            and self._form_unwritten()
         )
 
 
