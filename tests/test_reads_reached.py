@@ -316,6 +316,76 @@ def test_paths_five_levels_deep_and_a_hundred_objects_are_guarded() -> None:
     assert jitted.num_traces == 3
 
 
+PAIRS = [[[0.0, 1.0] for _ in range(64)] for _ in range(64)]  # 4096 rows of numbers
+PAIRS_DT = 0.1
+
+
+def _advance(x: torch.Tensor) -> torch.Tensor:
+    return x * PAIRS_DT
+
+
+def _helper_then_table(x: torch.Tensor) -> torch.Tensor:
+    return _advance(x) + PAIRS[0][0][1]
+
+
+def test_a_helper_read_beside_a_large_table_of_numbers_is_walked() -> None:
+    """Probe round 35: walked depth first, the 4096 rows of number pairs (read after the
+    helper) used up the objects the walk looks at, and the helper's ``PAIRS_DT`` was not
+    guarded: silently the first value, on every engine."""
+    global PAIRS_DT
+    jitted = ptj.jit(_helper_then_table)
+
+    def change() -> None:
+        global PAIRS_DT
+        PAIRS_DT = 0.5
+
+    try:
+        _like_eager(jitted, _helper_then_table, (torch.ones(3),), [change])
+    finally:
+        PAIRS_DT = 0.1
+    assert jitted.num_traces == 2 and "past the walk's limits" not in jitted.explain()
+
+
+SCALE_OF_FIRST = 2.0
+REGISTRY = [lambda x: x * SCALE_OF_FIRST] + [(lambda j: lambda x: x + j)(j) for j in range(399)]
+REGISTRY.append(lambda x: x * SCALE_OF_LAST)
+SCALE_OF_LAST = 3.0
+
+
+def _first_of_registry(x: torch.Tensor) -> torch.Tensor:
+    return REGISTRY[0](x)
+
+
+def _last_of_registry(x: torch.Tensor) -> torch.Tensor:
+    return REGISTRY[-1](x)
+
+
+def test_a_registrys_first_entries_are_walked_and_what_lies_past_the_limits_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A registry of 401 lambdas: the walk stops at 400 functions. Walked depth first, it
+    left out the first entries (``REGISTRY[0]`` read ``SCALE_OF_FIRST`` unguarded); now the
+    nearest come first, and what lies past the limits is named (logged, ``explain()``)
+    instead of silently unguarded."""
+    global SCALE_OF_FIRST
+    jitted = ptj.jit(_first_of_registry)
+
+    def change() -> None:
+        global SCALE_OF_FIRST
+        SCALE_OF_FIRST = 5.0
+
+    try:
+        _like_eager(jitted, _first_of_registry, (torch.ones(3),), [change])
+    finally:
+        SCALE_OF_FIRST = 2.0
+    assert jitted.num_traces == 2
+    last = ptj.jit(_last_of_registry)
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        last(torch.ones(3))
+    said = "calls past the walk's limits (it walks at most 400 functions and 4000 objects)"
+    assert said in last.explain() and said in caplog.text
+
+
 class Table(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -2,14 +2,12 @@
 
 A trace bakes every Python value the function reads: a closure ``dt``, a global config, which
 object a global name is. After the record pass, :func:`collect_reads` walks the *user* code the
-call can reach -- the function, the functions and classes its closures and globals name, the
-methods of the user-defined modules it called (not torch's, ours, the standard library's or an
-installed package's) -- and turns the globals and closure variables that code reads into
-:class:`Read` records: immutable values are guarded by value, small containers of them by
-content, other objects by identity, and tensors become *inputs* of the compiled program, so
-reassigning them and updating them in place are both seen. :class:`PythonGuard` checks them
-before every compiled call; a changed value retraces, naming the variable, where it is read
-and old -> new. The walk is static (bytecode), so the record pass pays nothing for it.
+call can reach (``_reachable``: not torch's, ours, the standard library's or an installed
+package's) and turns the globals and closure variables that code reads into :class:`Read`
+records: immutable values are guarded by value, small containers of them by content, other
+objects by identity, and tensors become *inputs* of the compiled program, so reassigning them
+and updating them in place are both seen. A changed value retraces, naming the variable, where
+it is read and old -> new. The walk is static (bytecode): the record pass pays nothing for it.
 
 What no compiled program can repeat is noted while the record pass runs by
 :mod:`._unguardable`. See NOTE [Python reads] in docs/design.md.
@@ -65,7 +63,7 @@ from ._kinds import MAX_ARRAY, big_array, kind_of
 from ._library_methods import library_objects_read
 from ._library_state import answer_of, library_held, library_sources, settings_of_held
 from ._overflow import Overflow, overflowed
-from ._reachable import user_functions
+from ._reachable import reach
 from ._records import (
     GONE,
     LENGTH,
@@ -166,7 +164,7 @@ def collect_reads(
         _add(reads, key, source)
     shadowing: dict[int, Shadowing] = {}
     reached = _add_module_reads(reads, module_reads or {}, shadowing)
-    walked = list(user_functions([*roots, *modules, *reached]))
+    walked = (reached_code := reach([*roots, *modules, *reached])).functions
     libraries: list[types.ModuleType] = []
     for function in walked:
         code = function.__code__
@@ -206,6 +204,8 @@ def collect_reads(
                 _add_chains(reads, id(cell), source, chains.get((True, name), set()))
                 for path, below in library_sources(source, code, name, cell=True):
                     _add(reads, (id(cell), path), below)
+    if reached_code.left and walked and (key := (id(walked[0]), "__code__")) in reads:
+        reads[key] = replace(reads[key], unguarded=reached_code.said())  # explain(), logged
     for ident, holder in shadowing.items():
         _add(reads, (ident, "shadowing"), holder.source())
     _add_imported(reads, imported or {})

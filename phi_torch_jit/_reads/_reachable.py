@@ -13,6 +13,7 @@ import gc
 import itertools
 import types
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +30,8 @@ from ._records import PRIMITIVES, probe
 
 __all__ = [
     "user_functions",
+    "reach",
+    "Reach",
     "methods_set_on_tensors",
     "holds_users_code",
     "callbacks_held",
@@ -36,6 +39,8 @@ __all__ = [
     "wrapper_cells",
     "CONTAINERS",
     "MAX_ITEMS",
+    "MAX_FUNCTIONS",
+    "MAX_VISITS",
 ]
 
 _OPAQUE = frozenset(("functools", "operator", "numpy"))
@@ -47,14 +52,42 @@ MAX_FUNCTIONS = 400
 """The walk over user code stops after this many functions."""
 
 
+@dataclass(frozen=True)
+class Reach:
+    """What the walk over user code found (:func:`reach`)."""
+
+    functions: list[types.FunctionType]
+    """The user functions, nearest first."""
+    left: int
+    """Objects that may hold code it did not look at, having met its limits (:data:`MAX_FUNCTIONS` functions,
+    :data:`MAX_VISITS` objects): 0 where it walked everything it reached."""
+
+    def said(self) -> str:
+        """What is not guarded, for ``explain()`` and the trace's log."""
+        return (
+            f"calls past the walk's limits (it walks at most {MAX_FUNCTIONS} functions and "
+            f"{MAX_VISITS} objects)"
+        )
+
+
 def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
     """User functions reachable from ``roots`` through closures, globals read, classes and
-    bound methods (a static walk; at most ``MAX_FUNCTIONS``)."""
-    pending = list(roots)
+    bound methods (a static walk; at most ``MAX_FUNCTIONS``), nearest first."""
+    return iter(reach(roots).functions)
+
+
+def reach(roots: list[Any]) -> Reach:
+    """The walk of :func:`user_functions`, breadth first: what the step names itself (a
+    helper, a registry's first entries) comes before what lies deeper in its data, so the
+    limits leave out the far end. Walked depth first, a nested table read after a helper
+    (64x64 lists of number pairs) used up the objects the walk looks at before the helper was
+    reached, and a registry of 400 lambdas its first entries, both silently (probe round 35);
+    where the limits are met, :attr:`Reach.left` says so."""
+    pending = collections.deque(roots)
     seen: set[int] = set()
-    found = 0
-    while pending and found < MAX_FUNCTIONS and len(seen) < _MAX_VISITS:
-        obj = pending.pop()
+    found: list[types.FunctionType] = []
+    while pending and len(found) < MAX_FUNCTIONS and len(seen) < MAX_VISITS:
+        obj = pending.popleft()
         if id(obj) in seen:
             continue
         seen.add(id(obj))
@@ -67,8 +100,7 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
         if not user_function(obj):
             pending.extend(_wrapped_by(obj))  # @torch.no_grad() on a function of yours
             continue
-        found += 1
-        yield obj
+        found.append(obj)
         pending.extend(obj.__defaults__ or ())  # def f(x, op=lambda t: t * K): its code
         pending.extend((obj.__kwdefaults__ or {}).values())
         for cell in obj.__closure__ or ():
@@ -81,6 +113,7 @@ def user_functions(roots: list[Any]) -> Iterator[types.FunctionType]:
         pending.extend(obj.__globals__[n] for n in names_looked_up(obj) if n in obj.__globals__)
         pending.extend(_through_modules(obj))
         pending.extend(methods_set_on_tensors(obj.__code__).values())
+    return Reach(found, len({id(p) for p in pending if _may_hold_code(p)} - seen))
 
 
 def methods_set_on_tensors(code: types.CodeType) -> dict[str, types.FunctionType]:
@@ -210,7 +243,7 @@ CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
 """Containers (and their subclasses: an OrderedDict, a namedtuple) whose items the walk looks
 into for code."""
 MAX_ITEMS = 1024
-"""Items of one container the walk looks at (at most :data:`_MAX_VISITS` objects in all): the
+"""Items of one container the walk looks at (at most :data:`MAX_VISITS` objects in all): the
 code of a registry's later entries is not walked, as docs/guarded.md says."""
 
 
@@ -221,10 +254,20 @@ def _held_items(container: Any) -> list[Any]:
     held = list(itertools.islice(iter(items), MAX_ITEMS))
     if isinstance(container, collections.defaultdict) and container.default_factory is not None:
         held.insert(0, container.default_factory)  # its factory (a lambda reading state)
-    return [item for item in held if _may_hold_code(item)]
+    return [item for item in held if _may_hold_code(item) and not _plain(item)]
 
 
-_MAX_VISITS = 4000
+def _plain(item: Any) -> bool:
+    """A list or tuple of plain values only (a row of a table of numbers): no code in it, and
+    not worth one of the walk's visits (a 64x64 table of number pairs used them all up)."""
+    return (
+        type(item) in (list, tuple)
+        and len(item) <= MAX_ITEMS
+        and all(type(i) in PRIMITIVES for i in item)
+    )
+
+
+MAX_VISITS = 4000
 """Objects the walk for code looks at, at most (nested registries are walked too)."""
 
 
