@@ -31,7 +31,7 @@ from torch.utils.hooks import RemovableHandle
 from ._compat import MODULE_HOOK_DICTS, global_module_hooks
 from ._phases import MODULE_HOOK
 from ._reads._code_walk import user_class
-from ._reads._records import immutable
+from ._reads._records import canonical, immutable
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 
@@ -250,6 +250,22 @@ class ModuleGuard:
         except KeyError:  # an attribute deleted
             return []
 
+    def _same_attributes(self, now: list[Any]) -> bool:
+        """Whether the plain attributes are the objects traced, or values of the same types
+        and bits (``canonical``). ``==`` called ``2`` and ``2.0``, ``-0.0`` and ``0.0``,
+        ``True`` and ``1``, two orders of a frozenset equal, and raised on a tensor or array
+        set in place of a number (probe round 35). Equal values in new objects
+        (``m.p = 0.5`` again) are compared once, then by identity."""
+        expected = self._attribute_values
+        if len(now) != len(expected):
+            return False
+        if all(map(_identical, now, expected)):
+            return True
+        if not all(map(_strictly_same, now, expected)):
+            return False
+        self._attribute_values = now
+        return True
+
     def _hook_keys(self) -> tuple[Any, ...]:
         ours = MODULE_HOOK.handle_id
         return tuple(tuple(k for k in d if k != ours) for d in self._hook_dicts)
@@ -278,7 +294,7 @@ class ModuleGuard:
             return False
         if self._parents and self._child_dict_identities() != self._child_dict_ids:
             return False
-        if self._attribute_snapshot() != self._attribute_values:
+        if not self._same_attributes(self._attribute_snapshot()):
             return False
         if self._sizes_of_instance_dicts() != self._instance_sizes:
             return False
@@ -365,4 +381,21 @@ _GONE = object()
 
 
 def _changed(old: Any, value: Any) -> bool:
-    return bool(value != old) or type(value) is not type(old)
+    return not _strictly_same(value, old)
+
+
+def _identical(now: Any, was: Any) -> bool:
+    """The same object, or (the attributes of one module, read together) the same objects."""
+    if now is was:
+        return True
+    return type(now) is tuple and type(was) is tuple and all(map(operator.is_, now, was))
+
+
+def _strictly_same(now: Any, was: Any) -> bool:
+    """Same types and the same bits, nested ones included (``canonical``)."""
+    if now is was:
+        return True
+    try:
+        return type(now) is type(was) and canonical(now)[1] == canonical(was)[1]
+    except Exception:  # a value that cannot be written or compared: a change
+        return False

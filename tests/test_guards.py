@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
+import phi_torch_jit as ptj
 from phi_torch_jit._guards import ModuleGuard, has_backward_hooks
 from phi_torch_jit._phases import MODULE_HOOK
 
@@ -287,3 +289,57 @@ def test_renamed_children_keys_and_buffers_retrace_and_match_eager() -> None:
                 for _ in range(2):
                     torch.testing.assert_close(jitted(x), module(x))
         assert jitted.num_traces == 2, jitted.explain()
+
+
+class _Filled(nn.Module):
+    def __init__(self, fill: object) -> None:
+        super().__init__()
+        self.fill = fill
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.full((4,), self.fill)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("traced", "later"),
+    [(2, 2.0), (0.0, -0.0), (True, 1), ((1, 2), (1.0, 2)), (frozenset({1, 9}), frozenset({9, 1}))],
+    ids=["int-float", "zero-sign", "bool-int", "tuple-types", "frozenset-order"],
+)
+def test_an_attribute_changed_to_an_equal_value_of_another_type_or_sign_is_a_change(
+    traced: object, later: object
+) -> None:
+    """Probe round 35: the module guard compared plain attributes with ``==``, so ``2`` ->
+    ``2.0`` kept an int64 program where eager code computes in float32, ``0.0`` -> ``-0.0``
+    the wrong signs. An equal value in a new object holds, and is then compared by identity."""
+    module = _Filled(traced)
+    guard = ModuleGuard([module])
+    module.fill = type(traced)(traced) if not isinstance(traced, bool) else traced  # equal, new
+    assert guard.holds()
+    module.fill = later
+    assert not guard.holds() and "attribute _Filled.fill" in guard.describe_change()
+
+
+class _Scaled(nn.Module):
+    def __init__(self, scale: object) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale  # type: ignore[operator]
+
+
+def test_a_number_attribute_replaced_by_a_tensor_retraces_not_crashes() -> None:
+    """``m.scale = torch.ones(4)`` in place of a number raised "Boolean value of Tensor ... is
+    ambiguous" in the guard; a 0-dim tensor compared equal and its gradient was lost."""
+    module = _Scaled(5.0)
+    step = ptj.jit(lambda x: module(x))
+    x = torch.arange(4.0)
+    for _ in range(2):
+        torch.testing.assert_close(step(x), x * 5.0)
+    module.scale = torch.full((4,), 3.0)
+    torch.testing.assert_close(step(x), x * 3.0)
+    scale = torch.tensor(5.0, requires_grad=True)
+    module.scale = scale
+    step(x).sum().backward()
+    assert scale.grad is not None and float(scale.grad) == float(x.sum())
+    assert step.num_traces == 3

@@ -347,7 +347,13 @@ def test_a_helper_read_beside_a_large_table_of_numbers_is_walked() -> None:
 
 
 SCALE_OF_FIRST = 2.0
-REGISTRY = [lambda x: x * SCALE_OF_FIRST] + [(lambda j: lambda x: x + j)(j) for j in range(399)]
+
+
+def _adding(j: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: x + j
+
+
+REGISTRY = [lambda x: x * SCALE_OF_FIRST] + [_adding(j) for j in range(398)]
 REGISTRY.append(lambda x: x * SCALE_OF_LAST)
 SCALE_OF_LAST = 3.0
 

@@ -59,8 +59,8 @@ class Reach:
     functions: list[types.FunctionType]
     """The user functions, nearest first."""
     left: int
-    """Objects that may hold code it did not look at, having met its limits (:data:`MAX_FUNCTIONS` functions,
-    :data:`MAX_VISITS` objects): 0 where it walked everything it reached."""
+    """Objects that may hold code it did not look at, having met its limits
+    (:data:`MAX_FUNCTIONS` functions, :data:`MAX_VISITS` objects): 0 where it walked all."""
 
     def said(self) -> str:
         """What is not guarded, for ``explain()`` and the trace's log."""
