@@ -68,8 +68,8 @@ Python reading ``requires_grad``             the module guard checks it
 Modules: ``_records`` the records (``Source``, ``Step``, ``Kind``, ``Read``: where a read value
 lives and how it is guarded; plain data, a leaf); ``_code_walk`` the static walk over user code
 (names and attribute chains each code object reads); ``_reachable`` the functions a call can
-reach;
-``_held`` what a jitted callable holds besides code (a partial's arguments, a method's
+reach; ``_module_attributes`` what the modules a call ran hold that the module guard does not
+compare; ``_held`` what a jitted callable holds besides code (a partial's arguments, a method's
 ``self`` or ``cls``); ``_python`` turns those reads into ``Read`` records and checks them
 (``PythonGuard``); ``_kinds`` how each value is guarded (and which values draw anew);
 ``_content`` how a container of plain values is compared; ``_cached_calls`` the caches of

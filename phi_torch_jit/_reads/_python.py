@@ -36,7 +36,6 @@ from ._code_walk import (
     iterates_globals,
     modules_imported,
     names_environment,
-    names_in_user_code,
     names_looked_up,
     names_read,
     user_class,
@@ -62,6 +61,7 @@ from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
 from ._library_methods import library_objects_read
 from ._library_state import answer_of, library_held, library_sources, settings_of_held
+from ._module_attributes import module_sources
 from ._overflow import Overflow, overflowed
 from ._reachable import reach
 from ._records import (
@@ -303,14 +303,6 @@ _ARGV = frozenset(("argv", "parse_args", "parse_known_args", "parse_intermixed_a
 """Names through which code reads the command line: ``sys.argv``, ``argparse``'s parsing."""
 
 
-_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, type)
-"""What a module attribute holds that is code, not data (a class: its data is walked where
-code names it)."""
-
-_MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"training"}
-"""What ``nn.Module.__init__`` sets (parameters, buffers, hooks): the module guard's."""
-
-
 def _bound_anew(value: Any) -> bool:
     """A bound method of a Python function, not of a tensor: ``s.go`` is a new object at each
     read, equal to the last while its object and function are the same (both walked)."""
@@ -321,32 +313,11 @@ def _add_modules(reads: dict[Any, Read], modules: Sequence[nn.Module]) -> None:
     """The plain attributes of ``modules``, and their classes of yours: their methods
     (``Net.forward = other``) and data (``type(self).K``, which a forward may change)."""
     for module in modules:
-        _add_attributes(reads, module)
+        for key, source in module_sources(module):
+            _add(reads, key, source)
     for klass in {id(type(m)): type(m) for m in modules if user_class(type(m))}.values():
         label = f"class {klass.__qualname__}"
         _add(reads, ("class", id(klass)), Source(label, klass.__module__, holder=klass))
-
-
-def _add_attributes(reads: dict[Any, Read], module: nn.Module) -> None:
-    """Plain attributes of a module that the module guard does not cover: tensors that are
-    not buffers (``self.mask = torch.ones(3)``) become inputs; lists, dicts and arrays are
-    guarded by content, other objects by identity (immutable values: see ``_guards``)."""
-    namespace = module.__dict__
-    where = f"{type(module).__qualname__} attributes"
-    for name, value in list(namespace.items()):
-        if name in _MODULE_MACHINERY or name.startswith("__") or immutable(value):
-            continue
-        if name.startswith("_") and name not in names_in_user_code(type(module)):
-            continue  # private state only your code names: a library base's is its own
-        if isinstance(value, nn.Module) and name not in namespace.get("_modules", {}):
-            pass  # held apart from _modules (a parent, set with object.__setattr__): known,
-            # by identity, so the module guard checks it as it checks submodules
-        elif isinstance(value, (nn.Module, *_CODE)):
-            continue  # submodules: the module guard; functions: not data (a bound method's
-            # object is: ``self.fn = schedule.weight`` reads ``schedule``; so is a callable
-            # object's: ``self.counter = Counter()``, its ``__call__`` changing ``self.k``)
-        label = f"attribute {type(module).__name__}.{name}"
-        _add(reads, (id(namespace), name), Source(label, where, namespace, name))
 
 
 def _add(

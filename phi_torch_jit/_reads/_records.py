@@ -389,11 +389,13 @@ def enum_attributes(member: enum.Enum) -> list[str]:
 
 def immutable(value: Any) -> bool:
     """Whether a value can be guarded by value: numbers, strings, None, enums, dtypes,
-    devices, and tuples or frozensets of these."""
-    if isinstance(value, PRIMITIVES):
-        return True
+    devices, and tuples or frozensets of these. Not an instance of a subclass of these that
+    holds attributes (``class Knob(float)`` with ``knob.offset``: its attributes are state,
+    probe round 35), nor an ``IntEnum`` member that does."""
     if isinstance(value, enum.Enum):  # a member is one object, but its value may hold a list,
         return immutable(value.value) and not enum_attributes(value)  # and it may hold state
+    if isinstance(value, PRIMITIVES):
+        return type(value) in PRIMITIVES or not getattr(value, "__dict__", None)
     if type(value) in (tuple, frozenset):
         return all(immutable(v) for v in value)
     return False
