@@ -226,3 +226,44 @@ def test_attributes_read_where_the_watch_cannot_see_stay_guarded() -> None:
                 torch.testing.assert_close(jitted[2](_X), bypassed(_X))
     finally:
         _BACKWARD.k, _HP.k, _CFG.k = 0.5, 1.0, 0.5
+
+
+_GET = object.__getattribute__  # held under a name of the user's
+
+
+class _Slot:
+    __slots__ = ("k",)
+
+    def __init__(self) -> None:
+        self.k = 0.5
+
+
+_SLOT = _Slot()
+
+
+@pytest.mark.parametrize("case", ["getattr_static", "slot descriptor", "held bypass"])
+def test_reads_past_the_class_under_other_names_keep_the_attribute_guarded(case: str) -> None:
+    """Probe round 35: ``inspect.getattr_static``, a slot descriptor's ``__get__`` and
+    ``object.__getattribute__`` held under another name read past the watch; after one change
+    the retrace counted the attribute as unread and dropped its guard: stale from then on."""
+    import inspect
+
+    def static(x: torch.Tensor) -> torch.Tensor:
+        return x * inspect.getattr_static(_CFG, "k")
+
+    def descriptor(x: torch.Tensor) -> torch.Tensor:
+        return x * _Slot.__dict__["k"].__get__(_SLOT, _Slot)
+
+    def held(x: torch.Tensor) -> torch.Tensor:
+        return x * _GET(_CFG, "k")
+
+    step = {"getattr_static": static, "slot descriptor": descriptor, "held bypass": held}[case]
+    holder = _SLOT if case == "slot descriptor" else _CFG
+    jitted = ptj.jit(step)
+    try:
+        for value in (0.5, 3.0, 10.0, 0.5):
+            holder.k = value
+            for _ in range(2):
+                torch.testing.assert_close(jitted(_X), _X * value)
+    finally:
+        _CFG.k = _SLOT.k = 0.5

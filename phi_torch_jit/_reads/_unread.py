@@ -16,7 +16,9 @@ other guards still decide the path, and a retrace for another reason watches it 
 read of ``__dict__``, ``__getstate__`` or ``__reduce_ex__`` on the object (``vars(cfg)``,
 ``copy``, ``pickle``) counts as reading every attribute. Everything that reads an attribute
 goes through ``__getattribute__`` (``getattr``, ``operator.attrgetter``, ``str.format``,
-``match``, a library's C code) except ``object.__getattribute__(obj, name)`` spelled out.
+``match``, a library's C code) except ``object.__getattribute__(obj, name)``,
+``inspect.getattr_static`` and a descriptor's ``__get__``: where the step's code spells or
+holds those, every attribute stays guarded.
 See NOTE [counters no code reads] in docs/design.md.
 """
 
@@ -101,8 +103,8 @@ class Unread:
     def discard(self, reads: Iterable[Read], custom_calls: bool) -> None:
         """Keep every guard of this specialization (forget :attr:`unread`) where code that
         runs outside the record pass may read attributes (a custom function's backward, at
-        the first backward: ``custom_calls``), or where the step's code spells
-        ``__getattribute__`` (``object.__getattribute__(cfg, "k")`` reads past the watch)."""
+        the first backward: ``custom_calls``), or where the step's code reads past the watch
+        (:data:`_BYPASS_NAMES`, :data:`_BYPASSES`)."""
         if not self.unread:
             return
         if custom_calls or _backwards_of_yours() or any(_spells_bypass(r.expected) for r in reads):
@@ -174,9 +176,20 @@ def _backwards_of_yours() -> bool:
     return any(code is not None and is_user_file(code.co_filename) for code in codes_of)
 
 
+_BYPASS_NAMES = frozenset(("__getattribute__", "getattr_static", "__get__"))
+"""Names through which code reads an attribute past its class's ``__getattribute__``:
+``object.__getattribute__(cfg, "k")``, ``inspect.getattr_static(self, "k")``, a slot's
+descriptor ``B.__dict__["k"].__get__(self, B)`` (probe round 35: all three dropped the
+attribute's guard as unread)."""
+_BYPASSES = (object.__getattribute__, inspect.getattr_static)
+"""The same, held under a name of the user's (``OGET = object.__getattribute__``)."""
+
+
 def _spells_bypass(value: Any) -> bool:
+    if any(value is bypass for bypass in _BYPASSES):
+        return True
     return isinstance(value, types.CodeType) and any(
-        "__getattribute__" in inner.co_names for inner in codes(value)
+        not _BYPASS_NAMES.isdisjoint(inner.co_names) for inner in codes(value)
     )
 
 
