@@ -106,6 +106,7 @@ def specialize(
     output_spec, outputs = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
     check_modules(recording, target.owner)
+    recording.eager_reasons.extend(cached.unrepeatable())  # NOTE [cached calls]
     watched = target.options.side_effects == "eager"
     changed = before.changes() if watched else []
     if not target.changing.settled(key, bool(changed)):  # NOTE [side effects of the step]

@@ -269,3 +269,19 @@ def test_the_observer_is_gone_after_the_record_pass() -> None:
     assert is_cache(table) and not is_cache(seen.value)
     assert seen.value.cache_info() == table.cache_info()
     assert seen.value.__wrapped__ is table.__wrapped__
+
+
+@functools.cache
+def schedule() -> Any:
+    return iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+
+
+def test_an_iterator_a_cached_function_returns_runs_the_step_eagerly_warned() -> None:
+    """The step takes the next item of the iterator a cached function returned: probe round
+    35 found the compiled calls repeating the traced item (1, 2, 2, 2, ...). It runs eagerly,
+    warned, as a step reading any iterator does, and takes each item once."""
+    schedule.cache_clear()
+    jitted = ptj.jit(lambda x: x * next(schedule()))
+    with pytest.warns(ptj.JitWarning, match=r"schedule\(\) returned a list_iterator object"):
+        taken = [float(jitted(torch.ones(1))) for _ in range(6)]
+    assert taken == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]

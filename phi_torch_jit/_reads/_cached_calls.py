@@ -38,6 +38,7 @@ from torch import nn
 from ._code_walk import user_function
 from ._guard import PythonGuard
 from ._held import describe_callable
+from ._kinds import kind_of
 from ._python import collect_reads
 from ._records import GONE, Kind, Read, Source, Step, immutable, probe
 
@@ -128,6 +129,23 @@ class CachedCalls:
             for undo in reversed(self._undo):
                 undo()
         self._undo = []
+
+    def unrepeatable(self) -> list[str]:
+        """Why the step runs eagerly for what the cached functions returned in the record
+        pass: an iterator or a random generator (the step takes its next items, which a
+        compiled program would not take: probe round 35 found the first item repeated)."""
+        reasons = []
+        for _, wrapper, _ in self._places:
+            for result in self._results.get(id(wrapper), []):
+                if kind_of(result) in (Kind.ITERATOR, Kind.DRAWS):
+                    name = getattr(wrapper, "__qualname__", type(wrapper).__name__)
+                    reasons.append(
+                        f"{name}() returned a {type(result).__name__} object, whose next items "
+                        "a compiled program would not take; pass the item in as an argument "
+                        "to have it compiled"
+                    )
+                    break
+        return list(dict.fromkeys(reasons))
 
     def guarded(self, guard: PythonGuard | None, used: set[int] | None) -> PythonGuard | None:
         """``guard`` with the state of the caches it reads a wrapper of, and what the record
