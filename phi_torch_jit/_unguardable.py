@@ -21,14 +21,9 @@ A specialization that did any of these runs eagerly, with one JitWarning naming 
 
 from __future__ import annotations
 
-import builtins
 import functools
-import io
-import os
-import pathlib
 import random
 import sys
-import time
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,11 +33,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._compat import grad_mode_setter
 from ._context import Phase, current_frame
 from ._param_writes import REQUIRES_GRAD, before_writes, freezes, note_made, note_used
 from ._patches import RefCounted
 from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
+from ._watched_calls import watched_calls
 
 __all__ = ["Unguardable", "UNGUARDABLE", "RecordMode", "note_unguardable", "generators_watched"]
 
@@ -238,6 +233,24 @@ def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[...,
     return wrapper
 
 
+_WRAPPERS: dict[tuple[int, str, str], tuple[Any, Callable[..., Any]]] = {}
+"""The wrapper of each watched function, made once per process and kept: dynamo records the
+ids of NumPy's functions when it first meets one (``trace_rules.is_numpy``), and where that was
+inside a record pass (``torch.cond`` in the step), it recorded our wrappers of
+``numpy.random``'s; freed after the pass, their ids went to the user's lambdas, which dynamo
+then took for NumPy functions it cannot trace (an eager ``torch.cond`` raised
+UncapturedHigherOrderOpError in the suite, now and then)."""
+
+
+def _noted_once(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_noted`, the same wrapper object for the same function every time."""
+    key = (id(original), kind, label)
+    kept = _WRAPPERS.get(key)
+    if kept is None or kept[0] is not original:
+        kept = _WRAPPERS[key] = (original, _noted(kind, label, original))
+    return kept[1]
+
+
 def note_unguardable(kind: str, label: str) -> None:
     """Note a call that no compiled program repeats, at the nearest user frame (record pass)."""
     _note(kind, f"{label} at {_where(sys._getframe(1))}")
@@ -250,52 +263,6 @@ def _note(kind: str, where: str) -> None:
         seen: list[str] = getattr(frame.recording.unguardable, kind)
         if where not in seen:
             seen.append(where)
-
-
-def _targets() -> list[tuple[Any, str, str, str]]:
-    """(owner, attribute, kind, label) of every function the record pass watches."""
-    targets: list[tuple[Any, str, str, str]] = []
-    names = [n for n in random.__all__ if callable(getattr(random, n, None))]
-    targets += [(random, n, "random", f"random.{n}") for n in names if n[0].islower()]
-    methods = [n for n in dir(random.Random) if n[0].islower() and n not in ("getstate",)]
-    targets += [(random.Random, n, "random", f"random.Random.{n}") for n in methods]
-    targets += [(builtins, "open", "files", "open"), (io, "open", "files", "io.open")]
-    targets += [
-        (pathlib.Path, n, "files", f"Path.{n}") for n in ("read_text", "read_bytes", "open")
-    ]
-    clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
-    targets += [(time, n, "random", f"time.{n}") for n in clocks]
-    # entropy: uuid4, secrets, SystemRandom (which calls random's own name for it)
-    targets += [(os, "urandom", "random", "os.urandom"),
-                (random, "_urandom", "random", "os.urandom")]  # fmt: skip
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        legacy = [n for n in dir(numpy.random) if n[0].islower() and n not in _NUMPY_KEEP]
-        targets += [(numpy.random, n, "random", f"numpy.random.{n}") for n in legacy
-                    if callable(getattr(numpy.random, n))]  # fmt: skip
-    for owner in (torch, torch.random):
-        targets += [(owner, n, "random", f"torch.{n}") for n in _TORCH_RNG if hasattr(owner, n)]
-    targets.append((*grad_mode_setter(), "grad_mode", ""))
-    targets.append((torch.Tensor, "register_hook", "tensor_hooks", "Tensor.register_hook"))
-    hooks = torch.autograd.graph.saved_tensors_hooks
-    targets.append((hooks, "__enter__", "saved_hooks", "saved-tensor hooks"))
-    # a new alias made without an op, as .data is: a trace would bake it as a constant
-    targets.append((torch.Tensor, "as_subclass", "data", "Tensor.as_subclass"))
-    targets.append((torch.Tensor, "set_", "data", "Tensor.set_"))  # swaps storage, as .data =
-    for owner in (torch, torch.utils.dlpack):  # a tensor sharing another's memory, made by no op
-        targets.append((owner, "from_dlpack", "data", "torch.from_dlpack"))
-    # Tensor.backward calls torch.autograd.backward
-    targets.append((torch.autograd, "grad", "gradients", "torch.autograd.grad"))
-    targets.append((torch.autograd, "backward", "autograd", "torch.autograd.backward"))
-    for owner, prefix in ((torch.func, "torch.func"), (torch, "torch")):
-        targets += [(owner, n, "functorch", f"{prefix}.{n}") for n in _TRANSFORMS
-                    if owner.__dict__.get(n) is not None]  # fmt: skip
-    return targets
-
-
-_NUMPY_KEEP = frozenset(("default_rng", "get_state", "bit_generator", "test"))
-_TORCH_RNG = ("manual_seed", "seed", "set_rng_state", "initial_seed", "get_rng_state")
-_TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")
 
 
 class RecordMode(TorchFunctionMode):
@@ -340,20 +307,20 @@ _INHERITED = object()
 
 
 class _Watch:
-    """Installs and removes the wrappers of :func:`_targets` (see :data:`UNGUARDABLE`)."""
+    """Installs and removes the wrappers of :func:`watched_calls` (see :data:`UNGUARDABLE`)."""
 
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
         self._properties: list[str] = []
 
     def install(self) -> None:
-        for owner, name, kind, label in _targets():
+        for owner, name, kind, label in watched_calls():
             if isinstance(owner, type):  # a method inherited from a base: deleted after
                 original = owner.__dict__.get(name, _INHERITED)
             else:
                 original = getattr(owner, name)
             self._saved.append((owner, name, original))
-            setattr(owner, name, _noted(kind, label, getattr(owner, name)))
+            setattr(owner, name, _noted_once(kind, label, getattr(owner, name)))
 
         for name, watched in (("data", _DATA), ("grad", _GRAD)):
             if name not in torch.Tensor.__dict__:  # else someone else's: leave it

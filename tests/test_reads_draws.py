@@ -287,3 +287,22 @@ def test_a_torch_generator_passed_as_an_argument_runs_eagerly_warned() -> None:
             torch.testing.assert_close(quiet(torch.ones(3), mine), torch.full((3,), 2.0))
     assert "runs eagerly" not in quiet.explain()
     assert quiet.num_traces == 1
+
+
+def test_the_record_passes_wrappers_are_made_once_and_kept() -> None:
+    """Dynamo notes the ids of NumPy's functions when it first meets one; where that was inside
+    a record pass (``torch.cond`` in the step), it noted our wrappers of ``numpy.random``'s.
+    Made anew per pass and freed after it, their ids went to the user's lambdas, which dynamo
+    then refused as NumPy functions (an eager ``torch.cond`` raised
+    UncapturedHigherOrderOpError now and then). The wrappers are made once and kept."""
+    from phi_torch_jit._unguardable import _Watch
+
+    original, seen = np.random.rand, []
+    for _ in range(2):
+        watch = _Watch()
+        watch.install()
+        try:
+            seen.append(np.random.rand)
+        finally:
+            watch.remove()
+    assert seen[0] is seen[1] and seen[0] is not original and np.random.rand is original
