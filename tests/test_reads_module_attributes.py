@@ -93,3 +93,30 @@ def test_the_attributes_of_a_number_of_your_subclass_held_by_a_module_are_guarde
     module.k.offset = 5.0  # type: ignore[attr-defined]
     torch.testing.assert_close(jitted(x), torch.full((4,), 7.0))
     assert jitted.num_traces == 2
+
+
+def test_what_a_c_method_held_by_a_module_is_bound_to_is_read() -> None:
+    """Probe round 35: a module attribute holding a C method bound to data was skipped as
+    code: ``m.lookup = cfg.get`` with ``cfg`` changed in place, ``m.scaled = W.mul`` with
+    ``W`` written in place (stale once compiled), an iterator's ``__next__`` (its draws
+    repeated). Each is read through the object it is bound to."""
+    cfg, weight = {"k": 2.0}, torch.tensor(2.0)
+    module = nn.Module()
+    module.lookup = cfg.get  # type: ignore[assignment]
+    module.scaled = weight.mul  # type: ignore[assignment]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return module.scaled(x) * module.lookup("k")  # type: ignore[operator]
+
+    jitted, x = ptj.jit(step), torch.ones(3)
+    for k in (2.0, 3.0, 3.0, -1.0):
+        cfg["k"] = k
+        for _ in range(2):
+            torch.testing.assert_close(jitted(x), step(x))
+            jitted.wait_compiled()
+        weight.add_(1.0)
+    module.draw = iter([1.0, 2.0, 3.0, 4.0]).__next__  # type: ignore[assignment]
+    drawing = ptj.jit(lambda x: x * module.draw())  # type: ignore[operator]
+    with pytest.warns(ptj.JitWarning, match="runs eagerly"):
+        drawn = [float(drawing(torch.ones(1))) for _ in range(4)]
+    assert drawn == [1.0, 2.0, 3.0, 4.0]

@@ -241,7 +241,12 @@ class _Slot:
 _SLOT = _Slot()
 
 
-@pytest.mark.parametrize("case", ["getattr_static", "slot descriptor", "held bypass"])
+_BOUND_GET = _CFG.__getattribute__  # a method-wrapper bound to the config, held
+
+
+@pytest.mark.parametrize(
+    "case", ["getattr_static", "slot descriptor", "held bypass", "bound getattribute"]
+)
 def test_reads_past_the_class_under_other_names_keep_the_attribute_guarded(case: str) -> None:
     """Probe round 35: ``inspect.getattr_static``, a slot descriptor's ``__get__`` and
     ``object.__getattribute__`` held under another name read past the watch; after one change
@@ -257,7 +262,12 @@ def test_reads_past_the_class_under_other_names_keep_the_attribute_guarded(case:
     def held(x: torch.Tensor) -> torch.Tensor:
         return x * _GET(_CFG, "k")
 
-    step = {"getattr_static": static, "slot descriptor": descriptor, "held bypass": held}[case]
+    def bound(x: torch.Tensor) -> torch.Tensor:
+        return x * _BOUND_GET("k")
+
+    steps = {"getattr_static": static, "slot descriptor": descriptor, "held bypass": held,
+             "bound getattribute": bound}  # fmt: skip
+    step = steps[case]
     holder = _SLOT if case == "slot descriptor" else _CFG
     jitted = ptj.jit(step)
     try:
