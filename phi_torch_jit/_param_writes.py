@@ -139,6 +139,7 @@ def note_made(args: tuple[Any, ...], kwargs: Any, result: Any) -> None:
                 recording.aliases[id(output)] = recording.aliases.get(id(source), source)
                 continue
         recording.made.add(id(output))
+        recording.aliases.pop(id(output), None)  # an alias freed, its id taken by this one
 
 
 def _recording() -> Recorder | None:

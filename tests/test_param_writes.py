@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -347,3 +348,20 @@ def test_a_kept_alias_of_a_parameter_written_later_is_not_read_apart() -> None:
         for _ in range(5):
             torch.testing.assert_close(jitted(torch.ones(2)), eager(torch.ones(2)))
             torch.testing.assert_close(lin.weight, their_lin.weight)
+
+
+def test_a_tensor_made_under_the_id_of_a_freed_alias_is_not_that_alias() -> None:
+    """The record pass keeps aliases (``p.detach()``) by id. One freed, and its id taken by a
+    tensor a later torch call made, a write to that tensor was taken for a write to the
+    aliased parameter: a PhiML solve's custom function "writes a tensor in place that it is
+    not given" and the step ran eagerly, now and then, in the suite."""
+    from types import SimpleNamespace
+
+    from phi_torch_jit import _param_writes
+
+    parameter, made = torch.ones(3), torch.zeros(3)
+    recording = SimpleNamespace(made=set(), aliases={id(made): parameter})  # a stale entry
+    with mock.patch.object(_param_writes, "_recording", return_value=recording):
+        _param_writes.note_made((torch.ones(3),), None, made)
+    assert id(made) in recording.made and id(made) not in recording.aliases
+    assert _param_writes._written(made, recording.aliases) is made
