@@ -337,3 +337,37 @@ def test_the_structure_past_the_limits_is_guarded(case: str) -> None:
         for t, entries in zip(TAGGED, snapshot[5], strict=True):
             t.update(entries)
         CLASSES[595].__class__ = _Late
+
+
+class _Stage:
+    def __init__(self, w: float) -> None:
+        self.w = w
+
+
+_STAGES = [_Stage(1.0) for _ in range(200)]
+
+
+def _applied(stage: _Stage, x: torch.Tensor) -> torch.Tensor:
+    return x * stage.w
+
+
+def _staged(x: torch.Tensor) -> torch.Tensor:
+    for stage in _STAGES:
+        x = _applied(stage, x)
+    return x
+
+
+def test_an_attribute_past_the_limits_changed_again_and_again_stays_guarded() -> None:
+    """Probe round 35d: the retrace after a change watches the changed attribute (is it still
+    read?) and the objects past the limits (what is read of them?) in one pass; the one
+    watch's wrapper around the other's hid the step's read from the inner one, the attribute
+    counted as unread and the second change was served stale."""
+    jitted, x = ptj.jit(_staged), torch.ones(2)
+    try:
+        for w in (1.0, 2.0, 3.0, 1.0):
+            _STAGES[5].w = w
+            for _ in range(2):
+                torch.testing.assert_close(jitted(x), _staged(x))
+    finally:
+        _STAGES[5].w = 1.0
+    assert jitted.num_traces == 3  # back to 1.0: the first specialization serves

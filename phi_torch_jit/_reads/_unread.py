@@ -204,7 +204,11 @@ def _patch(klass: type, idents: set[int], read: set[tuple[int, str]], whole: set
 
     def watched(self: Any, name: str) -> Any:
         if id(self) in idents:
-            caller = sys._getframe(1).f_code.co_filename
+            frame = sys._getframe(1)
+            while frame.f_back is not None and frame.f_code is watched.__code__:
+                frame = frame.f_back  # another watch's wrapper around this one (the unread
+                # attributes' and the overflow's, in one record pass): its caller's read
+            caller = frame.f_code.co_filename
             if not caller.startswith(OWN_DIR):  # our record phase's own look at modules
                 read.add((id(self), name))
                 if name in _WHOLE and caller != _MODULE_FILE:  # nn.Module.__getattr__ reads
