@@ -21,7 +21,7 @@ import torch
 from ._reads._records import enum_attributes
 
 __all__ = ["PRIMITIVES", "NOT_STATEFUL", "plain_attributes", "enum_key", "random_generator",
-           "left_to_guards"]  # fmt: skip
+           "left_to_guards", "holds_objects"]  # fmt: skip
 
 PRIMITIVES = frozenset(
     {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout}
@@ -105,6 +105,17 @@ def random_generator(value: Any) -> bool:
     kinds = tuple(getattr(numpy_random, n, None) for n in ("RandomState", "Generator",
                                                            "BitGenerator"))  # fmt: skip
     return isinstance(value, tuple(k for k in kinds if isinstance(k, type)))
+
+
+def holds_objects(value: Any) -> bool:
+    """An object keyed by its plain attributes (one of yours with an ``__eq__`` of its own)
+    that holds other objects or tensors, keyed by identity: what the step reads of them is
+    left to the Python guards, rooted at it (probe round 35d: ``cfg.sub.k`` changed in place,
+    or a tensor it holds written in place, was stale)."""
+    if type(value) in PRIMITIVES or isinstance(value, (enum.Enum, *NOT_STATEFUL)):
+        return False
+    keys = plain_attributes(value)
+    return any(type(key) is tuple and key[0] in ("object", "tensor") for _, key in keys)
 
 
 def left_to_guards(value: Any) -> bool:

@@ -3,13 +3,11 @@
 One recursive pass turns a call's ``(args, kwargs)`` into
 
 * the list of tensor leaves, which become the traced inputs, and
-* a hashable *spec*: a nested tuple that describes the structure, the static
-  (non-tensor) leaves by value, and each tensor leaf by shape, dtype, device
-  and requires_grad. The spec is the cache key, and ``unflatten`` rebuilds the
-  arguments from it and new tensors.
+* a hashable *spec*: a nested tuple that describes the structure, the static (non-tensor)
+  leaves by value, and each tensor leaf by shape, dtype, device and requires_grad. The spec
+  is the cache key; ``unflatten`` rebuilds the arguments from it and new tensors.
 
-Spec nodes are plain tuples whose first item is a tag (fast to hash and
-compare, which matters because every jitted call builds one):
+Spec nodes are plain tuples whose first item is a tag (fast to hash and compare):
 
 =====  ===================================================  ==================
 tag    node                                                 meaning
@@ -28,12 +26,11 @@ tag    node                                                 meaning
                                                               (``extend.register_values``)
 =====  ===================================================  ==================
 
-Static leaves are ``None``, bool, int, float, complex, str, bytes, enums,
-torch dtypes/devices/layouts, and any other hashable value: objects with a
-value ``__hash__`` are keyed by value, callables by identity. Anything else
-(unhashable values, plain objects hashed by identity) is rejected with the
-path where it sits, because keying it by identity would silently ignore
-mutations of it.
+Static leaves are ``None``, bool, int, float, complex, str, bytes, enums, torch
+dtypes/devices/layouts, and any other hashable value: objects with a value ``__hash__`` are
+keyed by value, callables by identity. Anything else (unhashable values, plain objects hashed
+by identity) is rejected with the path where it sits: keyed by identity, its mutations would
+be silently ignored.
 """
 
 from __future__ import annotations
@@ -49,24 +46,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._callable_state import NOT_STATEFUL, PRIMITIVES, enum_key, left_to_guards, plain_attributes
+from ._callable_state import (
+    NOT_STATEFUL,
+    PRIMITIVES,
+    enum_key,
+    holds_objects,
+    left_to_guards,
+    plain_attributes,
+)
 from .errors import OutputError, SignatureError
 from .extend import value_type_of
 
-__all__ = [
-    "Spec",
-    "flatten_arguments",
-    "unflatten_arguments",
-    "flatten_outputs",
-    "unflatten",
-    "first_difference",
-    "describe_spec",
-    "modules_in",
-    "callables_in",
-    "classes_in",
-    "merge_traced_numbers",
-    "count_program_outputs",
-]
+__all__ = ["Spec", "flatten_arguments", "unflatten_arguments", "flatten_outputs", "unflatten",
+           "first_difference", "describe_spec", "modules_in", "callables_in", "classes_in",
+           "merge_traced_numbers", "count_program_outputs"]  # fmt: skip
 
 NAMESPACES: tuple[type, ...] = (types.SimpleNamespace, argparse.Namespace)
 """Attribute bags users keep configuration in (``parser.parse_args()``); as arguments they
@@ -335,13 +328,14 @@ def modules_in(spec: Spec) -> list[nn.Module]:
 
 def callables_in(spec: Spec) -> list[Any]:
     """The callable static arguments keyed by identity (functions, callable objects, bound
-    methods, partials; not builtins or classes), modules and iterators, in argument order:
+    methods, partials; not builtins or classes), modules, iterators, and objects of yours
+    keyed by value that hold other objects (:func:`holds_objects`), in argument order:
     the Python guards walk the code they run and the state they hold (a module's data; an
     iterator makes the call run eagerly)."""
     return [
         value for value in _nodes(spec, "S", at=2)
         if (callable(value) and not isinstance(value, _BY_CODE)
-            and type(value) not in PRIMITIVES) or left_to_guards(value)
+            and type(value) not in PRIMITIVES) or left_to_guards(value) or holds_objects(value)
     ]  # fmt: skip
 
 

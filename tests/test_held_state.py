@@ -891,3 +891,40 @@ def test_a_step_writing_a_numpy_array_it_reads_runs_eagerly_once_per_call(step: 
     assert got == [1.0, 2.0, 3.0]
     assert TALLY[0] + BIG_TALLY[0] == 3.0
     assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1
+
+
+class _Sub:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+
+class _Named:
+    """Equal by its name: keyed by value, its attributes beside."""
+
+    def __init__(self, name: str, sub: _Sub, weight: torch.Tensor) -> None:
+        self.name, self.sub, self.weight = name, sub, weight
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Named) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+def _scaled_by_named(x: torch.Tensor, named: _Named) -> torch.Tensor:
+    return x * named.sub.k * named.weight
+
+
+def test_what_an_argument_keyed_by_value_holds_is_guarded() -> None:
+    """Probe round 35d: an argument with an ``__eq__`` of its own is keyed by value and by
+    which objects it holds; what those hold (``named.sub.k`` changed in place) was never
+    guarded, and a tensor it holds written in place was stale on engine "auto"."""
+    named = _Named("a", _Sub(1.0), torch.ones(2))
+    jitted, x = ptj.jit(_scaled_by_named), torch.arange(2.0)
+    for k in (1.0, 2.0, 3.0):
+        named.sub.k = k
+        named.weight.fill_(k)
+        for _ in range(2):
+            torch.testing.assert_close(jitted(x, named), _scaled_by_named(x, named))
+            jitted.wait_compiled()
+    assert jitted.num_traces == 3
