@@ -332,18 +332,19 @@ def test_a_helper_read_beside_a_large_table_of_numbers_is_walked() -> None:
     """Probe round 35: walked depth first, the 4096 rows of number pairs (read after the
     helper) used up the objects the walk looks at, and the helper's ``PAIRS_DT`` was not
     guarded: silently the first value, on every engine."""
-    global PAIRS_DT
-    jitted = ptj.jit(_helper_then_table)
-
-    def change() -> None:
-        global PAIRS_DT
-        PAIRS_DT = 0.5
-
-    try:
-        _like_eager(jitted, _helper_then_table, (torch.ones(3),), [change])
-    finally:
-        PAIRS_DT = 0.1
+    jitted = _like_eager_with_global(_helper_then_table, "PAIRS_DT", 0.5)
     assert jitted.num_traces == 2 and "past the walk's limits" not in jitted.explain()
+
+
+def _like_eager_with_global(step: Callable[..., Any], name: str, changed: float) -> Any:
+    """The jitted ``step``, equal to eager before and after the global ``name`` changes
+    (restored after)."""
+    jitted, was = ptj.jit(step), globals()[name]
+    try:
+        _like_eager(jitted, step, (torch.ones(3),), [lambda: globals().__setitem__(name, changed)])
+    finally:
+        globals()[name] = was
+    return jitted
 
 
 SCALE_OF_FIRST = 2.0
@@ -373,17 +374,7 @@ def test_a_registrys_first_entries_are_walked_and_what_lies_past_the_limits_is_s
     left out the first entries (``REGISTRY[0]`` read ``SCALE_OF_FIRST`` unguarded); now the
     nearest come first, and what lies past the limits is named (logged, ``explain()``)
     instead of silently unguarded."""
-    global SCALE_OF_FIRST
-    jitted = ptj.jit(_first_of_registry)
-
-    def change() -> None:
-        global SCALE_OF_FIRST
-        SCALE_OF_FIRST = 5.0
-
-    try:
-        _like_eager(jitted, _first_of_registry, (torch.ones(3),), [change])
-    finally:
-        SCALE_OF_FIRST = 2.0
+    jitted = _like_eager_with_global(_first_of_registry, "SCALE_OF_FIRST", 5.0)
     assert jitted.num_traces == 2
     last = ptj.jit(_last_of_registry)
     with caplog.at_level("WARNING", logger="phi_torch_jit"):
