@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from torch import nn
@@ -313,7 +315,7 @@ def test_an_attribute_changed_to_an_equal_value_of_another_type_or_sign_is_a_cha
     the wrong signs. An equal value in a new object holds, and is then compared by identity."""
     module = _Filled(traced)
     guard = ModuleGuard([module])
-    module.fill = type(traced)(traced) if not isinstance(traced, bool) else traced  # equal, new
+    module.fill = pickle.loads(pickle.dumps(traced))  # equal (a new object where not cached)
     assert guard.holds()
     module.fill = later
     assert not guard.holds() and "attribute _Filled.fill" in guard.describe_change()

@@ -43,7 +43,7 @@ def module_sources(module: nn.Module) -> Iterator[tuple[Any, Source]]:
         if isinstance(value, nn.Module) and name not in namespace.get("_modules", {}):
             pass  # held apart from _modules (a parent, set with object.__setattr__): known,
             # by identity, so the module guard checks it as it checks submodules
-        elif isinstance(value, (nn.Module, *_CODE)) and not _bound_to_data(value):
+        elif isinstance(value, nn.Module) or _is_code(value):
             continue  # submodules: the module guard; functions: not data (a bound method's
             # object is: ``self.fn = schedule.weight`` reads ``schedule``; so is a callable
             # object's: ``self.counter = Counter()``, its ``__call__`` changing ``self.k``)
@@ -53,14 +53,15 @@ def module_sources(module: nn.Module) -> Iterator[tuple[Any, Source]]:
     yield from _slots(module, where)
 
 
-def _bound_to_data(value: Any) -> bool:
-    """A C method bound to an object that is data (``self.lookup = cfg.get``, ``W.mul``, an
-    iterator's ``__next__``, ``random.Random(0).random``): its object is read (probe round
-    35 found each unguarded, an iterator's or generator's draws repeated)."""
+def _is_code(value: Any) -> bool:
+    """Code, not data: a function, a class, a C function; not a C method bound to an object
+    that is data (``self.lookup = cfg.get``, ``W.mul``, an iterator's ``__next__``,
+    ``random.Random(0).random``), whose object is read (probe round 35 found each
+    unguarded, an iterator's or generator's draws repeated)."""
+    if not isinstance(value, (types.BuiltinMethodType, types.MethodWrapperType)):
+        return isinstance(value, _CODE)
     owner = getattr(value, "__self__", None)
-    return isinstance(value, (types.BuiltinMethodType, types.MethodWrapperType)) and not (
-        owner is None or isinstance(owner, (types.ModuleType, type))
-    )
+    return owner is None or isinstance(owner, (types.ModuleType, type))
 
 
 def _tensor_attributes(module: nn.Module, where: str) -> Iterator[tuple[Any, Source]]:
@@ -71,7 +72,7 @@ def _tensor_attributes(module: nn.Module, where: str) -> Iterator[tuple[Any, Sou
         for name, value in list((held or {}).items()):
             if name.startswith("__") or immutable(value):
                 continue  # immutable ones: the module guard's
-            if isinstance(value, _CODE) and not _bound_to_data(value):
+            if _is_code(value):
                 continue
             label = f"attribute {type(module).__name__}.{slot}.{name}"
             yield (id(held), name), Source(label, where, held, name)
