@@ -34,6 +34,7 @@ from ...extend import ClosureRoot, Library, ValueType, register_library, registe
 from ._bridge import PhiMLBridge
 from ._checks import deferred_checks
 from ._functions import backward_scope, closure_roots, traceable_forward
+from ._pad_order import install as _fix_pad_order
 from ._values import assemble, disassemble, is_phiml
 
 __all__ = ["PHIML_VALUES", "PhiMLLibrary", "PHIML"]
@@ -54,6 +55,7 @@ class PhiMLLibrary(Library):
     name = "PhiML"
 
     def pass_hooks(self) -> PhiMLBridge:
+        _fix_pad_order()  # NOTE [pad order]: from the first pass on, if not at our import
         return PhiMLBridge()
 
     def ambient(self) -> tuple[tuple[str, Any], ...] | None:
@@ -136,6 +138,8 @@ def _phiml_dirs() -> tuple[str, ...]:
         if (module := sys.modules.get(name)) is not None and module.__file__
     )
 
+
+_fix_pad_order()  # PhiML imported before us: one pad order for eager calls and ours alike
 
 PHIML = PhiMLLibrary()
 register_values(PHIML_VALUES)
