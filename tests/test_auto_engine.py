@@ -607,6 +607,51 @@ def test_a_parameter_resized_through_data_after_the_compile_retraces(
     assert "changed dtype, device, shape or requires_grad" in caplog.text
 
 
+@pytest.mark.parametrize("engine", ["auto", "compile"])
+@pytest.mark.parametrize("change", ["double", "half", "data"])
+def test_a_parameters_dtype_changed_in_place_after_the_compile_retraces(
+    engine: str, change: str
+) -> None:
+    """``module.double()`` and ``p.data = ...`` keep the parameter objects (the module guard's
+    identities hold) and inductor's kernels do not check dtypes: they read float64 bytes as
+    float32 (garbage) and half ones past their end. The program must never see them."""
+    misread: list[str] = []
+
+    def kernel_like(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        dtypes = [t.dtype for t in example_inputs]
+
+        def run(*args: torch.Tensor) -> Any:  # notes what inductor's kernels would misread
+            misread.extend(
+                f"{want} program given {arg.dtype}"
+                for arg, want in zip(args, dtypes)
+                if arg.dtype != want
+            )
+            return gm(*args)
+
+        return run
+
+    torch.manual_seed(4)
+    lin = nn.Linear(3, 3)
+    step = lambda x: x * lin.weight.sum() + lin.bias  # noqa: E731  reads, never calls, lin
+    options: dict[str, Any] = {"compile_on": "caller"} if engine == "auto" else {}
+    jitted = ptj.jit(step, engine=engine, backend=kernel_like, **options)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(jitted(x), step(x))
+    if engine == "auto":
+        assert program_of(jitted).tier == "kernel_like"
+    if change == "data":
+        lin.weight.data = lin.weight.data.double()
+    else:
+        getattr(lin, change)()
+    for _ in range(3):
+        got, want = jitted(x), step(x)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    assert not misread
+    assert jitted.num_traces == 2
+
+
 def test_a_program_that_compiles_but_fails_to_run_leaves_the_fast_tier_serving(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -13,9 +13,8 @@ leave them a core, ``_spare_core``), on the graph directly: no dynamo, no run of
 the backward with the forward. One assignment then switches to it: a call runs wholly on one
 tier. A failed compile is logged once and the fast tier stays (``explain()``).
 
-Both tiers run the same graph: results agree to float rounding (inductor fuses and reorders
-arithmetic; about 1e-6 relative in float32, docs/engines.md). Random ops draw from the
-generator as eager code does on both (``fallback_random``).
+Both tiers run the same graph: results agree to float rounding (about 1e-6 relative in
+float32, docs/engines.md); random ops draw as eager code does on both (``fallback_random``).
 """
 
 from __future__ import annotations
@@ -43,10 +42,11 @@ from ._compile_process import ahead_of, compile_ahead, start_worker_for
 from ._generic_sizes import sizes_left_dynamic
 from ._light import straight_line, tensor_ops_only
 from ._spare_core import HELD, with_fewer_threads
+from ._state_meta import Fixed, fixed_of, same_placement
 from ._tracing_lock import note_busy
 from ._warm_starts import await_loads, remembered
 from .base import CompiledModule, Engine
-from .compile import UNROLLED, Backend, Compilable, CompileEngine, grads_of
+from .compile import UNROLLED, Backend, Compilable, CompileEngine
 from .torchscript import trace_graph
 
 __all__ = ["AutoEngine", "TieredProgram", "COMPILE_ON"]
@@ -181,7 +181,7 @@ class TieredProgram:
         self._unsubmitted = False  # the compile waits for a call of the program (_serve_fast)
         self._submit_lock = threading.Lock()
         self._queued_at: float | None = None
-        self._state_grads: tuple[bool, ...] = ()
+        self._state_grads: Fixed = ()
         self._compiled: Callable[..., Any] = graph.forward
         self._unrolled = 0
         """Value guards of a loop unrolled by values (:meth:`start_for_values`); 0 if not."""
@@ -276,11 +276,11 @@ class TieredProgram:
         return self.serve(*inputs)
 
     def _serve_compiled(self, *inputs: torch.Tensor) -> Any:
-        """The compiled tier, unless a parameter's ``requires_grad`` changed since the compile
-        (``requires_grad_(False)`` to freeze a layer): the compiled backward would silently
-        give it no gradient, or compute one nobody wants; the fast tier runs autograd as
-        eager code does."""
-        if grads_of(self.state) != self._state_grads:
+        """The compiled tier, unless a parameter's ``requires_grad`` (then the fast tier), dtype
+        or device (``StateChanged``: a retrace) changed since the compile (``_state_meta``)."""
+        now = fixed_of(self.state)
+        if now != self._state_grads:
+            same_placement(now, self._state_grads, str(self.owner))
             self.fast_calls_after_switch += 1
             return self._fast(*inputs)
         return self._compiled(*inputs)
@@ -312,7 +312,7 @@ class TieredProgram:
             self.failure = reason
             self._settled.set()
             return (f"fast tier {self.fast_tier} only: {reason}",)
-        self._state_grads = grads_of(self.state)
+        self._state_grads = fixed_of(self.state)
         self._unsubmitted = True
         self.warm_start = not self.on_caller and remembered(self.target)
         if not self.on_caller and not self.warm_start:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import operator
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -60,12 +59,13 @@ from ._generic_sizes import fake_inputs_for, sizes_left_dynamic
 from ._graph_bodies import GraphBodies
 from ._looped import faster, with_captured_loops
 from ._spare_core import all_threads
+from ._state_meta import Fixed, StateChanged, fixed_of
 from ._twice import TwiceDifferentiable, needs_twice
 from ._warm_starts import remember, remembered
 from .base import CompiledFunction, CompiledModule, Engine, FunctionTarget
 from .torchscript import TorchScriptEngine
 
-__all__ = ["CompileEngine", "Backend", "Compilable", "check_backend", "grads_of"]
+__all__ = ["CompileEngine", "Backend", "Compilable", "check_backend"]
 
 logger = logging.getLogger("phi_torch_jit")
 
@@ -301,7 +301,7 @@ class _Program:
         self.owner = owner
         self.serve: Callable[..., Any] = graph.forward
         self._compiled: Callable[..., Any] = graph.forward
-        self._state_grads: tuple[bool, ...] = ()
+        self._state_grads: Fixed = ()
         self._uncompiled_calls = 0
         self.listeners: list[Callable[[], None]] = []
         """Told when the compile on reuse takes over (:attr:`CompiledModule.on_new_program`)."""
@@ -322,7 +322,7 @@ class _Program:
         except Exception as error:  # any backend failure: the graph itself is fine
             failure = self._uncompiled_after(error, what)
             return (f"{what}: failed ({failure}); the captured graph runs uncompiled",)
-        self._state_grads = grads_of(self.state)
+        self._state_grads = fixed_of(self.state)
         # The compiled autograd graph fixed which parameters get gradients; without state
         # there is nothing to check, and nothing runs in front of the compiled program.
         self.serve = self._serve_checked if self.state else self._compiled
@@ -389,7 +389,7 @@ class _Program:
         except Exception as error:
             self._uncompiled_after(error, self.target.backend_name)
             return self.graph.forward
-        self._state_grads = grads_of(self.state)
+        self._state_grads = fixed_of(self.state)
         for listener in self.listeners:
             listener()
         return self._serve_checked if self.state else self._compiled
@@ -407,14 +407,16 @@ class _Program:
         return self.serve(*tensors, *self.state)  # type: ignore[no-any-return]
 
     def _serve_checked(self, *inputs: torch.Tensor) -> Any:
-        """The compiled program, unless a parameter's ``requires_grad`` changed since the
-        compile (a layer frozen or unfrozen): its backward would silently give that parameter
-        no gradient, or compute one nobody wants. The module guard then sees the change and
-        the function retraces (NOTE [module guards])."""
-        if grads_of(self.state) != self._state_grads:
-            raise RequiresGradChanged(
-                f"phi_torch_jit: {self.owner}: a parameter's requires_grad changed since the "
-                "compile"
+        """The compiled program, unless a parameter's ``requires_grad``, dtype or device
+        changed since the compile (a layer frozen or unfrozen; ``module.double()``, ``.to()``,
+        ``p.data = p.data.half()``, which keep the parameter objects): its backward would
+        silently give that parameter no gradient, and inductor's kernels would read the new
+        storage as the old dtype (garbage, or past its end). The module guard then sees the
+        change and the function retraces (NOTE [module guards])."""
+        if fixed_of(self.state) != self._state_grads:
+            raise StateChanged(
+                f"phi_torch_jit: {self.owner}: a parameter's requires_grad, dtype or device "
+                "changed since the compile"
             )
         return self._compiled(*inputs)
 
@@ -425,20 +427,6 @@ compiles it."""
 
 UNROLLED = 16
 """More value guards than this: a loop unrolled by tensor values, never compiled."""
-
-
-class RequiresGradChanged(RuntimeError):
-    """A compiled program was called with parameters whose ``requires_grad`` differ from its
-    compile's; the specialization retraces (the module guard's :meth:`moved` sees it)."""
-
-
-_requires_grad = operator.attrgetter("requires_grad")
-
-
-def grads_of(tensors: tuple[torch.Tensor, ...]) -> tuple[bool, ...]:
-    """Each tensor's ``requires_grad``: what a compiled backward fixed for parameters (one C
-    ``map``, about 0.7 us for 4 parameters; a Python loop took 1.2 us)."""
-    return tuple(map(_requires_grad, tensors))
 
 
 def _import_inductor_quietly() -> None:
