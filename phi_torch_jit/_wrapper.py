@@ -30,6 +30,7 @@ from torch import nn
 
 from ._context import current_frame
 from ._reads._records import Source
+from ._rebinding import rebind
 from ._signature import Spec, flatten_outputs, unflatten_arguments
 from ._state import buffer_slots, put_back
 from .errors import RunEagerly
@@ -147,13 +148,14 @@ def _rebound(sources: Sequence[Source], values: Sequence[torch.Tensor]) -> Itera
             )
     places = [_place_of(source) for source in sources]
     saved = [place.get() for place, _ in places]
-    for (place, bind), value, held in zip(places, values, saved):
-        place.set(bind(_with_attributes(value, held)))
-    try:
+    undo: list[Callable[[], None]] = []
+    try:  # NOTE [Python reads]: where each read found its tensor (_rebinding)
+        for (place, bind), value, held in zip(places, values, saved):
+            undo.append(rebind(place, bind(_with_attributes(value, held))))
         yield
     finally:
-        for (place, _), value in zip(places, saved):
-            place.set(value)
+        for each in reversed(undo):
+            each()
 
 
 def _with_attributes(value: torch.Tensor, held: Any) -> torch.Tensor:

@@ -117,7 +117,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stage 2: compile custom functions",
      ("_fast_capture", "_inductor_fixes", "_loops", "engines", "_backward", "_graph_safety",
       "_custom_op")),
-    ("stage 3: wrapper", ("_wrapper",)),
+    ("stage 3: wrapper", ("_wrapper", "_rebinding")),
     ("stage 4: trace", ("_replay", "_trace")),
     ("stage 5: serve",
      ("_meter", "_guards", "_specialization", "_path_meter", "_cache", "_explain")),
