@@ -928,3 +928,82 @@ def test_what_an_argument_keyed_by_value_holds_is_guarded() -> None:
             torch.testing.assert_close(jitted(x, named), _scaled_by_named(x, named))
             jitted.wait_compiled()
     assert jitted.num_traces == 3
+
+
+class _Scaled(functools.partial):  # type: ignore[type-arg]
+    """A partial of yours that holds state of its own (probe 36a)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **kwargs) * self.scale * type(self).GAIN
+
+    GAIN = 1.0
+
+
+@pytest.mark.parametrize("held", ["global", "the jitted callable", "an argument"])
+def test_a_partial_of_your_class_is_guarded_by_its_own_attributes_and_class(held: str) -> None:
+    """Its ``func``, ``args`` and ``keywords`` were guarded, its own attributes, its class's
+    and its class's ``__call__`` were not: the compiled calls kept the traced scale."""
+    scaled = _Scaled(lambda x: x + 1)
+    scaled.scale = 2.0  # type: ignore[attr-defined]
+    _Scaled.GAIN = 1.0
+    x = torch.arange(1.0, 5.0)
+    if held == "global":
+        step: Callable[..., Any] = lambda x: scaled(x)  # noqa: E731
+        jitted, call = ptj.jit(step), (lambda f: f(x))
+    elif held == "the jitted callable":
+        step, jitted, call = scaled, ptj.jit(scaled), (lambda f: f(x))
+    else:
+        step = lambda p, x: p(x)  # noqa: E731
+        jitted, call = ptj.jit(step), (lambda f: f(scaled, x))
+
+    def changes() -> list[Callable[[], None]]:
+        def scale() -> None:
+            scaled.scale = 3.0  # type: ignore[attr-defined]
+
+        def gain() -> None:
+            _Scaled.GAIN = 5.0
+
+        return [scale, gain]
+
+    for change in [lambda: None, *changes()]:
+        change()
+        for _ in range(3):
+            torch.testing.assert_close(call(jitted), call(step))
+        jitted.wait_compiled()
+        torch.testing.assert_close(call(jitted), call(step))
+    assert jitted.num_traces == 3
+
+
+def test_an_optimizers_state_read_by_the_step_is_seen() -> None:
+    """``opt.state[p]``: an entry a step adds, one rebound, one written in place (Adam's
+    ``exp_avg.lerp_``); before, only ``param_groups`` were walked, and the default engine's
+    compiled program held the traced tensor as a constant (probe 36b)."""
+    w = nn.Parameter(torch.ones(3))
+    sgd = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    adam = torch.optim.Adam([w], lr=0.1)
+    w.grad = torch.ones(3)
+    adam.step()
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        buffer = sgd.state[w].get("momentum_buffer", torch.zeros(3))
+        return x + buffer + adam.state[w]["exp_avg"]
+
+    jitted, x = ptj.jit(step), torch.zeros(3)
+
+    def first_step() -> None:
+        w.grad = torch.ones(3)
+        sgd.step()
+
+    def rebound() -> None:
+        sgd.state[w]["momentum_buffer"] = torch.full((3,), 5.0)
+
+    def in_place() -> None:
+        w.grad = torch.ones(3)
+        adam.step()
+
+    for change in (lambda: None, first_step, rebound, in_place):
+        change()
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x), step(x))
+        jitted.wait_compiled()
+        torch.testing.assert_close(jitted(x), step(x))

@@ -113,7 +113,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if masked(value):  # a NumPy masked array: what is masked, besides the data, and with what
         return [Step(True, "data"), Step(True, "mask"), Step(True, "fill_value")]
     if isinstance(value, (functools.partial, functools.partialmethod)):  # what it binds
-        return [Step(True, "args"), Step(True, "keywords"), Step(True, "func")]  # and calls
+        bound: list[Step | tuple[Step, ...]] = [Step(True, "args"), Step(True, "keywords")]
+        bound.append(Step(True, "func"))  # and what it calls
+        return [*bound, *_object_fields(value)] if user_class(type(value)) else bound
     if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read): its
         entries = [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
         return [(INSTANCE_DICT, LENGTH), *entries]  # data, and how many names (vars() looped)
@@ -156,6 +158,12 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "func")]
     if isinstance(value, torch.optim.Optimizer):  # its settings (a scheduler changes lr),
         return _settings(value)  # read however the step reaches them (for g in param_groups)
+    return _object_fields(value)
+
+
+def _object_fields(value: Any) -> list[Step | tuple[Step, ...]]:
+    """An object's attributes (a subclass of yours of a partial too: its own and its
+    class's, probe 36a)."""
     klass = _class_of(value)
     plain = _bag(klass) or user_class(klass)  # a library's objects: by identity, and the
     if not plain:  # code of yours they hold (``integrator.rhs = my_rhs``), and tensors
@@ -182,9 +190,10 @@ _BUILTIN_BOUND = (types.BuiltinMethodType, types.MethodWrapperType)
 
 def _settings(optimizer: torch.optim.Optimizer) -> list[Step | tuple[Step, ...]]:
     """Paths to each parameter group's settings (``lr``, ``momentum``, ``betas``; not its
-    parameters, which the step reads as tensors) and how many groups there are."""
+    parameters, which the step reads as tensors), how many groups there are, and its
+    ``state`` (a momentum buffer the step reads: an input, an entry added by a step seen)."""
     groups = Step(True, "param_groups")
-    paths: list[Step | tuple[Step, ...]] = [(groups, LENGTH)]
+    paths: list[Step | tuple[Step, ...]] = [(groups, LENGTH), Step(True, "state")]
     for i, group in enumerate(optimizer.param_groups):
         paths += [(groups, Step(False, i), Step(False, k)) for k in group if k != "params"]
     return paths

@@ -39,6 +39,9 @@ def held_objects(fn: Any) -> list[tuple[Any, Source]]:
             added = Source("partial keywords", where, holder=obj.keywords, path=(LENGTH,))
             found.append(((id(obj), "keywords"), added))  # a keyword added later
             pending.append(obj.func)
+            if type(obj) is not functools.partial:  # a subclass: its attributes and class
+                label = f"{type(obj).__name__} object (a partial)"
+                found.append(((id(obj), "self"), Source(label, where, holder=obj)))
         elif isinstance(obj, types.MethodType):
             owner = obj.__self__  # an object, or the class of a classmethod (cls.K)
             name = owner.__qualname__ if isinstance(owner, type) else type(owner).__name__
