@@ -53,6 +53,8 @@ _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functo
 """Code held as a module's attribute (``self.act = torch.tanh``, ``net.forward = f``): which
 one, by identity."""
 
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
+"""A module's own dicts of tensors and submodules, compared by identity (NOTE [module guards])."""
 _TORCH_SLOTS = frozenset(vars(nn.Module())) | {"training"}
 """What ``nn.Module.__init__`` puts in every module's ``__dict__`` (hooks, parameters...):
 guarded by the rest of the guard, not as plain attributes."""
@@ -154,6 +156,10 @@ class ModuleGuard:
             for name, value in m.__dict__.items()
             if name not in _TORCH_SLOTS and not name.startswith("__")
             and (immutable(value) or isinstance(value, _CODE)) and (id(m), name) not in self._skip
+        ]  # fmt: skip
+        attributes += [  # the registries themselves, by identity: m.__dict__.update(other's),
+            (m.__dict__, name, owner)  # m.__setstate__(...) swaps in another module's tensors
+            for owner, m in zip(self.names, self.modules) for name in _REGISTRIES
         ]  # fmt: skip
         attributes += [  # Python attributes set on a parameter or buffer: m.weight.scale
             (t.__dict__, name, f"{owner}.{slot}")
@@ -316,8 +322,9 @@ class ModuleGuard:
         return [
             (modules[id(d)], attr)
             for d, attr, _ in self._attributes
-            if id(d) in modules and _changed(self._initial[id(d), attr], d.get(attr, _GONE))
-        ]
+            if id(d) in modules and attr not in _REGISTRIES
+            and _changed(self._initial[id(d), attr], d.get(attr, _GONE))
+        ]  # fmt: skip
 
     def describe_change(self) -> str:
         """What changed since the trace, e.g. ``module Sequential.2 training True -> False``."""
@@ -350,6 +357,9 @@ class ModuleGuard:
             )
         for d, attr, owner in self._attributes:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
+            if _changed(old, value) and attr in _REGISTRIES:
+                return (f"module {owner} holds another {attr[1:]} dict (its __dict__ updated "
+                        "from another module's: __setstate__, __dict__.update?)")  # fmt: skip
             if _changed(old, value):
                 return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
         for owner, name, old_type, ident in self._child_names:
@@ -395,6 +405,10 @@ def _strictly_same(now: Any, was: Any) -> bool:
     """Same types and the same bits, nested ones included (``canonical``)."""
     if now is was:
         return True
+    if type(was) is dict:  # a module's registry: only itself (its tensors may be equal)
+        return False
+    if type(now) is tuple and type(was) is tuple and len(now) == len(was):
+        return all(map(_strictly_same, now, was))  # one module's attributes, read together
     try:
         return type(now) is type(was) and canonical(now)[1] == canonical(was)[1]
     except Exception:  # a value that cannot be written or compared: a change

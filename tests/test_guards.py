@@ -345,3 +345,37 @@ def test_a_number_attribute_replaced_by_a_tensor_retraces_not_crashes() -> None:
     step(x).sum().backward()
     assert scale.grad is not None and float(scale.grad) == float(x.sum())
     assert step.num_traces == 3
+
+
+def _set_state(module: nn.Module, other: nn.Module) -> None:
+    module.__setstate__(dict(other.__dict__))
+
+
+def _update_dict(module: nn.Module, other: nn.Module) -> None:
+    module.__dict__.update(other.__dict__)
+
+
+@pytest.mark.parametrize("swap", [_set_state, _update_dict])
+def test_a_modules_dict_updated_from_another_module_is_noticed_and_described(swap: object) -> None:
+    """Another module's weights swapped in through its ``__dict__`` (probe 36b): the
+    registries are other dicts, of as many tensors, under the same names; the guard held the
+    traced ones and compiled calls kept the old weights."""
+    torch.manual_seed(3)
+    first, other = nn.Linear(3, 3), nn.Linear(3, 3)
+    guard = ModuleGuard([first])
+    assert guard.holds()
+    swap(first, other)  # type: ignore[operator]
+    assert not guard.holds()
+    said = guard.describe_change()
+    assert said.startswith("module Linear holds another parameters dict"), said
+    assert guard.changed_attributes() == []  # not a counter the step might leave unread
+
+    module = nn.Linear(3, 3)
+    jitted, x = ptj.jit(lambda x: module(x)), torch.randn(2, 3)
+    for change in (lambda: None, lambda: swap(module, nn.Linear(3, 3))):  # type: ignore[operator]
+        change()
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x), module(x))
+        jitted.wait_compiled()
+        torch.testing.assert_close(jitted(x), module(x))
+    assert jitted.num_traces == 2, jitted.explain()
