@@ -9,9 +9,12 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import ctypes
 import dataclasses
 import functools
+import hashlib
 import importlib
+import queue
 import types
 import warnings
 from collections.abc import Callable
@@ -891,6 +894,47 @@ def test_a_step_writing_a_numpy_array_it_reads_runs_eagerly_once_per_call(step: 
     assert got == [1.0, 2.0, 3.0]
     assert TALLY[0] + BIG_TALLY[0] == 3.0
     assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1
+
+
+SIMPLE_QUEUE: queue.SimpleQueue[int] = queue.SimpleQueue()
+HASH = hashlib.sha256()
+COUNT = ctypes.c_double(0.0)
+
+
+def _puts(x: torch.Tensor) -> torch.Tensor:
+    SIMPLE_QUEUE.put(1)
+    return x * SIMPLE_QUEUE.qsize()
+
+
+def _hashes(x: torch.Tensor) -> torch.Tensor:
+    HASH.update(b"step")
+    return x * 2.0
+
+
+def _counts(x: torch.Tensor) -> torch.Tensor:
+    COUNT.value += 1.0
+    return x * COUNT.value
+
+
+@pytest.mark.parametrize("step", [_puts, _hashes, _counts], ids=["SimpleQueue", "hash", "ctypes"])
+def test_a_step_writing_state_a_library_keeps_in_c_runs_eagerly_once_per_call(step: Any) -> None:
+    """A ``queue.SimpleQueue``, a hash, a ``ctypes`` value: their state is in C, out of the
+    walk's sight; the record and trace passes wrote twice at the first call, the compiled
+    calls never, with no warning (probe 36a). Their bytes, size or digest are compared."""
+    while not SIMPLE_QUEUE.empty():
+        SIMPLE_QUEUE.get()
+    COUNT.value = 0.0
+    start = HASH.copy()
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="changes Python state it reads"):
+        got = [jitted(torch.ones(2))[0].item() for _ in range(3)]
+    if step is _hashes:
+        for _ in range(3):
+            start.update(b"step")
+        assert HASH.digest() == start.digest()
+    else:
+        assert got == [1.0, 2.0, 3.0]
+        assert SIMPLE_QUEUE.qsize() + COUNT.value == 3.0
 
 
 class _Sub:

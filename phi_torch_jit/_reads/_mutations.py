@@ -47,10 +47,36 @@ def _fingerprint(read: Read) -> Any:
     if read.kind in (Kind.ARRAY, Kind.IDENTITY) and _small_array(value):  # T[0] += 1: in place
         return array_copy(value)
     if read.kind is Kind.IDENTITY:
-        return (id(value), len(value) if isinstance(value, SIZED) else None)
+        return (id(value), len(value) if isinstance(value, SIZED) else None, _held_in_c(value))
     if read.kind is Kind.TENSOR:  # an input: in-place updates are seen; a rebind is not
         return _Identity(value)
     return read.current() if read.kind is not Kind.CONTENT else _copy(value)
+
+
+def _held_in_c(value: Any) -> Any:
+    """What a library object keeps in C shows of itself without changing it (probe 36a:
+    ``Q.put(1)`` on a ``queue.SimpleQueue``, ``H.update(b)`` on a hash, ``C.value += 1`` on a
+    ``ctypes`` value ran once per compile, silently): its bytes where it lends them (a
+    ``ctypes`` value, an ``mmap``; up to 64 KiB), a queue's size, a hash's digest. None for
+    the rest (their changes show in their length or attributes, or not at all)."""
+    if type(value).__module__ in ("builtins", "numpy") or isinstance(value, torch.Tensor):
+        return None  # containers: by length and content; arrays: copied
+    try:
+        with memoryview(value) as view:
+            return view.tobytes() if view.nbytes <= _MAX_VIEWED else None
+    except TypeError:
+        pass
+    try:
+        if callable(getattr(type(value), "qsize", None)):
+            return ("qsize", value.qsize())
+        if all(hasattr(value, n) for n in ("digest", "update", "block_size")):
+            return ("digest", value.digest())
+    except Exception:  # a size the platform does not give (multiprocessing on macOS)
+        return None
+    return None
+
+
+_MAX_VIEWED = 1 << 16
 
 
 _MAX_COPIED = 1 << 20
