@@ -22,7 +22,7 @@ from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
 from ._explain import Reporter, explain
 from ._meter import MISSES, WINDOW, HitRate
-from ._options import DISABLE_ENV, ENGINE_ENV, Options, positional_names
+from ._options import DISABLE_ENV, ENGINE_ENV, Options, keywords_in_order, positional_names
 from ._path_meter import PathMeters
 from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_run, eager_specialization, specialize
 from ._signature import flatten_arguments
@@ -80,6 +80,7 @@ class JitFunction(Generic[P, R]):
         """How messages and logs name the function, e.g. ``step (sim.py:12)``; ``label``
         overrides it (``phiflow.install()`` names the user's function, not PhiML's wrapper)."""
         self._arg_names = positional_names(fn)
+        self._in_order = keywords_in_order(fn)
         self._cache = SpecializationCache(max_traces)
         self._report = Reporter(self._owner, self._arg_names, max_traces)
         self._target = Target(fn, self._owner, options, self._report)
@@ -137,7 +138,9 @@ class JitFunction(Generic[P, R]):
             or functorch_transform() is not None
         ):  # eager; inlined into an enclosing trace; or inside vmap/grad, which see the Python
             return self._fn(*args, **kwargs)
-        spec, tensors = flatten_arguments(args, kwargs, self._owner, self._arg_names)
+        spec, tensors = flatten_arguments(
+            args, kwargs, self._owner, self._arg_names, self._in_order
+        )
         key = (spec, torch.is_grad_enabled(), ambient_state())
         seen = self._cache.lookup(key)
         if len(seen) > 1 and self._paths is not None:  # several paths: measured
@@ -253,7 +256,7 @@ class JitFunction(Generic[P, R]):
         signature: ``(True, "")``, or ``(False, why not)`` (``"not yet traced"``, or what
         differs from the newest one). Runs nothing; the values guards check at a call are not
         compared (like PhiML's ``math.trace_check``)."""
-        spec, _ = flatten_arguments(args, kwargs, self._owner, self._arg_names)
+        spec, _ = flatten_arguments(args, kwargs, self._owner, self._arg_names, self._in_order)
         key = (spec, torch.is_grad_enabled(), ambient_state())
         if self._cache.lookup(key):
             return True, ""

@@ -106,3 +106,16 @@ def positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
         return ()
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return tuple(p.name for p in params if p.kind in kinds)
+
+
+def keywords_in_order(fn: Callable[..., Any]) -> bool:
+    """Whether the order of ``fn``'s keyword arguments can matter: it takes ``**kwargs``
+    (a loop over ``kw.items()`` follows the call's order; probe 36c), or its signature
+    cannot be read. Named keywords are keyed in name order (one specialization for
+    ``f(a=1, b=2)`` and ``f(b=2, a=1)``)."""
+    target = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

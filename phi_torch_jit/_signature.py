@@ -174,19 +174,24 @@ def _flatten_items(
 
 
 def flatten_arguments(
-    args: tuple[Any, ...], kwargs: dict[str, Any], owner: str, arg_names: Sequence[str] = ()
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    owner: str,
+    arg_names: Sequence[str] = (),
+    in_order: bool = False,
 ) -> tuple[Spec, list[torch.Tensor]]:
     """Flatten a call's arguments into (cache key, tensor leaves).
 
     Keyword arguments are keyed in name order, so ``f(a=1, b=2)`` and
-    ``f(b=2, a=1)`` share a specialization.
+    ``f(b=2, a=1)`` share a specialization; in the call's order with ``in_order`` (a
+    function taking ``**kwargs`` may loop over them: ``_options.keywords_in_order``).
 
     Raises:
         SignatureError: a leaf is neither a tensor, a supported container nor a
             hashable static value; the message names the argument path.
     """
     tensors: list[torch.Tensor] = []
-    names = tuple(sorted(kwargs))
+    names = tuple(kwargs) if in_order else tuple(sorted(kwargs))
     try:
         pos = _flatten_items(args, tensors, True, None)
     except _Unsupported as error:

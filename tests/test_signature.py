@@ -161,3 +161,27 @@ def test_numbers_the_trace_computed_become_computed_leaves() -> None:
     assert merge_traced_numbers(recorded, recorded) == recorded
     other, _ = flatten_outputs((torch.ones(2), "x", {"n": 2.5, "tag": "a"}), "f")
     assert merge_traced_numbers(other, traced) is None  # a string cannot be computed
+
+
+def test_keywords_a_function_takes_as_kwargs_are_keyed_in_the_calls_order() -> None:
+    """``for k, v in kw.items()`` follows the call's order (probe 36c: ``f(x, b=3, a=2)``
+    after ``f(x, a=2, b=3)`` served the first order's program). Named keyword parameters
+    cannot be looped over: one specialization for both orders."""
+    import phi_torch_jit as ptj
+
+    def looped(x: torch.Tensor, **kw: float) -> torch.Tensor:
+        for v in kw.values():
+            x = x * v + 1
+        return x
+
+    def named(x: torch.Tensor, *, a: float = 1.0, b: float = 1.0) -> torch.Tensor:
+        return (x * a + 1) * b + 1
+
+    x = torch.ones(1)
+    for fn, traces in ((looped, 2), (named, 1)):
+        jitted = ptj.jit(fn)
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x, a=2.0, b=3.0), fn(x, a=2.0, b=3.0))
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x, b=3.0, a=2.0), fn(x, b=3.0, a=2.0))
+        assert jitted.num_traces == traces
