@@ -1327,6 +1327,69 @@ def test_the_layout_of_an_argument_is_part_of_the_key() -> None:
     assert jitted.num_traces == 2
 
 
+LAYOUT = torch.arange(4.0).reshape(2, 2)
+LAYOUTS = [torch.arange(4.0).reshape(2, 2)]
+
+
+def _reads_strides(x: torch.Tensor) -> torch.Tensor:
+    for s in LAYOUT.stride():
+        x = x * s + 1
+    return x + 1 if LAYOUTS[0].is_contiguous() else x
+
+
+def test_the_layout_of_a_tensor_the_step_reads_from_state_is_guarded() -> None:
+    """As an argument's (probe 36c): a global rebound to a transposed view, a tensor in a
+    list transposed in place (``t_()``) kept the first layout's program."""
+    global LAYOUT
+    jitted, x = ptj.jit(_reads_strides), torch.ones(1)
+
+    def rebind() -> None:
+        global LAYOUT
+        LAYOUT = torch.arange(4.0).reshape(2, 2).t()
+
+    for change in (lambda: None, rebind, lambda: LAYOUTS[0].t_()):
+        change()
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x), _reads_strides(x))
+        jitted.wait_compiled()
+        torch.testing.assert_close(jitted(x), _reads_strides(x))
+    assert jitted.num_traces == 3
+    LAYOUT = torch.arange(4.0).reshape(2, 2)
+    LAYOUTS[0] = torch.arange(4.0).reshape(2, 2)
+
+
+def test_a_tensor_held_twice_and_written_in_place_runs_eagerly_like_eager() -> None:
+    """``PARTS = [w, w]`` (a tied weight) written through both places: a captured graph took
+    them as two inputs, the second never saw the first one's ``add_`` (probe 36c)."""
+    w = torch.ones(2)
+    parts = [w, w]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for t in parts:
+            t.add_(1)
+            x = x * t.sum()
+        return x
+
+    twin = torch.ones(2)
+    twin_parts = [twin, twin]
+
+    def eager(x: torch.Tensor) -> torch.Tensor:
+        for t in twin_parts:
+            t.add_(1)
+            x = x * t.sum()
+        return x
+
+    jitted, x = ptj.jit(step), torch.ones(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ptj.JitWarning)
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x), eager(x))
+        jitted.wait_compiled()
+        for _ in range(3):
+            torch.testing.assert_close(jitted(x), eager(x))
+    torch.testing.assert_close(w, twin)
+
+
 def test_negative_zero_as_an_argument_is_not_served_zeros_program() -> None:
     def signed(x: torch.Tensor, f: float) -> torch.Tensor:
         return x * math.copysign(1.0, f)

@@ -203,7 +203,8 @@ class Read:
     """How it is compared."""
     expected: Any
     """The value (VALUE), a snapshot (CONTENT), the object (IDENTITY) or the tensor's
-    ``(shape, dtype, device, requires_grad)`` (TENSOR)."""
+    ``(shape, dtype, device, requires_grad, strides)`` (TENSOR: Python may read ``stride()``
+    or ``is_contiguous()``, as of an argument)."""
     unguarded: str = ""
     """What under an IDENTITY read is not guarded (fields beyond the walk's limit), for
     :meth:`JitFunction.explain`; empty when its whole tree is."""
@@ -370,7 +371,7 @@ def same_value(a: Any, b: Any) -> bool:
 def tensor_meta(value: Any) -> Any:
     if not isinstance(value, torch.Tensor):
         return ("not a tensor", type(value).__name__)
-    return (tuple(value.shape), value.dtype, value.device, value.requires_grad)
+    return (tuple(value.shape), value.dtype, value.device, value.requires_grad, value.stride())
 
 
 _ENUM_OWN = frozenset({"_value_", "_name_", "_sort_order_"})

@@ -88,15 +88,16 @@ def written_inputs(tensors: Sequence[torch.Tensor], before: list[int]) -> Writte
 
 
 def aliased(written: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> bool:
-    """Whether a tensor the record pass wrote in place shares memory with another object
-    among a program's ``inputs`` (arguments, captured tensors, parameters: ``cache["v"] =
-    w.detach()`` kept from an earlier call, then ``cache["v"].mul_(0.5)``): a captured graph
-    takes them as separate inputs and reads the other one's old value."""
+    """Whether a tensor the record pass wrote in place shares memory with another of a
+    program's ``inputs``, or is two of them (arguments, captured tensors, parameters:
+    ``cache["v"] = w.detach()`` kept from an earlier call, then ``cache["v"].mul_(0.5)``; a
+    list holding ``w`` twice): a captured graph takes them as separate inputs and reads the
+    other one's old value."""
     if not written:
         return False
-    by_storage: dict[int, set[int]] = {}
-    for tensor in inputs:
+    places: dict[int, int] = {}  # storage -> how many inputs use it (the same tensor
+    for tensor in inputs:  # held twice, PARTS = [w, w], is two inputs: probe 36c)
         pointer = storage_pointer(tensor)
         if pointer:
-            by_storage.setdefault(pointer, set()).add(id(tensor))
-    return any(by_storage.get(storage_pointer(t), set()) - {id(t)} for t in written)
+            places[pointer] = places.get(pointer, 0) + 1
+    return any(places.get(storage_pointer(t), 0) > 1 for t in written)
