@@ -27,8 +27,8 @@ tag    node                                                 meaning
 =====  ===================================================  ==================
 
 Static leaves are ``None``, bool, int, float, complex, str, bytes, enums, torch
-dtypes/devices/layouts, and any other hashable value: objects with a value ``__hash__`` are
-keyed by value, callables by identity. Anything else (unhashable values, plain objects hashed
+dtypes/devices/layouts/sizes, and any other hashable value: objects with a value ``__hash__``
+are keyed by value, callables by identity. Anything else (unhashable values, plain objects hashed
 by identity) is rejected with the path where it sits: keyed by identity, its mutations would
 be silently ignored.
 """
@@ -150,6 +150,8 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
         return ("C", cls, names, _flatten_items(values, tensors, meta, names, attr=True))
     if isinstance(obj, nn.Module):
         return ("M", obj)
+    if cls is torch.Size:  # x.shape passed on (probe 36c): ints, keyed by value
+        return ("S", cls, obj)
     if isinstance(obj, (tuple, list)):
         raise _Unsupported(obj, f"subclass {cls.__qualname__} of {cls.__mro__[1].__name__}")
     return _static_leaf(obj)

@@ -185,3 +185,18 @@ def test_keywords_a_function_takes_as_kwargs_are_keyed_in_the_calls_order() -> N
         for _ in range(3):
             torch.testing.assert_close(jitted(x, b=3.0, a=2.0), fn(x, b=3.0, a=2.0))
         assert jitted.num_traces == traces
+
+
+def test_a_shape_passed_as_an_argument_is_keyed_by_value() -> None:
+    """``torch.Size`` (``x.shape`` passed on) was refused as a subclass of tuple (probe 36c)."""
+    import phi_torch_jit as ptj
+
+    def scaled(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        for d in shape:
+            x = x * d
+        return x
+
+    jitted = ptj.jit(scaled)
+    for x in (torch.ones(2, 3), torch.ones(2, 3), torch.ones(4, 3), torch.ones(2, 3)):
+        torch.testing.assert_close(jitted(torch.ones(1), x.shape), scaled(torch.ones(1), x.shape))
+    assert jitted.num_traces == 2
