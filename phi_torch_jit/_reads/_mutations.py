@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._code_walk import user_class
 from ._content import SIZED
 from ._hooks import hook_reads
 from ._kinds import generator_of, generator_state
@@ -59,17 +60,20 @@ def _held_in_c(value: Any) -> Any:
     ``ctypes`` value ran once per compile, silently): its bytes where it lends them (a
     ``ctypes`` value, an ``mmap``; up to 64 KiB), a queue's size, a hash's digest. None for
     the rest (their changes show in their length or attributes, or not at all)."""
-    if type(value).__module__ in ("builtins", "numpy") or isinstance(value, torch.Tensor):
+    klass = type(value)
+    if klass.__module__ in ("builtins", "numpy") or isinstance(value, torch.Tensor):
         return None  # containers: by length and content; arrays: copied
+    if user_class(klass):  # walked by attribute; no code of yours runs here (a __getattr__)
+        return None
     try:
         with memoryview(value) as view:
             return view.tobytes() if view.nbytes <= _MAX_VIEWED else None
     except TypeError:
         pass
     try:
-        if callable(getattr(type(value), "qsize", None)):
+        if callable(getattr(klass, "qsize", None)):
             return ("qsize", value.qsize())
-        if all(hasattr(value, n) for n in ("digest", "update", "block_size")):
+        if all(hasattr(klass, n) for n in ("digest", "update", "block_size")):
             return ("digest", value.digest())
     except Exception:  # a size the platform does not give (multiprocessing on macOS)
         return None
