@@ -22,7 +22,7 @@ See NOTE [nested custom functions].
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import re
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -52,7 +52,24 @@ from .errors import TraceError
 
 __all__ = ["CompiledCall", "NestedCalls", "ReplayStep", "compile_calls", "original_error"]
 
-_OP_NUMBERS = itertools.count()
+_STEMS: dict[str, int] = {}
+"""How many ops of this process were named from each stem (:func:`_op_name`)."""
+
+
+def _op_name(function: str, kept: bool, contract: Any) -> str:
+    """A custom call's op name: the function's name, whether the op is kept though unused
+    (inductor's on-disk cache keys a graph by its text, and a program compiled where a
+    same-named op could be dropped must not serve), and a hash of its contract (inputs,
+    outputs' metadata, tags), numbered only after the first of a stem in a process. A counter
+    over the process named a PhiFlow simulation's solve after the ones jitted before it, so
+    its graph's text, and inductor's keys, depended on what ran earlier in the process: no
+    warm start for the second simulation of a script run in another order (NOTE [warm
+    starts])."""
+    base = re.sub(r"\W", "_", function).strip("_") or "custom"
+    digest = hashlib.sha256(repr(contract).encode()).hexdigest()[:8]
+    stem = f"{base}{'_kept' if kept else ''}_{digest}"
+    count = _STEMS[stem] = _STEMS.get(stem, 0) + 1
+    return stem if count == 1 else f"{stem}_{count - 1}"
 
 
 class _FlatForward:
@@ -174,12 +191,9 @@ class CompiledCall:
         self.op_name = self._define_op()
 
     def _define_op(self) -> str:
-        base = re.sub(r"\W", "_", self.function.__name__).strip("_") or "custom"
         kept = self.forward.runs_python or bool(self.checks)
-        # An op kept though unused is named apart: inductor's on-disk cache keys a graph by its
-        # text, and a program compiled where a same-named op could be dropped must not serve.
-        name = f"{base}{'_kept' if kept else ''}_{next(_OP_NUMBERS)}"
         tags = forward_tags(self.forward.mode, bool(self.checks))
+        name = _op_name(self.function.__name__, kept, (self.n_inputs, self.output_meta, tags))
         self.contract = OpContract(
             name,
             self.n_inputs,

@@ -296,3 +296,37 @@ def test_a_custom_call_whose_result_is_unused_still_runs_as_eagerly() -> None:
     assert _LOGGED.forward - runs == len(inputs)
     assert _LOGGED.gradient - seen == sum(3 * (i + 1) for i in range(4))
     assert jitted.num_traces == 1
+
+
+class _NamedApart(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 3.0
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 3.0
+
+
+def test_an_ops_name_does_not_depend_on_what_was_jitted_before_it() -> None:
+    """Inductor keys a compiled graph by its text, which names each custom call's op: a
+    counter over the process gave a second PhiFlow simulation's solve another name when
+    another ran before it, and no warm start. The name is the function's and a hash of its
+    contract; only a second op of the same stem in a process is numbered."""
+    import re
+
+    def names(n: int) -> list[str]:
+        step = ptj.jit(lambda x: _NamedApart.apply(x))
+        step(torch.ones(n))
+        return [call.op_name for s in step.specializations for call in s.calls]
+
+    before = ptj.jit(lambda x: (x * 2.0).sin())  # another function's capture first
+    before(torch.ones(2))
+    pattern = r"NamedApart_([0-9a-f]{8})(?:_(\d+))?"  # numbered by the earlier engines' runs
+    (first,) = names(7)
+    (other,) = names(8)  # another contract: another hash
+    (again,) = names(7)  # the same contract again in this process: the next number
+    one, two, three = (re.fullmatch(pattern, n) for n in (first, other, again))
+    assert one and two and three, (first, other, again)
+    assert one[1] == three[1] != two[1]
+    assert int(three[2]) == int(one[2] or 0) + 1
