@@ -65,19 +65,20 @@ def _attribute(owner: Any, key: str, value: Any, source: Source) -> Undo:
         own = object.__getattribute__(owner, "__dict__")
     except AttributeError:
         own = None
-    if type(own) is dict and key in own:
+    held = _MISSING
+    for cls in type(owner).__mro__:  # as Python looks it up: a data descriptor of the class
+        held = cls.__dict__.get(key, _MISSING)  # (a slot, a property) before the instance's
+        if held is not _MISSING:  # __dict__, which holds a same-named entry in vain
+            break
+    if isinstance(held, types.MemberDescriptorType):  # a slot
+        before = held.__get__(owner, type(owner))
+        held.__set__(owner, value)
+        return lambda: held.__set__(owner, before)
+    data_descriptor = held is not _MISSING and hasattr(type(held), "__set__")
+    if not data_descriptor and type(own) is dict and key in own:
         return _in_dict(own, key, value)
-    for cls in type(owner).__mro__:
-        held = cls.__dict__.get(key, _MISSING)
-        if held is _MISSING:
-            continue
-        if isinstance(held, types.MemberDescriptorType):  # a slot
-            before = held.__get__(owner, type(owner))
-            held.__set__(owner, value)
-            return lambda: held.__set__(owner, before)
-        if hasattr(type(held), "__get__"):
-            break  # a property or another descriptor computes it, per instance
-        return _on_class(cls, key, value, source)
+    if held is not _MISSING and not hasattr(type(held), "__get__"):
+        return _on_class(type(owner), key, value, source)
     raise RunEagerly(
         f"it reads a tensor ({source.label}) that its object's code computes (a property, "
         "__getattr__): a compiled program cannot take it as an input; keep the tensor in an "

@@ -162,3 +162,31 @@ def test_a_tensor_that_a_getattr_computes_runs_eagerly_and_leaves_no_attribute()
         Computed.base = torch.ones(4)
         _like_eager(jitted, step)
     assert "w" not in vars(cfg)
+
+
+def test_a_slot_beside_a_same_named_dict_entry_is_rebound_as_python_reads_it() -> None:
+    """A base class's slot and a subclass without ``__slots__``: an entry ``"w"`` in the
+    instance's ``__dict__`` is ignored by Python (the slot, a data descriptor, wins) but took
+    the traced input, so the program kept the slot's tensor as a constant (probe 37e)."""
+
+    class Slotted:
+        __slots__ = ("w",)
+
+    class Open(Slotted):
+        pass
+
+    held = Open()
+    held.w = torch.full((4,), 2.0)
+    held.__dict__["w"] = torch.full((4,), 99.0)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * held.w
+
+    def rebind() -> None:
+        held.w = torch.full((4,), 3.0)
+
+    def in_place() -> None:
+        held.w.add_(1.0)
+
+    _compiled_like_eager(step, [rebind, in_place])
+    assert held.__dict__["w"][0] == 99.0
