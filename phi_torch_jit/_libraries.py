@@ -148,3 +148,9 @@ def harmless_tracer_warning(warning: warnings.WarningMessage) -> bool:
 
 def reads_input_shape(warning: warnings.WarningMessage) -> bool:
     return any(lib.reads_input_shape(warning) for lib in libraries())
+
+
+def configuration_classes() -> tuple[type, ...]:
+    """The registered libraries' classes of settings objects
+    (:meth:`~.extend.Library.configuration_classes`)."""
+    return tuple(cls for lib in libraries() for cls in lib.configuration_classes())

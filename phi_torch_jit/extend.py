@@ -218,6 +218,13 @@ class Library:
         unless the graph has an op whose output shape depends on values."""
         return False
 
+    def configuration_classes(self) -> tuple[type, ...]:
+        """Classes of the library whose instances hold a user's settings as attributes
+        (PhiML's ``Solve``): where the step's state holds one, it is walked by attribute like
+        a namespace, so a change in place (``SOLVE.x0 = guess``) retraces. Other objects of a
+        library are guarded by identity. Asked at every walk: answer from a dict lookup."""
+        return ()
+
 
 _LIBRARIES: list[Library] = []
 REGISTERED: Sequence[Library] = _LIBRARIES

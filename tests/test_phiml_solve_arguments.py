@@ -175,3 +175,34 @@ def test_a_custom_gradients_auxiliary_tensor_is_each_calls_after_eager_calls_wit
         torch.testing.assert_close(jitted(x, k).native("x"), want)
     # PhiML compares each call's key with the eager calls' keys by value, a tensor read the
     # trace guards: a new value retraces (and, past a few, the step runs eagerly, warned)
+
+
+FIRST_GUESS = _field(1)
+SOLVE = Solve("CG", 1e-12, 1e-12, max_iterations=2, x0=FIRST_GUESS, suppress=[math.NotConverged])
+
+
+def _global_solve(b: Any) -> Any:
+    return math.solve_linear(_operator, b, SOLVE)
+
+
+def test_a_solve_kept_in_state_and_changed_in_place_retraces() -> None:
+    """``SOLVE.x0 = guess``, ``SOLVE.max_iterations = ...`` on a ``Solve`` the step reads from
+    a global: a library object, guarded by identity, kept the traced settings (probe 37f).
+    PhiML's adapter names ``Solve`` a settings class: walked by attribute."""
+    step = ptj.jit(_global_solve)
+    b = _field(0)
+
+    def like_eager() -> None:
+        for _ in range(2):
+            with phiml_eager():
+                want = _global_solve(b)
+            assert _largest(step(b) - want) <= 1e-5 * _largest(want)
+
+    like_eager()
+    SOLVE.x0 = _field(3)
+    like_eager()
+    SOLVE.max_iterations = math.to_int32(math.wrap(5))
+    like_eager()
+    SOLVE.x0, SOLVE.max_iterations = FIRST_GUESS, math.to_int32(math.wrap(2))
+    like_eager()
+    assert step.num_traces == 4  # a new PhiML tensor as the limit: guarded by identity

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._libraries import configuration_classes
 from .._signature import NAMESPACES
 from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
@@ -44,8 +45,12 @@ def _class_of(value: Any) -> type:
 
 
 def _bag(klass: type) -> bool:
-    """A class whose instances hold configuration as attributes: namespaces, thread-locals."""
-    return klass in NAMESPACES or issubclass(klass, threading.local)
+    """Its instances hold configuration: namespaces, thread-locals, a library's settings."""
+    return (
+        klass in NAMESPACES
+        or issubclass(klass, threading.local)
+        or klass in configuration_classes()
+    )  # a library's settings (PhiML's Solve)
 
 
 def has_attributes(value: Any) -> bool:

@@ -106,6 +106,12 @@ class PhiMLLibrary(Library):
     def owns_code(self, source: Any) -> bool:
         return _is_phiml_code(source)
 
+    def configuration_classes(self) -> tuple[type, ...]:
+        """PhiML's ``Solve``: its tolerances, iteration limit and ``x0`` are settings a user
+        may change in place on a ``Solve`` kept in a global or an object."""
+        solve = getattr(sys.modules.get("phiml.math._optimize"), "Solve", None)
+        return (solve,) if isinstance(solve, type) else ()
+
     def loop_solvers(self, capture: Callable[[Callable[..., Any], str], Any]) -> Any:
         from ._cg import Solvers
 
