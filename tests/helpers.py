@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -190,6 +190,19 @@ def program_of(jitted: Any) -> TieredProgram:
     program = specialization.program
     assert isinstance(program, TieredProgram)
     return program
+
+
+def like_eager_after_each(
+    jitted: Any, call: Callable[[Any], Any], eager: Any, changes: Sequence[Callable[[], None]]
+) -> None:
+    """``call(jitted)`` like ``call(eager)`` three times, then after ``wait_compiled``, before
+    any change and after each of ``changes``."""
+    for change in [lambda: None, *changes]:
+        change()
+        for _ in range(3):
+            torch.testing.assert_close(call(jitted), call(eager))
+        jitted.wait_compiled()
+        torch.testing.assert_close(call(jitted), call(eager))
 
 
 def like_eager_then_retraced(

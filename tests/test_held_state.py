@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import read_settings
 import torch
-from helpers import seeded
+from helpers import like_eager_after_each, seeded
 from test_state_paths import _Counting
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -1009,12 +1009,7 @@ def test_a_partial_of_your_class_is_guarded_by_its_own_attributes_and_class(held
 
         return [scale, gain]
 
-    for change in [lambda: None, *changes()]:
-        change()
-        for _ in range(3):
-            torch.testing.assert_close(call(jitted), call(step))
-        jitted.wait_compiled()
-        torch.testing.assert_close(call(jitted), call(step))
+    like_eager_after_each(jitted, call, step, changes())
     assert jitted.num_traces == 3
 
 

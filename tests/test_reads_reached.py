@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import like_eager_after_each
 from torch import nn
 
 import phi_torch_jit as ptj
@@ -1347,12 +1348,7 @@ def test_the_layout_of_a_tensor_the_step_reads_from_state_is_guarded() -> None:
         global LAYOUT
         LAYOUT = torch.arange(4.0).reshape(2, 2).t()
 
-    for change in (lambda: None, rebind, lambda: LAYOUTS[0].t_()):
-        change()
-        for _ in range(3):
-            torch.testing.assert_close(jitted(x), _reads_strides(x))
-        jitted.wait_compiled()
-        torch.testing.assert_close(jitted(x), _reads_strides(x))
+    like_eager_after_each(jitted, lambda f: f(x), _reads_strides, [rebind, LAYOUTS[0].t_])
     assert jitted.num_traces == 3
     LAYOUT = torch.arange(4.0).reshape(2, 2)
     LAYOUTS[0] = torch.arange(4.0).reshape(2, 2)
@@ -1361,25 +1357,18 @@ def test_the_layout_of_a_tensor_the_step_reads_from_state_is_guarded() -> None:
 def test_a_tensor_held_twice_and_written_in_place_runs_eagerly_like_eager() -> None:
     """``PARTS = [w, w]`` (a tied weight) written through both places: a captured graph took
     them as two inputs, the second never saw the first one's ``add_`` (probe 36c)."""
-    w = torch.ones(2)
-    parts = [w, w]
 
-    def step(x: torch.Tensor) -> torch.Tensor:
-        for t in parts:
-            t.add_(1)
-            x = x * t.sum()
-        return x
+    def writing_twice(parts: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            for t in parts:
+                t.add_(1)
+                x = x * t.sum()
+            return x
 
-    twin = torch.ones(2)
-    twin_parts = [twin, twin]
+        return step
 
-    def eager(x: torch.Tensor) -> torch.Tensor:
-        for t in twin_parts:
-            t.add_(1)
-            x = x * t.sum()
-        return x
-
-    jitted, x = ptj.jit(step), torch.ones(1)
+    w, twin = torch.ones(2), torch.ones(2)
+    jitted, eager, x = ptj.jit(writing_twice([w, w])), writing_twice([twin, twin]), torch.ones(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ptj.JitWarning)
         for _ in range(3):
