@@ -35,13 +35,22 @@ _Constant = phiml_extrapolation.ConstantExtrapolation
 
 def _hashed(upward: bool) -> Callable[[Any], int]:
     """A hash of constant extrapolations consistent with their ``==``: 1 for the zero
-    constant, 2 for the others, or the reverse."""
+    constant, 2 for the others, or the reverse (the zero gradient hashes as 3:
+    :func:`_fixed_hashes`, so that no address collides with them)."""
 
     def hash_(self: Any) -> int:
         zero = bool(math.all(self.value == 0))
         return (1 if zero else 2) if upward else (2 if zero else 1)
 
     return hash_
+
+
+def _fixed_hashes(monkeypatch: pytest.MonkeyPatch, upward: bool) -> None:
+    """Hashes that give a set of the three extrapolations one order or the other, whatever
+    the addresses of their classes (the zero gradient's hash is its class's address: it could
+    take a constant's slot, and both orders were then the same in one run of the suite)."""
+    monkeypatch.setattr(_Constant, "__hash__", _hashed(upward))
+    monkeypatch.setattr(type(ZERO_GRADIENT), "__hash__", lambda self: 3)
 
 
 @pytest.fixture
@@ -73,7 +82,7 @@ def _pad_orders(monkeypatch: pytest.MonkeyPatch, pads: list[Any]) -> list[list[A
     values = math.random_normal(math.spatial(x=6, y=4))
     orders = []
     for upward in (True, False):
-        monkeypatch.setattr(_Constant, "__hash__", _hashed(upward))
+        _fixed_hashes(monkeypatch, upward)
         pads.clear()
         math.pad(values, {"x": (1, 1), "y": (1, 1)}, _boundary())
         orders.append(list(pads))
@@ -111,7 +120,7 @@ def test_the_order_is_one_phimls_own_method_may_take(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(phiml_extrapolation._MixedExtrapolation, "pad", original)
     results = []
     for upward in (True, False):
-        monkeypatch.setattr(_Constant, "__hash__", _hashed(upward))
+        _fixed_hashes(monkeypatch, upward)
         results.append(math.pad(values, {"x": (1, 1), "y": (1, 1)}, _boundary()))
     assert any(math.always_close(ours, r, rel_tolerance=0, abs_tolerance=0) for r in results)
 
@@ -121,7 +130,7 @@ def _pipe_like(v: Any) -> Any:
 
 
 def _captured_code(upward: bool, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(_Constant, "__hash__", _hashed(upward))
+    _fixed_hashes(monkeypatch, upward)
     v = CenteredGrid(math.random_normal(math.spatial(x=8, y=6)), _boundary())
     jitted = ptj.jit(_pipe_like, engine="auto", backend="eager")
     out = jitted(v)
