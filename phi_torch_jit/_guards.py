@@ -357,11 +357,12 @@ class ModuleGuard:
             )
         for d, attr, owner in self._attributes:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
-            if _changed(old, value) and attr in _REGISTRIES:
+            if not _changed(old, value):
+                continue
+            if attr in _REGISTRIES:
                 return (f"module {owner} holds another {attr[1:]} dict (its __dict__ updated "
                         "from another module's: __setstate__, __dict__.update?)")  # fmt: skip
-            if _changed(old, value):
-                return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
+            return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
         for owner, name, old_type, ident in self._child_names:
             module = next(m for n, m in zip(self.names, self.modules) if n == owner)
             child = module._modules.get(name)
