@@ -1708,6 +1708,7 @@ SCALING = {"scale": 2, "coefficients": [1, 2]}
 SIGNS = [0.0, 1]
 OFFSET = 0.0
 SHIFTS = (1,)
+NESTED_SETS = {"ids": {1, 9}, "groups": [frozenset({1, 9})]}
 
 
 def _over_stages(x: torch.Tensor) -> torch.Tensor:
@@ -1715,6 +1716,14 @@ def _over_stages(x: torch.Tensor) -> torch.Tensor:
         x = x * 0.5 + w
     for k in KEY_SET:
         x = x * 0.5 + k
+    return x
+
+
+def _over_nested_sets(x: torch.Tensor) -> torch.Tensor:
+    for k in NESTED_SETS["ids"]:  # a set inside a dict: marshal writes it sorted
+        x = x * 0.5 + k
+    for k in NESTED_SETS["groups"][0]:  # a frozenset inside a list inside a dict
+        x = x * 0.25 + k
     return x
 
 
@@ -1743,6 +1752,9 @@ def _rebuilt_set() -> set[int]:
         (_over_stages, torch.ones(2), [
             lambda: STAGE_WEIGHTS.__setitem__("a", STAGE_WEIGHTS.pop("a")),  # b, a
             lambda: (KEY_SET.clear(), KEY_SET.update(_rebuilt_set()))]),
+        (_over_nested_sets, torch.ones(2), [
+            lambda: (NESTED_SETS["ids"].clear(), NESTED_SETS["ids"].update(_rebuilt_set())),
+            lambda: NESTED_SETS["groups"].__setitem__(0, frozenset(_rebuilt_set()))]),
         (_typed_scaling, torch.arange(3), [
             lambda: globals().__setitem__("SHIFTS", (1.0,)),
             lambda: SCALING.__setitem__("scale", 2.0),
@@ -1752,7 +1764,8 @@ def _rebuilt_set() -> set[int]:
             lambda: SIGNS.__setitem__(1, True),
             lambda: globals().__setitem__("OFFSET", -0.0)]),
     ],
-    ids=["a dict's and a set's order", "2 -> 2.0 in a tuple, a dict, a list", "-0.0, 1 -> True"],
+    ids=["a dict's and a set's order", "a set's order inside a dict or a list",
+         "2 -> 2.0 in a tuple, a dict, a list", "-0.0, 1 -> True"],
 )  # fmt: skip
 def test_contents_equal_by_eq_but_read_otherwise_retrace(
     step: Callable[..., Any], x: torch.Tensor, changes: list[Callable[[], None]]
@@ -1763,7 +1776,10 @@ def test_contents_equal_by_eq_but_read_otherwise_retrace(
     ``repr()``."""
     saved = (dict(STAGE_WEIGHTS), set(KEY_SET), {**SCALING, "coefficients": [1, 2]},
              list(SIGNS), OFFSET, SHIFTS)  # fmt: skip
+    nested = {"ids": {1, 9}, "groups": [frozenset({1, 9})]}
+    NESTED_SETS.clear(), NESTED_SETS.update(nested)
     assert list(_rebuilt_set()) != list(KEY_SET)  # the premise: equal sets, another order
+    assert list(frozenset(_rebuilt_set())) != list(NESTED_SETS["groups"][0])
     jitted = ptj.jit(step)
     try:
         with warnings.catch_warnings():
@@ -1782,6 +1798,7 @@ def test_contents_equal_by_eq_but_read_otherwise_retrace(
         SIGNS[:] = saved[3]
         globals()["OFFSET"] = saved[4]
         globals()["SHIFTS"] = saved[5]
+        NESTED_SETS.clear(), NESTED_SETS.update(nested)
     assert jitted.num_traces == 1 + len(changes)
 
 

@@ -3,7 +3,6 @@ values a trace baked are fetched by one generated function and compared in three
 
 from __future__ import annotations
 
-import marshal
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -11,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ._records import GONE, Kind, Read, Source, Step, same_array, tensor_meta
+from ._records import GONE, GUARD_NAMES, Kind, Read, Source, Step, same_array, tensor_meta
 
 __all__ = ["PythonGuard"]
 
@@ -43,7 +42,7 @@ def _fetcher(sources: list[Source]) -> Callable[[], list[Any]]:
         items.append(code)
     params = [f"{name}=__held[{i}]" for i, name in enumerate(roots.values())]
     text = f"def fetch({', '.join(params)}):\n    return [{', '.join(items)}]\n"
-    scope: dict[str, Any] = {"__held": held, "_marshal": marshal.dumps}
+    scope: dict[str, Any] = {"__held": held, **GUARD_NAMES}
     exec(compile(text, "<phi_torch_jit guard>", "exec"), scope)
     return scope["fetch"]  # type: ignore[no-any-return]
 

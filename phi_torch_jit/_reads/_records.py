@@ -249,30 +249,87 @@ def _decoded(key: str, form: bytes | str) -> str:
         text = repr(form)
     else:
         value = marshal.loads(form)
-        text = repr(set(value) if key == "set" else value)
+        text = repr(set(value) if key == "set" else _with_sets(value))
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_SET_MARK = "\x00phi_torch_jit set"
+"""Heads the tuple a nested set is written as (:func:`_in_order`)."""
+
+
+def _in_order(value: Any) -> Any:
+    """``value`` with each set or frozenset inside it as a tuple of its members in their
+    order (headed by :data:`_SET_MARK` and its class): marshal sorts the sets it writes, and
+    a loop over ``CFG["ids"]`` runs in the set's order (probe 38b)."""
+    cls = type(value)
+    if cls is set or cls is frozenset:
+        return (_SET_MARK, cls is frozenset, *map(_in_order, value))
+    if cls is list:
+        return list(map(_in_order, value))
+    if cls is tuple:
+        return tuple(map(_in_order, value))
+    if cls is dict:
+        return {_in_order(k): _in_order(v) for k, v in value.items()}
+    return value
+
+
+def _nested_form(value: Any) -> bytes:
+    return marshal.dumps(_in_order(value), 2)
+
+
+def _holds_set(value: Any) -> bool:
+    """Whether a set or frozenset lies inside the list, tuple or dict ``value``."""
+    cls = type(value)
+    if cls is set or cls is frozenset:
+        return True
+    if cls is dict:
+        return any(map(_holds_set, value)) or any(map(_holds_set, value.values()))
+    return (cls is list or cls is tuple) and any(map(_holds_set, value))
+
+
+def _with_sets(value: Any) -> Any:
+    """A value read back from its nested form (:func:`_in_order`), its sets sets again."""
+    cls = type(value)
+    if cls is tuple and value[:1] == (_SET_MARK,):
+        members = [_with_sets(v) for v in value[2:]]
+        return frozenset(members) if value[1] else set(members)
+    if cls is list or cls is tuple:
+        return cls(map(_with_sets, value))
+    if cls is dict:
+        return {_with_sets(k): _with_sets(v) for k, v in value.items()}
+    return value
 
 
 _FORMS: dict[str, Any] = {
     "marshal": lambda v: marshal.dumps(v, 2),  # version 2: no back-references (identity)
     "set": lambda v: marshal.dumps(tuple(v), 2),  # marshal sorts a set: its order is the loop's
+    "nested": _nested_form,  # a container holding sets, each in its order
     "repr": repr,
     "bytes": bytes,  # what a buffer (an mmap) holds now
 }
-_EXPRESSIONS = {"marshal": "_marshal({}, 2)", "set": "_marshal(tuple({}), 2)", "repr": "repr({})",
-                "bytes": "bytes({})"}  # fmt: skip
-"""The same forms as code for the guard's fetcher (C calls only: no Python frame per read)."""
+_EXPRESSIONS = {"marshal": "_marshal({}, 2)", "set": "_marshal(tuple({}), 2)",
+                "nested": "_nested({})", "repr": "repr({})", "bytes": "bytes({})"}  # fmt: skip
+"""The same forms as code for the guard's fetcher (C calls only: no Python frame per read;
+a container holding sets, rare, pays one)."""
+GUARD_NAMES = {"_marshal": marshal.dumps, "_nested": _nested_form}
+"""The names :data:`_EXPRESSIONS` use, for the fetcher's scope."""
 
 
 def canonical(value: Any) -> tuple[Step, bytes | str]:
     """The step that reads ``value`` in a form that differs wherever a program reading it
     may, and that form now: ``marshal``'s bytes (exact types, a float's bits, the order of a
     dict; 0.3 us for a small config dict, 2 us for 20 entries), a set's as the tuple of its
-    order (marshal sorts it; a set nested in another container is compared sorted), or,
-    for what marshal does not write (a deque, an enum), ``repr()``. ``==`` would call ``2``
-    and ``2.0``, ``-0.0`` and ``0.0``, ``1`` and ``True``, and two orders of a dict equal.
-    A later value that marshal cannot write raises ValueError in the guard: a change."""
+    order (marshal sorts it), a container holding sets with each set in its order, or, for
+    what marshal does not write (a deque, an enum), ``repr()`` (which lists a set in its
+    order). ``==`` would call ``2`` and ``2.0``, ``-0.0`` and ``0.0``, ``1`` and ``True``,
+    and two orders of a dict or a set equal. A later value that marshal cannot write raises
+    ValueError in the guard: a change."""
     key = "set" if type(value) in (set, frozenset) else "marshal"
+    if key == "marshal":
+        try:
+            key = "nested" if _holds_set(value) else key
+        except RecursionError:  # nested deeper than Python recurses: marshal refuses it too
+            pass
     try:
         return Step(False, key, text=True), _FORMS[key](value)
     except ValueError:
