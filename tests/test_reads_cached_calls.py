@@ -90,6 +90,29 @@ def test_a_cache_cleared_and_refilled_outside_the_step_retraces() -> None:
     like_eager_then_retraced(jitted, step, clear_and_refill, traces=3)
 
 
+def test_a_program_traced_before_a_clear_is_not_served_after_the_step_refilled_it() -> None:
+    """k = 2, then k = 3 with ``cache_clear()``: the retrace's record and trace passes refill
+    the cache (one miss, one hit, as the first program's had). Back at k = 2 the first
+    program's guards held again (``CFG.k`` as then, the counts as then) and it served
+    ``2 * 2`` where eager's cache hands out ``3 * 2`` (probe 38a)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * coefficient()
+
+    def clear_at_three() -> None:
+        CFG.k = 3.0
+        coefficient.cache_clear()
+
+    jitted, x = ptj.jit(step), torch.ones(2)
+    for change in (lambda: None, clear_at_three, lambda: setattr(CFG, "k", 2.0)):
+        change()
+        for _ in range(2):
+            torch.testing.assert_close(jitted(x), step(x))
+            jitted.wait_compiled()
+    assert step(x)[0].item() == 6.0  # the premise: eager keeps the value cached at k = 3
+    assert jitted.num_traces == 3
+
+
 def test_a_cached_result_changed_in_place_retraces() -> None:
     def step(x: torch.Tensor) -> torch.Tensor:
         return x * table()[0]

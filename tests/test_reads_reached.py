@@ -1646,6 +1646,64 @@ def test_functions_of_yours_held_two_levels_down_are_walked() -> None:
     _retraces_when_a_global_changes(_calls_held_functions, "HELD_GAIN", 5.0)
 
 
+HOLDER_GAIN = 1.0
+
+
+def _scaled_by_holder_gain(x: torch.Tensor) -> torch.Tensor:
+    return x * HOLDER_GAIN
+
+
+class _HandsOutTheHelper:
+    @property
+    def fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return _scaled_by_holder_gain
+
+
+_HANDER = _HandsOutTheHelper()
+HELPER_REF = weakref.ref(_scaled_by_holder_gain)
+HELPER_PROXY = weakref.proxy(_HANDER)
+HELPER_VAR = contextvars.ContextVar("helper", default=_scaled_by_holder_gain)
+HELPER_VIEW = types.MappingProxyType({"fn": _scaled_by_holder_gain})
+HELPER_CHAIN = collections.ChainMap({}, {"fn": _scaled_by_holder_gain})
+HELPER_WEAK_VALUES = weakref.WeakValueDictionary({"fn": _scaled_by_holder_gain})
+
+
+@pytest.mark.parametrize(
+    "step",
+    [lambda x: HELPER_REF()(x), lambda x: HELPER_PROXY.fn(x), lambda x: HELPER_VAR.get()(x),
+     lambda x: HELPER_VIEW["fn"](x), lambda x: HELPER_CHAIN["fn"](x),
+     lambda x: HELPER_WEAK_VALUES["fn"](x)],
+    ids=["weakref.ref", "a property behind weakref.proxy", "a ContextVar's default",
+         "a MappingProxyType", "a ChainMap's lower map", "a WeakValueDictionary"],
+)  # fmt: skip
+def test_a_helper_held_by_a_weak_reference_a_context_variable_or_a_mapping_view_is_walked(
+    step: Callable[..., Any],
+) -> None:
+    """A function the step reaches through an object that holds it without being a
+    container (``REF()(x)``, ``VAR.get()(x)``, ``VIEW["fn"](x)``): its globals went
+    unguarded, and the first value of ``HOLDER_GAIN`` was served for good (probe 38a)."""
+    _retraces_when_a_global_changes(step, "HOLDER_GAIN", 3.0)
+
+
+def _other_helper(x: torch.Tensor) -> torch.Tensor:
+    return x - 1
+
+
+def test_a_context_variable_set_to_another_helper_retraces() -> None:
+    """The walk follows the context variable's value in the tracing call's context; set to
+    another function later, the step calls that one."""
+    jitted, step = ptj.jit(lambda x: HELPER_VAR.get()(x)), lambda x: HELPER_VAR.get()(x)
+    token = None
+    try:
+        _like_eager(jitted, step, (torch.ones(2),), [
+            lambda: globals().update(_token=HELPER_VAR.set(_other_helper))])  # fmt: skip
+        token = globals().pop("_token")
+    finally:
+        if token is not None:
+            HELPER_VAR.reset(token)
+    assert jitted.num_traces == 2
+
+
 class _Doubling(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

@@ -10,17 +10,17 @@ the cache hands out). Both were baked silently (probe: a cleared cache kept the 
 
 So each wrapper the walk reads (a global, a closure variable, a method of a class of yours, an
 attribute or an item) has its cache guarded as ``cache_info()`` tells it, read once per guard
-check: ``misses`` and ``currsize`` unchanged (an entry added, evicted or cleared), and ``hits``
-not below what they were when the guard was built (``cache_clear()`` resets them to zero too,
-so clearing and refilling by as many misses is seen unless as many hits followed). Hits are
-not compared for equality: every eager call of the step (a record pass, a call served
-eagerly) adds one, and compiled calls do not call the wrapper at all, so a step calling it on
-every call does not retrace. And the record pass runs with each wrapper found at a place that
-can be rebound (a global, a closure cell, a class's or an object's ``__dict__``, a dict's
-entry, a list's item) replaced there by an :class:`_Observer` that notes what it returns; each
-mutable result is guarded like a read object (a list of numbers by content, an object of
-yours by its attributes; tensors in it by identity, as constants of the program). See NOTE
-[cached calls] in docs/design.md.
+check: ``misses`` and ``currsize`` unchanged (an entry added, evicted or cleared), and no check
+having seen ``hits`` or ``misses`` below what they were when the guard was built
+(``cache_clear()`` resets both; once seen, the program stays refused, whatever the counts do
+later: the step's own retraces refill the cache). Hits are not compared for equality: every
+eager call of the step (a record pass, a call served eagerly) adds one, and compiled calls do
+not call the wrapper at all, so a step calling it on every call does not retrace. And the
+record pass runs with each wrapper found at a place that can be rebound (a global, a closure
+cell, a class's or an object's ``__dict__``, a dict's entry, a list's item) replaced there by
+an :class:`_Observer` that notes what it returns; each mutable result is guarded like a read
+object (a list of numbers by content, an object of yours by its attributes; tensors in it by
+identity, as constants of the program). See NOTE [cached calls] in docs/design.md.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ _CACHE_TYPE = type(functools.lru_cache(maxsize=None)(len))
 """``functools._lru_cache_wrapper``: what ``lru_cache`` and ``cache`` return (C code)."""
 MAX_RESULTS = 64
 """Distinct results guarded per cached function (what one record pass saw it return)."""
-_INFO = Step(True, "cache_info", call=True)
 _LOCK = threading.Lock()
 
 
@@ -199,20 +198,36 @@ def _restore(source: Source, place: Callable[[Any], None], observer: Any, wrappe
         return
 
 
+class _CacheState:
+    """What a guard check reads of ``wrapper``'s cache, from one ``cache_info()``: its
+    ``misses`` and ``currsize``, and whether it was cleared since the trace, as the checks saw
+    it: fewer hits or misses than then (``cache_clear()`` resets both), once seen, is kept.
+    The same counts seen later do not bring the program back: the step's own retraces refill
+    a cleared cache (another specialization's record and trace passes: one miss, one hit),
+    and a program traced before the clear then passed a guard of the counts alone, serving
+    what the cache held before (probe 38a)."""
+
+    def __init__(self, wrapper: Any) -> None:
+        info = wrapper.cache_info()
+        self._wrapper, self._hits, self._misses = wrapper, info.hits, info.misses
+        self._cleared = False
+
+    def __call__(self) -> tuple[int, int | None, bool]:
+        info = self._wrapper.cache_info()
+        if not self._cleared:
+            self._cleared = info.hits < self._hits or info.misses < self._misses
+        return info.misses, info.currsize, self._cleared
+
+
+_NOW = Step(True, "__call__", call=True)
+
+
 def _cache_state(wrapper: Any, source: Source) -> list[Read]:
-    """Reads of ``wrapper.cache_info()`` (one call per guard check: the paths share it)."""
-    hits = wrapper.cache_info().hits
-    steps = {
-        "misses": (Step(True, "misses"),),
-        "currsize": (Step(True, "currsize"),),
-        f"hits >= {hits}": (Step(True, "hits"), Step(True, "__ge__", call=True, argument=hits)),
-    }
-    reads = []
-    for label, path in steps.items():
-        where = Source(f"{source.label}.cache_info().{label}", source.location, holder=wrapper,
-                       path=(_INFO, *path))  # fmt: skip
-        reads.append(Read(where, Kind.VALUE, where.get()))
-    return reads
+    """The read of ``wrapper``'s cache (:class:`_CacheState`): misses, size, cleared since."""
+    state = _CacheState(wrapper)
+    where = Source(f"{source.label}.cache_info() (misses, currsize, cleared since the trace)",
+                   source.location, holder=state, path=(_NOW,))  # fmt: skip
+    return [Read(where, Kind.VALUE, where.get())]
 
 
 def _results_read(wrapper: Any, results: list[Any]) -> list[Read]:

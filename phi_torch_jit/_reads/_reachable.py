@@ -8,10 +8,12 @@ the user's own modules and the code of the user's that a library's object holds
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import gc
 import itertools
 import types
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -198,6 +200,8 @@ def _parts(obj: Any) -> list[Any]:
         return [] if owner is None or isinstance(owner, types.ModuleType) else [owner]
     if isinstance(obj, (types.ModuleType, *PRIMITIVES)):
         return []
+    if isinstance(obj, _HOLDERS):
+        return _referred(obj)
     if type(obj).__module__ in _OPAQUE and not isinstance(obj, type) and callable(obj):
         return [p for p in gc.get_referents(obj) if not isinstance(p, type)]
     parts: list[Any] = []
@@ -233,10 +237,45 @@ def _parts(obj: Any) -> list[Any]:
     return parts
 
 
+_HOLDERS: tuple[type, ...] = (weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
+                              contextvars.ContextVar, types.MappingProxyType,
+                              collections.ChainMap, weakref.WeakValueDictionary)  # fmt: skip
+"""Objects that hold another without being a container the walk opens: what a step calls
+through them (``REF()(x)``, ``VAR.get()(x)``, ``TABLE["f"](x)`` with a read-only view as
+``TABLE``, a property of an object behind a proxy) is code of the step's (probe 38a)."""
+
+
+def _referred(holder: Any) -> list[Any]:
+    """What a :data:`_HOLDERS` object holds now: a weak reference's object (none if it died),
+    a proxy's class and attributes (a proxy forwards them; its object cannot be had), a
+    context variable's value in this context (or its default), a mapping view's values, a
+    chain's maps."""
+    if isinstance(holder, weakref.ref):
+        held = holder()
+        return [] if held is None else [held]
+    if isinstance(holder, (weakref.ProxyType, weakref.CallableProxyType)):
+        try:
+            namespace = holder.__dict__
+        except (ReferenceError, AttributeError):  # dead, or an object without a __dict__
+            namespace = {}
+        try:
+            return [holder.__class__, *list(namespace.values())[:64]]
+        except ReferenceError:
+            return []
+    if isinstance(holder, contextvars.ContextVar):
+        try:
+            return [holder.get()]  # (get(default) would pass over the variable's default)
+        except LookupError:  # neither set in this context nor made with a default
+            return []
+    if isinstance(holder, collections.ChainMap):
+        return list(holder.maps)
+    return _held_items(dict(holder.items()))  # a mapping view, a dict of weak values
+
+
 def _may_hold_code(value: Any) -> bool:
     """Whether the walk looks into ``value`` for code: a callable, an object of a user class,
-    a container (a registry of registries)."""
-    return callable(value) or isinstance(value, CONTAINERS) or _users_code(value)
+    a container (a registry of registries), a holder (:data:`_HOLDERS`)."""
+    return callable(value) or isinstance(value, (*CONTAINERS, *_HOLDERS)) or _users_code(value)
 
 
 CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
