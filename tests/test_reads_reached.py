@@ -8,6 +8,7 @@ JitWarning), never a stale value. Every engine (shared suite)."""
 from __future__ import annotations
 
 import array
+import builtins
 import collections
 import configparser
 import contextvars
@@ -19,6 +20,7 @@ import importlib
 import json
 import math
 import os
+import queue
 import random
 import struct
 import sys
@@ -1666,23 +1668,100 @@ HELPER_VAR = contextvars.ContextVar("helper", default=_scaled_by_holder_gain)
 HELPER_VIEW = types.MappingProxyType({"fn": _scaled_by_holder_gain})
 HELPER_CHAIN = collections.ChainMap({}, {"fn": _scaled_by_holder_gain})
 HELPER_WEAK_VALUES = weakref.WeakValueDictionary({"fn": _scaled_by_holder_gain})
+HELPER_FINALIZER = weakref.finalize(_HANDER, _scaled_by_holder_gain, torch.zeros(1))
+HELPER_FINALIZER.atexit = False
+HELPER_QUEUE: queue.Queue[Any] = queue.Queue()
+HELPER_QUEUE.put(_scaled_by_holder_gain)
+
+
+def _offset_gain(self: Any, x: torch.Tensor, offset: float) -> torch.Tensor:
+    return x * HOLDER_GAIN + offset
+
+
+class _WithPartialMethod:
+    scaled = functools.partialmethod(_offset_gain, offset=0.5)
+
+
+def _through_builtins(x: torch.Tensor) -> torch.Tensor:
+    return PTJ_TEST_SCALE(x)  # type: ignore[name-defined]  # noqa: F821 (set on builtins)
 
 
 @pytest.mark.parametrize(
     "step",
     [lambda x: HELPER_REF()(x), lambda x: HELPER_PROXY.fn(x), lambda x: HELPER_VAR.get()(x),
      lambda x: HELPER_VIEW["fn"](x), lambda x: HELPER_CHAIN["fn"](x),
-     lambda x: HELPER_WEAK_VALUES["fn"](x)],
+     lambda x: HELPER_WEAK_VALUES["fn"](x), lambda x: HELPER_FINALIZER.peek()[1](x),
+     lambda x: HELPER_QUEUE.queue[0](x), lambda x: _WithPartialMethod().scaled(x),
+     _through_builtins],
     ids=["weakref.ref", "a property behind weakref.proxy", "a ContextVar's default",
-         "a MappingProxyType", "a ChainMap's lower map", "a WeakValueDictionary"],
+         "a MappingProxyType", "a ChainMap's lower map", "a WeakValueDictionary",
+         "a weakref.finalize", "a queue.Queue", "a partialmethod", "a name set on builtins"],
 )  # fmt: skip
 def test_a_helper_held_by_a_weak_reference_a_context_variable_or_a_mapping_view_is_walked(
     step: Callable[..., Any],
 ) -> None:
     """A function the step reaches through an object that holds it without being a
-    container (``REF()(x)``, ``VAR.get()(x)``, ``VIEW["fn"](x)``): its globals went
-    unguarded, and the first value of ``HOLDER_GAIN`` was served for good (probe 38a)."""
-    _retraces_when_a_global_changes(step, "HOLDER_GAIN", 3.0)
+    container (``REF()(x)``, ``VAR.get()(x)``, ``VIEW["fn"](x)``, ``FIN.peek()[1](x)``, a
+    queue's deque, a ``partialmethod``, ``builtins.SCALE = f``): its globals went
+    unguarded, and the first value of ``HOLDER_GAIN`` was served for good (probes 38a,
+    38c)."""
+    builtins.PTJ_TEST_SCALE = _scaled_by_holder_gain  # type: ignore[attr-defined]
+    try:
+        _retraces_when_a_global_changes(step, "HOLDER_GAIN", 3.0)
+    finally:
+        del builtins.PTJ_TEST_SCALE  # type: ignore[attr-defined]
+
+
+def test_a_function_replaced_in_a_queue_retraces() -> None:
+    """``Q.queue[0] = other``: the library object's deque holds code of yours, guarded by
+    what it holds (a ``LifoQueue``'s list was; a ``Queue``'s deque was not: probe 38c)."""
+    jitted, step = ptj.jit(lambda x: HELPER_QUEUE.queue[0](x)), lambda x: HELPER_QUEUE.queue[0](x)
+    try:
+        _like_eager(jitted, step, (torch.ones(2),), [
+            lambda: HELPER_QUEUE.queue.__setitem__(0, _other_helper)])  # fmt: skip
+    finally:
+        HELPER_QUEUE.queue[0] = _scaled_by_holder_gain
+    assert jitted.num_traces == 2
+
+
+class _Terms(dict):  # type: ignore[type-arg]
+    """A dict subclass of yours holding functions."""
+
+
+class _OrderedTerms(collections.OrderedDict):  # type: ignore[type-arg]
+    pass
+
+
+TERMS_MINE = _Terms(a=lambda x: x * 2, b=lambda x: x + 1)
+ORDERED_TERMS = _OrderedTerms(a=lambda x: x * 2, b=lambda x: x + 1)
+COUNTS = collections.Counter(a=2, b=3)
+
+
+def _over_terms(x: torch.Tensor) -> torch.Tensor:
+    for term in TERMS_MINE.values():  # the order counts: (x * 2) + 1 or (x + 1) * 2
+        x = term(x)
+    for term in ORDERED_TERMS.values():
+        x = term(x)
+    for name, count in COUNTS.items():
+        x = x * 0.5 + count * (1.0 if name == "a" else 3.0)
+    return x
+
+
+def test_dict_subclasses_of_yours_and_a_counter_reordered_retrace() -> None:
+    """A dict subclass of yours (or of ``OrderedDict``) reordered: only dicts of Python's own
+    classes had their keys' order guarded; a ``Counter`` reordered: compared by its
+    ``repr()``, which lists it by count (probe 38c)."""
+    saved = dict(TERMS_MINE), dict(ORDERED_TERMS), dict(COUNTS)
+    jitted = ptj.jit(_over_terms)
+    try:
+        _like_eager(jitted, _over_terms, (torch.ones(2),), [
+            lambda: TERMS_MINE.__setitem__("a", TERMS_MINE.pop("a")),
+            lambda: ORDERED_TERMS.move_to_end("a"),
+            lambda: COUNTS.__setitem__("a", COUNTS.pop("a"))])  # fmt: skip
+    finally:
+        for held, items in zip((TERMS_MINE, ORDERED_TERMS, COUNTS), saved):
+            held.clear(), held.update(items)
+    assert jitted.num_traces == 4
 
 
 def _other_helper(x: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,10 @@
 """Stage 1 (reads), the shape of the walk: what lies one step under an object read by the
-step, and how deep the walk goes (NOTE [attribute paths]).
-
-:func:`fields` lists the steps under a configuration object: public attributes of namespaces
-and of instances of user classes, class data, the methods of user classes (read from their
-class's ``__dict__``: the same object on every read), entries of dicts and items of lists,
+step, and how deep the walk goes (NOTE [attribute paths]). :func:`fields` lists the steps
+under a configuration object: public attributes of namespaces and of instances of user
+classes, class data, the methods of user classes (from their class's ``__dict__``: the same
+object on every read), entries of dicts (and of dict subclasses of yours) and items of lists,
 a bound method's object, what a ``functools.partial`` binds and calls. Steps through such
-machinery cost no level of :data:`TREE_DEPTH`.
-"""
+machinery cost no level of :data:`TREE_DEPTH`."""
 
 from __future__ import annotations
 
@@ -46,11 +44,8 @@ def _class_of(value: Any) -> type:
 
 def _bag(klass: type) -> bool:
     """Its instances hold configuration: namespaces, thread-locals, a library's settings."""
-    return (
-        klass in NAMESPACES
-        or issubclass(klass, threading.local)
-        or klass in configuration_classes()
-    )  # a library's settings (PhiML's Solve)
+    local = issubclass(klass, threading.local)  # and a library's settings (PhiML's Solve):
+    return klass in NAMESPACES or local or klass in configuration_classes()
 
 
 def has_attributes(value: Any) -> bool:
@@ -79,15 +74,16 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     order and of NumPy object arrays, how many a weak registry holds, the object of a bound
     method, the arguments a ``functools.partial`` binds.
     Libraries' objects stay guarded by identity: their internals are not the user's state."""
-    if type(value) in (dict, collections.OrderedDict, collections.defaultdict, _PROXY):
+    yours = user_class(type(value))  # a dict subclass of yours: its entries and attributes
+    if type(value) in _MAPPINGS or (yours and isinstance(value, dict)):
         keys = list(value)  # entries by name or number; objects used as keys, by position
         objects = [(_KEYS, LISTED, Step(False, i)) for i, k in enumerate(keys) if _object_key(k)]
         order = [(_KEYS, LISTED)] if len(keys) > 1 and not objects else []  # keys in order:
-        named = [Step(False, k) for k in keys if type(k) in (str, int)]
-        placed = [(_VALUES, LISTED, Step(False, i))  # under an enum, a tuple, an object key:
+        named = [Step(False, k) for k in keys if type(k) in (str, int)]  # (a loop over the
+        placed = [(_VALUES, LISTED, Step(False, i))  # values sees TERMS["a"] = TERMS.pop("a"))
                   for i, k in enumerate(keys) if type(k) not in (str, int)]  # fmt: skip
-        return [*order, *named, *placed, *objects]  # the value by position
-        # a loop over the values sees a reordering (TERMS["a"] = TERMS.pop("a"), move_to_end)
+        steps: list[Step | tuple[Step, ...]] = [*order, *named, *placed, *objects]  # (under
+        return [*steps, *_object_fields(value)] if yours else steps  # an enum...: by position)
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
     if type(value) in (set, frozenset):  # objects in a set: each member in the set's order
@@ -140,6 +136,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [(_DEREFERENCED, Step(True, "__self__")), (_DEREFERENCED, Step(True, "__func__"))]
     if isinstance(value, weakref.ref):  # the object it refers to (None once that is gone)
         return [_DEREFERENCED]
+    if isinstance(value, weakref.finalize):  # FIN.peek(): its object, function, arguments
+        return [(_PEEKED, Step(False, i)) for i in range(4)]  # (a new tuple each time)
     if isinstance(value, type):  # its data, then its methods (replaced on the class), and
         klasses = [k for k in value.__mro__ if k is not object and user_class(k)]  # a
         meta = [Step(True, "__class__")] if user_class(type(value)) else []  # metaclass of yours
@@ -206,7 +204,7 @@ def _settings(optimizer: torch.optim.Optimizer) -> list[Step | tuple[Step, ...]]
 
 _REDUCED = Step(True, "__reduce__", call=True)
 _VALUES = Step(True, "values", call=True)
-_DEREFERENCED = Step(True, "__call__", call=True)
+_DEREFERENCED, _PEEKED = Step(True, "__call__", call=True), Step(True, "peek", call=True)
 
 
 def _wrapper_held(function: types.FunctionType) -> list[Step | tuple[Step, ...]]:
@@ -251,6 +249,7 @@ def masked(value: Any) -> bool:
 
 _WEAK = (weakref.WeakSet, weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
 _PROXY = types.MappingProxyType
+_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter, _PROXY)
 
 
 _KEYS = Step(True, "keys", call=True)

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ._records import GONE, GUARD_NAMES, Kind, Read, Source, Step, same_array, tensor_meta
+from ._canonical import GUARD_NAMES
+from ._records import GONE, Kind, Read, Source, Step, same_array, tensor_meta
 
 __all__ = ["PythonGuard"]
 

@@ -7,6 +7,7 @@ the user's own modules and the code of the user's that a library's object holds
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextvars
 import functools
@@ -14,7 +15,7 @@ import gc
 import itertools
 import types
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,10 +113,21 @@ def reach(roots: list[Any]) -> Reach:
                 continue
         globals_read, _ = names_read(obj.__code__)
         pending.extend(obj.__globals__[n] for n in globals_read if n in obj.__globals__)
+        pending.extend(_set_on_builtins(obj, globals_read))
         pending.extend(obj.__globals__[n] for n in names_looked_up(obj) if n in obj.__globals__)
         pending.extend(_through_modules(obj))
         pending.extend(methods_set_on_tensors(obj.__code__).values())
     return Reach(found, len({id(p) for p in pending if _may_hold_code(p)} - seen))
+
+
+def _set_on_builtins(function: types.FunctionType, names: Iterable[str]) -> list[Any]:
+    """Code of yours that ``function`` finds by a name on its builtins, not its globals
+    (``builtins.SCALE = scale`` by a setup module, then ``SCALE(x)``): walked like a global's
+    (probe 38c)."""
+    found = getattr(function, "__builtins__", builtins)  # a dict (a module in __main__'s)
+    space = found if isinstance(found, dict) else vars(found)
+    scope = function.__globals__
+    return [space[n] for n in names if n not in scope and n in space and _users_code(space[n])]
 
 
 def methods_set_on_tensors(code: types.CodeType) -> dict[str, types.FunctionType]:
@@ -230,7 +242,7 @@ def _parts(obj: Any) -> list[Any]:
                 parts.append(member)  # of lambdas, a callable object kept on the class
     if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
         for held in callbacks_held(obj).values():  # yours it holds (an integrator's ``rhs``)
-            parts += list(held) if type(held) in (list, tuple) else [held]
+            parts += list(held) if type(held) in (list, tuple, collections.deque) else [held]
     elif not isinstance(obj, type) and isinstance(getattr(obj, "__dict__", None), dict):
         held = list(vars(obj).values())[:64]  # an object of yours: functions it holds
         parts += [value for value in held if _may_hold_code(value)]  # (H.fn = helper)
@@ -239,7 +251,8 @@ def _parts(obj: Any) -> list[Any]:
 
 _HOLDERS: tuple[type, ...] = (weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
                               contextvars.ContextVar, types.MappingProxyType,
-                              collections.ChainMap, weakref.WeakValueDictionary)  # fmt: skip
+                              collections.ChainMap, weakref.WeakValueDictionary,
+                              functools.partialmethod, weakref.finalize)  # fmt: skip
 """Objects that hold another without being a container the walk opens: what a step calls
 through them (``REF()(x)``, ``VAR.get()(x)``, ``TABLE["f"](x)`` with a read-only view as
 ``TABLE``, a property of an object behind a proxy) is code of the step's (probe 38a)."""
@@ -249,7 +262,7 @@ def _referred(holder: Any) -> list[Any]:
     """What a :data:`_HOLDERS` object holds now: a weak reference's object (none if it died),
     a proxy's class and attributes (a proxy forwards them; its object cannot be had), a
     context variable's value in this context (or its default), a mapping view's values, a
-    chain's maps."""
+    chain's maps, what a ``partialmethod`` or a ``weakref.finalize`` calls and binds."""
     if isinstance(holder, weakref.ref):
         held = holder()
         return [] if held is None else [held]
@@ -269,6 +282,11 @@ def _referred(holder: Any) -> list[Any]:
             return []
     if isinstance(holder, collections.ChainMap):
         return list(holder.maps)
+    if isinstance(holder, functools.partialmethod):  # a class's m = partialmethod(f, k=2)
+        return [holder.func, *holder.args, *holder.keywords.values()]
+    if isinstance(holder, weakref.finalize):  # FIN.peek(): its object, function, arguments
+        held = holder.peek()
+        return [] if held is None else [held[0], held[1], *held[2], *held[3].values()]
     return _held_items(dict(holder.items()))  # a mapping view, a dict of weak values
 
 
@@ -320,8 +338,9 @@ def callbacks_held(obj: Any) -> dict[str, Any]:
     except TypeError:  # no __dict__ (slots, builtins)
         return {}
     found = {}
-    for name, value in list(namespace.items())[:64]:
-        items = value[:32] if type(value) in (list, tuple) else (value,)  # LambdaLR's list,
+    for name, value in list(namespace.items())[:64]:  # LambdaLR's list, a Queue's deque,
+        sequence = type(value) in (list, tuple, collections.deque)
+        items = list(itertools.islice(value, 32)) if sequence else (value,)
         if type(value) is dict:  # a dict of yours kept on a logger (LOG.hooks["scale"])
             items = list(itertools.islice(value.values(), 32))
         if any(_users_code(item) for item in items):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import enum
 import functools
-import marshal
 import types
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
+from ._canonical import EXPRESSIONS, FORMS, decoded, form_of
 
 __all__ = ["Kind", "Source", "Step", "LENGTH", "LISTED", "canonical", "Read", "GONE",
            "PRIMITIVES", "same_value", "immutable", "enum_attributes", "tensor_meta",
@@ -80,7 +81,7 @@ class Source:
             if step.length:
                 value = len(value)
             elif step.text:
-                value = _FORMS[step.key](value)
+                value = FORMS[step.key](value)
             elif step.listed:
                 value = tuple(value)
             else:
@@ -173,7 +174,7 @@ class Step:
         if self.length:
             return f"len({owner})"
         if self.text:
-            return _EXPRESSIONS[self.key].format(owner)
+            return EXPRESSIONS[self.key].format(owner)
         if self.listed:
             return f"tuple({owner})"
         owner += f".{self.key}" if self.attribute else f"[{self.key!r}]"
@@ -228,7 +229,7 @@ class Read:
     def describe(self) -> str:
         # a value compared in its canonical form (canonical()) is shown as the value it is
         last = self.source.path[-1] if self.source.path else None
-        shown = functools.partial(_decoded, last.key) if last is not None and last.text else _shown
+        shown = functools.partial(decoded, last.key) if last is not None and last.text else _shown
         try:
             now = shown(self.current())
         except GONE:
@@ -241,97 +242,18 @@ def _shown(value: Any) -> str:
     return repr(_short(value))
 
 
-def _decoded(key: str, form: bytes | str) -> str:
-    """The value a canonical form of kind ``key`` stands for, as text (a set's: a set)."""
-    if isinstance(form, str):  # repr() already
-        text = form
-    elif key == "bytes":  # a buffer's bytes
-        text = repr(form)
-    else:
-        value = marshal.loads(form)
-        text = repr(set(value) if key == "set" else _with_sets(value))
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_SET_MARK = "\x00phi_torch_jit set"
-"""Heads the tuple a nested set is written as (:func:`_in_order`)."""
-
-
-def _in_order(value: Any) -> Any:
-    """``value`` with each set or frozenset inside it as a tuple of its members in their
-    order (headed by :data:`_SET_MARK` and its class): marshal sorts the sets it writes, and
-    a loop over ``CFG["ids"]`` runs in the set's order (probe 38b)."""
-    cls = type(value)
-    if cls is set or cls is frozenset:
-        return (_SET_MARK, cls is frozenset, *map(_in_order, value))
-    if cls is list:
-        return list(map(_in_order, value))
-    if cls is tuple:
-        return tuple(map(_in_order, value))
-    if cls is dict:
-        return {_in_order(k): _in_order(v) for k, v in value.items()}
-    return value
-
-
-def _nested_form(value: Any) -> bytes:
-    return marshal.dumps(_in_order(value), 2)
-
-
-def _holds_set(value: Any) -> bool:
-    """Whether a set or frozenset lies inside the list, tuple or dict ``value``."""
-    cls = type(value)
-    if cls is set or cls is frozenset:
-        return True
-    if cls is dict:
-        return any(map(_holds_set, value)) or any(map(_holds_set, value.values()))
-    return (cls is list or cls is tuple) and any(map(_holds_set, value))
-
-
-def _with_sets(value: Any) -> Any:
-    """A value read back from its nested form (:func:`_in_order`), its sets sets again."""
-    cls = type(value)
-    if cls is tuple and value[:1] == (_SET_MARK,):
-        members = [_with_sets(v) for v in value[2:]]
-        return frozenset(members) if value[1] else set(members)
-    if cls is list or cls is tuple:
-        return cls(map(_with_sets, value))
-    if cls is dict:
-        return {_with_sets(k): _with_sets(v) for k, v in value.items()}
-    return value
-
-
-_FORMS: dict[str, Any] = {
-    "marshal": lambda v: marshal.dumps(v, 2),  # version 2: no back-references (identity)
-    "set": lambda v: marshal.dumps(tuple(v), 2),  # marshal sorts a set: its order is the loop's
-    "nested": _nested_form,  # a container holding sets, each in its order
-    "repr": repr,
-    "bytes": bytes,  # what a buffer (an mmap) holds now
-}
-_EXPRESSIONS = {"marshal": "_marshal({}, 2)", "set": "_marshal(tuple({}), 2)",
-                "nested": "_nested({})", "repr": "repr({})", "bytes": "bytes({})"}  # fmt: skip
-"""The same forms as code for the guard's fetcher (C calls only: no Python frame per read;
-a container holding sets, rare, pays one)."""
-GUARD_NAMES = {"_marshal": marshal.dumps, "_nested": _nested_form}
-"""The names :data:`_EXPRESSIONS` use, for the fetcher's scope."""
-
-
 def canonical(value: Any) -> tuple[Step, bytes | str]:
     """The step that reads ``value`` in a form that differs wherever a program reading it
     may, and that form now: ``marshal``'s bytes (exact types, a float's bits, the order of a
     dict; 0.3 us for a small config dict, 2 us for 20 entries), a set's as the tuple of its
-    order (marshal sorts it), a container holding sets with each set in its order, or, for
-    what marshal does not write (a deque, an enum), ``repr()`` (which lists a set in its
-    order). ``==`` would call ``2`` and ``2.0``, ``-0.0`` and ``0.0``, ``1`` and ``True``,
-    and two orders of a dict or a set equal. A later value that marshal cannot write raises
-    ValueError in the guard: a change."""
-    key = "set" if type(value) in (set, frozenset) else "marshal"
-    if key == "marshal":
-        try:
-            key = "nested" if _holds_set(value) else key
-        except RecursionError:  # nested deeper than Python recurses: marshal refuses it too
-            pass
+    order (marshal sorts it), a container holding sets or dict subclasses with each in its
+    order (``_canonical._in_order``), or, for what marshal does not write (a deque, an enum),
+    ``repr()`` (which lists a set in its order). ``==`` would call ``2`` and ``2.0``,
+    ``-0.0`` and ``0.0``, ``1`` and ``True``, and two orders of a dict or a set equal. A
+    later value that marshal cannot write raises ValueError in the guard: a change."""
+    key = form_of(value)
     try:
-        return Step(False, key, text=True), _FORMS[key](value)
+        return Step(False, key, text=True), FORMS[key](value)
     except ValueError:
         return Step(False, "repr", text=True), repr(value)
 
