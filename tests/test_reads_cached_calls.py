@@ -113,6 +113,37 @@ def test_a_program_traced_before_a_clear_is_not_served_after_the_step_refilled_i
     assert jitted.num_traces == 3
 
 
+@functools.lru_cache
+def total(t: torch.Tensor) -> torch.Tensor:
+    return t.sum()
+
+
+WEIGHTS = torch.tensor([1.0, 2.0])
+
+
+def test_a_cached_function_called_with_a_tensor_runs_the_step_eagerly_warned() -> None:
+    """``total(WEIGHTS)`` is keyed by the tensor object: eager keeps the first sum after
+    ``WEIGHTS.add_(1)``; a compiled program (the trace's stand-in missed the cache and
+    recorded the sum) computed it anew, and so did every compiled call (probe 38d)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * total(WEIGHTS)
+
+    total.cache_clear()
+    saved, x = WEIGHTS.clone(), torch.ones(2)
+    jitted = ptj.jit(step)
+    try:
+        with pytest.warns(ptj.JitWarning, match=r"total\(\) is cached and was called with a"):
+            for _ in range(4):
+                torch.testing.assert_close(jitted(x), step(x))
+                jitted.wait_compiled()
+                WEIGHTS.add_(1.0)
+        assert step(x)[0].item() == 3.0  # the premise: eager keeps the first sum
+    finally:
+        WEIGHTS.copy_(saved)
+        total.cache_clear()
+
+
 def test_a_cached_result_changed_in_place_retraces() -> None:
     def step(x: torch.Tensor) -> torch.Tensor:
         return x * table()[0]

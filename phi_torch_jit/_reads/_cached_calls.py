@@ -70,6 +70,13 @@ def _yours(value: Any) -> bool:
     return False
 
 
+_TENSOR_KEYED = object()
+"""Noted among a wrapper's results where a call passed it a tensor: its cache is keyed by the
+tensor object, and hands out what it computed from the tensor's values then; a compiled
+program computes from the values now, and a trace's stand-in for the tensor misses the
+cache."""
+
+
 class _Observer:
     """Stands in for a cached function during one record pass: calls it, and notes what it
     returns; everything else (``cache_info()``, ``__wrapped__``) is the wrapper's."""
@@ -81,6 +88,9 @@ class _Observer:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self._wrapper(*args, **kwargs)
         results = self._results
+        tensors = any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values()))
+        if tensors and all(r is not _TENSOR_KEYED for r in results):  # (probe 38d)
+            results.append(_TENSOR_KEYED)
         if len(results) < MAX_RESULTS and all(r is not result for r in results):
             results.append(result)
         return result
@@ -135,9 +145,17 @@ class CachedCalls:
         compiled program would not take: probe round 35 found the first item repeated)."""
         reasons = []
         for _, wrapper, _ in self._places:
+            name = getattr(wrapper, "__qualname__", type(wrapper).__name__)
+            if any(r is _TENSOR_KEYED for r in self._results.get(id(wrapper), [])):
+                reasons.append(
+                    f"{name}() is cached and was called with a tensor: its cache is keyed by "
+                    "the tensor object and keeps what it computed from its values then, which "
+                    "a compiled program would compute anew; pass the tensor's value in, or "
+                    "call the function outside the jitted function, to have it compiled"
+                )
+                continue
             for result in self._results.get(id(wrapper), []):
                 if kind_of(result) in (Kind.ITERATOR, Kind.DRAWS):
-                    name = getattr(wrapper, "__qualname__", type(wrapper).__name__)
                     reasons.append(
                         f"{name}() returned a {type(result).__name__} object, whose next items "
                         "a compiled program would not take; pass the item in as an argument "
@@ -234,7 +252,8 @@ def _results_read(wrapper: Any, results: list[Any]) -> list[Read]:
     """What the record pass saw ``wrapper`` return, guarded like read objects: tensors by
     identity (constants of the program), modules by the module guard, immutable values by
     the cache's state (the same entry holds the same value)."""
-    kept = [r for r in results if not (immutable(r) or isinstance(r, (torch.Tensor, nn.Module)))]
+    kept = [r for r in results if r is not _TENSOR_KEYED
+            and not (immutable(r) or isinstance(r, (torch.Tensor, nn.Module)))]  # fmt: skip
     if not kept:
         return []
     name = getattr(wrapper, "__qualname__", type(wrapper).__name__)
