@@ -153,6 +153,7 @@ class UnguardableNotes(Protocol):
     per_call_functions: list[str]
     imports: dict[str, str]
     random: list[str]
+    layout_reads: dict[int, str]
 
 
 class Recorder(Protocol):

@@ -11,10 +11,11 @@ import logging
 import warnings
 from collections.abc import Iterable, Sequence
 
+from ._ambient import describe_ambient
 from ._custom_op import CompiledCall
 from ._reads._records import Read
 from ._signature import describe_spec, first_difference
-from ._specialization import Key, Specialization, describe_ambient
+from ._specialization import Key, Specialization
 from ._warnings import describe_warning, reemit
 from .engines import CompiledModule, Engine
 from .errors import GuardError, JitWarning
@@ -55,6 +56,15 @@ def _grads_read(spec: Specialization) -> list[str]:
     return [f"    parameters' requires_grad checked on every call: Python reads it at {places}"]
 
 
+def _layouts_read(spec: Specialization) -> list[str]:
+    """The line naming the parameters and buffers whose layout the module guard checks."""
+    laid_out = () if spec.guard is None else spec.guard.laid_out
+    if not laid_out:
+        return []
+    shown = ", ".join(f"{name} (read at {where})" for name, _, _, where in laid_out[:3])
+    return [f"    layout (shape, dtype, strides) checked on every call: {shown}"]
+
+
 def explain_specialization(index: int, spec: Specialization) -> list[str]:
     """The ``explain()`` lines of one specialization."""
     grad = "grad enabled" if spec.key[1] else "grad disabled"
@@ -66,6 +76,7 @@ def explain_specialization(index: int, spec: Specialization) -> list[str]:
         f"    modules: {', '.join(spec.modules) or 'none'}"
         + (f" ({len(spec.guard.modules)} guarded)" if spec.guard else ""),
         *_grads_read(spec),
+        *_layouts_read(spec),
         f"    times: record {t.record * 1e3:.1f} ms, compile custom functions "
         f"{t.compile_custom * 1e3:.1f} ms, trace {t.trace * 1e3:.1f} ms",
     ]

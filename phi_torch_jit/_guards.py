@@ -21,10 +21,11 @@ from __future__ import annotations
 import functools
 import operator
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -60,6 +61,18 @@ _TORCH_SLOTS = frozenset(vars(nn.Module())) | {"training"}
 guarded by the rest of the guard, not as plain attributes."""
 
 
+def _layout(tensor: torch.Tensor | None) -> tuple[Any, ...] | None:
+    """What Python may branch on of a tensor's layout: shape, dtype, device, strides."""
+    if tensor is None:
+        return None
+    strides = tensor.layout is torch.strided and tensor.stride()
+    return (tensor.shape, tensor.dtype, tensor.device, tensor.layout, strides)
+
+
+def _shown(layout: tuple[Any, ...] | None) -> str:
+    return "none" if layout is None else f"{tuple(layout[0])} {layout[1]} strides {layout[4]}"
+
+
 class _ClassView:
     """A module class's attributes as a mapping, looked up as ``self.NAME`` finds them (through
     the class's bases: a constant set later on a subclass shadows its base's)."""
@@ -93,9 +106,11 @@ class ModuleGuard:
         hooks: bool = True,
         grads_read: Sequence[str] = (),
         skip: frozenset[tuple[int, str]] = frozenset(),
+        layouts_read: Mapping[int, str] | None = None,
     ) -> None:
         """``skip``: (id of a module, attribute) pairs not checked (a counter the record pass
-        did not read: ``_reads._unread``)."""
+        did not read: ``_reads._unread``); ``layouts_read``: the ids of tensors whose layout
+        Python read in the record pass -> where (``Unguardable.layout_reads``)."""
         self._skip = skip
         named: dict[int, tuple[str, nn.Module]] = {}
         for root in roots:
@@ -123,6 +138,13 @@ class ModuleGuard:
         depend on the parameters' (``if net.weight.requires_grad:``), so these are checked on
         every call (else only after a program fails, :meth:`moved`)."""
         self._grads = self._requires_grads() if self.grads_read else ()
+        read = layouts_read or {}  # (name, dict, key, where Python read it) of each parameter
+        self.laid_out = tuple(  # or buffer whose layout each call checks (probe 39c)
+            (f"{owner}.{key}", d, key, read[id(t)]) for owner, m in zip(self.names, self.modules)
+            for d in (m.__dict__["_parameters"], m.__dict__["_buffers"])
+            for key, t in d.items() if t is not None and id(t) in read
+        )  # fmt: skip
+        self._layouts = self._layouts_now()
         self._classes = tuple(map(type, self.modules))
         self._parents = tuple(m for m in self.modules if m._modules)
         self._child_dict_ids = self._child_dict_identities()
@@ -283,6 +305,10 @@ class ModuleGuard:
         ours = MODULE_HOOK.handle_id
         return tuple(tuple(i for i in d.items() if i[0] != ours) for d in self._filled)
 
+    def _layouts_now(self) -> tuple[Any, ...]:
+        """The layout of each tensor of :attr:`_laid_out` (None: its slot emptied)."""
+        return tuple(_layout(d.get(key)) for _, d, key, _ in self.laid_out)
+
     def _requires_grads(self) -> tuple[bool, ...]:
         return tuple(
             t.requires_grad
@@ -295,6 +321,8 @@ class ModuleGuard:
         if self._training_flags() != self._trainings:
             return False
         if self.grads_read and self._requires_grads() != self._grads:
+            return False
+        if self.laid_out and self._layouts_now() != self._layouts:
             return False
         if tuple(map(type, self.modules)) != self._classes:  # m.__class__ = Other
             return False
@@ -350,6 +378,10 @@ class ModuleGuard:
             if traced != now:
                 module_name, kind = self.names[i // 4], kinds[i % 4]
                 return f"module {module_name} holds {now} {kind}, {traced} when traced"
+        laid_out = zip(self.laid_out, self._layouts, self._layouts_now())
+        for (name, _, _, where), was, now in laid_out:
+            if was != now:  # a parameter restrided (channels_last) or retyped in place
+                return f"{name}: layout {_shown(was)} -> {_shown(now)}, read at {where}"
         if self._tensor_meta() != self._tensor_metas:
             return (
                 "parameters or buffers changed dtype, device, shape or requires_grad "

@@ -17,6 +17,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import torch
 from torch import nn
 
+from ._ambient import ambient_state
 from ._cache import SpecializationCache, clear_caches
 from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
@@ -26,14 +27,7 @@ from ._options import DISABLE_ENV, ENGINE_ENV, Options, keywords_in_order, posit
 from ._path_meter import PathMeters
 from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_run, eager_specialization, specialize
 from ._signature import flatten_arguments
-from ._specialization import (
-    Key,
-    Miss,
-    Scanned,
-    Specialization,
-    ambient_state,
-    retrace_reason,
-)
+from ._specialization import Key, Miss, Scanned, Specialization, retrace_reason
 from ._specialization import run_first_valid as serve
 from .engines import Engine, wait_all_compiled
 from .engines.compile import Backend

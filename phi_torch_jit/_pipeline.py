@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._ambient import eager_around, modes_around
 from ._compat import torchscript_available
 from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
@@ -51,9 +52,10 @@ from ._signature import (
     modules_in,
     unflatten_arguments,
 )
-from ._specialization import EagerCall, Key, Specialization, Timings, hooks_around, modes_around
+from ._specialization import EagerCall, Key, Specialization, Timings
 from ._state import module_tensors, rng_restored, undone
 from ._trace import Traced, trace, trace_input
+from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
 from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
@@ -139,13 +141,11 @@ def specialize(
     if target.options.engine.captures_graph and aliased(state_written, inputs):
         overriding = ("it writes a tensor that shares memory with another of its inputs "
                       "(an alias kept from an earlier call?), read apart by a graph")  # fmt: skip
-    modes = modes_around(key)
+    modes = modes_around(key[2])
     if modes:
         overriding = (f"a torch-function mode of yours is active around the call ({modes}), "
                       "which a captured program would not run")  # fmt: skip
-    if hooks_around(key):
-        overriding = ("saved-tensor hooks are active around the call (saved_tensors_hooks, "
-                      "save_on_cpu): a compiled backward would not call them")  # fmt: skip
+    overriding = eager_around(key[2]) or overriding  # saved-tensor hooks, cached parametrizations
     if overriding and not eager_reason:  # NOTE [eager, never a crash]
         eager_reason = _cannot_trace(target, overriding)
     traced: Traced | None = None
@@ -192,9 +192,8 @@ def specialize(
         program_spec = output_spec
     timings = Timings(record_s, compile_s, traced.seconds)
     n_outputs = count_program_outputs(program_spec)
-    grads_read = tuple(recording.unguardable.grad_reads)
     parts = _Parts(key, modules, traced, calls, timings, n_outputs, eager_reason, guard, written,
-                   grads_read, state_written)  # fmt: skip
+                   recording.unguardable, state_written)  # fmt: skip
     return result, _assemble(target, program_spec, parts)
 
 
@@ -211,10 +210,14 @@ class _Parts:
     eager_reason: str
     python_guard: PythonGuard | None
     written: WrittenInputs | None
-    grads_read: tuple[str, ...]
-    """Where Python read a tensor's ``requires_grad`` in the record pass (module guard)."""
+    reads: Unguardable  # where Python read a requires_grad or a layout (the module guard's)
     state_written: tuple[torch.Tensor, ...]
     """Tensors the record pass wrote besides arguments (``StateSnapshot.written``)."""
+
+
+def _module_guard(target: Target, parts: _Parts) -> ModuleGuard:
+    hooks, unread, reads = target.options.guard_hooks, target.unread.unread, parts.reads
+    return ModuleGuard(parts.modules, hooks, reads.grad_reads, unread, reads.layout_reads)
 
 
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
@@ -232,11 +235,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         calls=parts.calls,
         timings=parts.timings,
         tracer_warnings=target.report.tracer_warnings(traced.module),
-        guard=(
-            ModuleGuard(modules, target.options.guard_hooks, parts.grads_read, target.unread.unread)
-            if modules and live
-            else None
-        ),
+        guard=_module_guard(target, parts) if modules and live else None,
         eager_reason=parts.eager_reason,
         value_guards=traced.value_guards,
         n_outputs=parts.n_outputs,

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import any_autocast, function_mode_at, function_modes, top_saved_tensor_hooks
 from ._context import raised_by_check
 from ._custom_op import CompiledCall, original_error
 from ._guards import ModuleGuard
@@ -28,14 +27,9 @@ from ._signature import Spec, unflatten, unflatten_arguments
 from ._state import buffer_slots, capture_rng, keep_buffer_objects, restore_rng
 from ._value_guards import ValueGuard
 from .errors import JitError, describe_error
-from .extend import REGISTERED
 
 __all__ = [
     "Key",
-    "ambient_state",
-    "modes_around",
-    "hooks_around",
-    "describe_ambient",
     "Timings",
     "Specialization",
     "EagerCall",
@@ -47,11 +41,9 @@ __all__ = [
 ]
 
 Key = tuple[Spec, bool, Any]
-"""(argument spec, grad mode, :func:`ambient_state`): what a specialization is cached
-under."""
+"""(argument spec, grad mode, :func:`._ambient.ambient_state`): what a specialization is
+cached under."""
 
-
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 logger = logging.getLogger("phi_torch_jit")
 
@@ -59,98 +51,6 @@ CHECK_STRIKES = 3
 """A compiled program whose library checks raise where the Python function runs (PhiML's
 ``Diverged`` on a solve that float rounding decides) serves again at the next call; this many
 such calls in a row and it runs eagerly for good: NOTE [a check that fails on rounding]."""
-
-
-def ambient_state() -> Any:
-    """The torch state around a call that its program bakes in, as part of a cache key: None
-    (no autocast, default dtype float32, no torch-function mode: one C call each), or a tuple
-    of ``(device, dtype)`` for each device where autocast is on, ``("default dtype", dtype)``
-    where ``torch.set_default_dtype`` changed it and ``("default device", device)`` where
-    ``torch.set_default_device`` (or ``with torch.device(...)``) made another device than the
-    CPU the default (``torch.ones(3)`` in the step makes that dtype, on that device), and
-    ``("function modes", classes)`` where torch-function modes of the user's are active
-    around the call (``with MyMode():``): such a call runs eagerly (:func:`modes_around`),
-    and ``("PhiML settings", pairs)`` for a registered library's settings
-    (``extend.Library.ambient``: PhiML's precision), and ``("torch flags", bits)`` where
-    inference mode or deterministic algorithms are on (:func:`_flags`:
-    grad mode is off in ``torch.inference_mode()`` too, as under ``no_grad``, but tensors it
-    makes are inference tensors and ``torch.is_inference_mode_enabled()`` reads True)."""
-    dtype = torch.get_default_dtype()
-    modes = function_modes()
-    settings = tuple(
-        (f"{library.name} settings", value)
-        for library in REGISTERED
-        if (value := library.ambient()) is not None
-    )
-    flags = _flags()  # inference mode, deterministic algorithms
-    if dtype is torch.float32 and not modes and not settings and not any_autocast() and not flags:
-        return None
-    state: tuple[Any, ...] = tuple(
-        (device, torch.get_autocast_dtype(device))
-        for device in _AUTOCAST_DEVICES
-        if torch.is_autocast_enabled(device)
-    )
-    if flags:
-        state = (*state, ("torch flags", flags))
-    if dtype is not torch.float32:
-        state = (*state, ("default dtype", dtype))
-    default = torch.get_default_device() if modes else None
-    if default is not None and default.type != "cpu":
-        state = (*state, ("default device", default))
-    foreign = tuple(type(function_mode_at(i)) for i in range(modes)) if modes else ()
-    foreign = tuple(k for k in foreign if not k.__module__.startswith(_OWN_MODES))
-    if foreign:
-        state = (*state, (_MODES, foreign))
-    return (*state, *settings) or None
-
-
-def _flags() -> int:
-    """Torch's global switches that the traced Python may branch on, as bits (0 when all are
-    off): inference mode (``no_grad``'s key otherwise), deterministic algorithms, saved-tensor
-    hooks around the call (:func:`hooks_around`). Not anomaly detection: AOTAutograd switches
-    it on, process-wide, while it captures a graph, and a call on another thread then took
-    another key (a retrace)."""
-    flags = torch.is_inference_mode_enabled() | torch.are_deterministic_algorithms_enabled() << 1
-    return flags | _SAVED_HOOKS * (top_saved_tensor_hooks(False) is not None)
-
-
-_SAVED_HOOKS = 4  # the bit of _flags for saved-tensor hooks around the call
-_MODES = "function modes"
-_OWN_MODES = ("torch.", "phi_torch_jit.")
-"""Modes of torch (``with torch.device(...)``, a trace's own) and of ours (the record pass's)."""
-
-
-def hooks_around(key: Key) -> bool:
-    """Whether saved-tensor hooks were active around the calls of ``key``: such calls run
-    eagerly (a compiled program's backward would not call their unpack)."""
-    return any(d == "torch flags" and t & _SAVED_HOOKS for d, t in key[2] or ())
-
-
-def modes_around(key: Key) -> str:
-    """The torch-function modes of the user's that were active around the calls of ``key``
-    (names, comma-separated), or "": their ``__torch_function__`` is Python that runs around
-    every op, which a captured program would not run (a program traced under one bakes what
-    it did then)."""
-    found = [t for d, t in key[2] or () if d == _MODES]
-    return ", ".join(k.__qualname__ for k in found[0]) if found else ""
-
-
-def describe_ambient(state: Any) -> str:
-    """``"autocast cuda float16, default dtype float64, default device cuda:0"``, or
-    ``"none"``."""
-    return ", ".join(_described(d, t) for d, t in state) if state else "none"
-
-
-def _described(what: str, value: Any) -> str:
-    if what == _MODES:
-        return f"torch-function modes {', '.join(k.__qualname__ for k in value)}"
-    if what.endswith(" settings"):  # a library's: "PhiML precision 64, default backend torch"
-        return f"{what.removesuffix(' settings')} " + ", ".join(f"{k} {v}" for k, v in value)
-    text = str(value).replace("torch.", "")
-    return f"{what} {text}" if what in _DEFAULTS else f"autocast {what} {text}"
-
-
-_DEFAULTS = ("default dtype", "default device")
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,10 @@ class Unguardable:
     grad_reads: list[str] = field(default_factory=list)
     """Places where Python read a tensor's ``requires_grad`` (:class:`RecordMode`): not a
     reason to run eagerly; the module guard checks the parameters' ``requires_grad``."""
+    layout_reads: dict[int, str] = field(default_factory=dict)
+    """id of each tensor whose layout Python read (``stride()``, ``is_contiguous()``,
+    ``shape``, ``dtype``...; :class:`RecordMode`) -> the first place: not a reason to run
+    eagerly; the module guard checks the layout of those among the parameters and buffers."""
     grad_state: list[str] = field(default_factory=list)
     """Places where the function read or wrote a tensor's ``.grad`` (``zero_grad``, an
     optimizer's step, ``p.grad = g``) or changed a parameter's ``requires_grad``: state a
@@ -274,7 +278,12 @@ class RecordMode(TorchFunctionMode):
     * Python reading a tensor's ``requires_grad`` (``if net.weight.requires_grad:``), by any
       code but torch's, is noted: the path it takes depends on the parameters'
       ``requires_grad``, which the module guard then checks on every call (a change retraces,
-      on every engine)."""
+      on every engine).
+    * Python reading a tensor's layout (``if self.w.is_contiguous():``, ``w.stride()``,
+      ``w.shape``, ``w.dtype``), by any code but torch's, is noted with the tensor: where it
+      is a parameter or a buffer, the module guard checks its layout on every call
+      (``module.to(memory_format=torch.channels_last)`` keeps the parameter objects and
+      changes their strides; probe 39c)."""
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -292,9 +301,33 @@ class RecordMode(TorchFunctionMode):
             caller = sys._getframe(1)
             if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
                 _note("grad_reads", _where(caller) if _from_user(caller) else _at(caller))
+        elif args and (func in _LAYOUT_METHODS or getattr(func, "__self__", None) in _LAYOUTS):
+            caller = sys._getframe(1)
+            if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
+                _note_layout(args[0], caller)
         result = func(*args, **(kwargs or {}))
         note_made(args, kwargs, result)
         return result
+
+
+_LAYOUT_METHODS = frozenset(
+    getattr(torch.Tensor, n) for n in ("stride", "is_contiguous", "size", "dim", "numel",
+                                       "storage_offset", "__len__")
+)  # fmt: skip
+_LAYOUTS = frozenset(
+    getattr(torch.Tensor, n) for n in ("shape", "dtype", "device", "ndim", "layout", "is_cuda",
+                                       "is_sparse")
+)  # fmt: skip
+"""What reads a tensor's layout: methods, and the descriptors of properties (the mode sees a
+property read as its descriptor's ``__get__``)."""
+
+
+def _note_layout(tensor: Any, caller: types.FrameType) -> None:
+    frame = current_frame()
+    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+        reads = frame.recording.unguardable.layout_reads
+        if isinstance(tensor, torch.Tensor) and id(tensor) not in reads:
+            reads[id(tensor)] = _where(caller) if _from_user(caller) else _at(caller)
 
 
 def _at(frame: types.FrameType) -> str:

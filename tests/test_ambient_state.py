@@ -1,6 +1,7 @@
 """State around the call that is not a variable of the step's (stage 0 keys and the guard stage):
 inference mode and inference-tensor arguments, deterministic algorithms (part of the cache
-key, as the grad mode is), an environment reader held under another name,
+key, as the grad mode is), ``parametrize.cached()``, an environment reader held under another
+name,
 and the order of a dict whose values are objects (guarded). Each case was found silently wrong
 by a probe of state-change programs (round 13): the program kept what it had traced."""
 
@@ -67,6 +68,35 @@ def test_deterministic_algorithms_are_part_of_the_key() -> None:
         )
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w * 2.0
+
+
+def test_calls_inside_parametrize_cached_run_eagerly_as_eager_code_caches() -> None:
+    """Probe 39c: inside ``with parametrize.cached():`` eager code reuses the parametrized
+    weight it computed first in the block, also after the original is changed in place; a
+    compiled program computed it anew. Such calls get a key of their own and run eagerly,
+    with one JitWarning saying why; outside the block the compiled program serves again."""
+    from torch.nn.utils import parametrize
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 3)
+    parametrize.register_parametrization(layer, "weight", _Doubled())
+    jitted, x = ptj.jit(layer), torch.ones(3)
+    for _ in range(3):
+        torch.testing.assert_close(jitted(x), layer(x))
+        jitted.wait_compiled()
+    with parametrize.cached(), pytest.warns(ptj.JitWarning, match=r"parametrize\.cached"):
+        expected = layer(x)  # the cache is filled here
+        with torch.no_grad():
+            layer.parametrizations.weight.original.add_(1.0)
+        torch.testing.assert_close(jitted(x), layer(x))  # the cached weight, as eagerly
+        torch.testing.assert_close(jitted(x), expected)
+    torch.testing.assert_close(jitted(x), layer(x))  # the weight computed anew
+    assert jitted.num_traces == 2  # the program, and the block's eager specialization
 
 
 _GETTERS = {"env": os.getenv}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -379,3 +380,52 @@ def test_a_modules_dict_updated_from_another_module_is_noticed_and_described(swa
         jitted.wait_compiled()
         torch.testing.assert_close(jitted(x), module(x))
     assert jitted.num_traces == 2, jitted.explain()
+
+
+class _LayoutBranch(nn.Module):
+    """Branches in Python on its weight's strides and reads its dtype and shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1, 2, 2, 1))
+        self.register_buffer("b", torch.ones(2, 3))
+        self.plain = nn.Parameter(torch.ones(1))  # read by ops only: not checked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 2.0 if self.w.is_contiguous() else 3.0
+        shift = float(self.b.stride()[0]) + (10.0 if self.b.dtype == torch.float64 else 0.0)
+        return x * scale + shift + self.plain.float()
+
+
+@pytest.mark.all_engines
+def test_a_parameters_layout_read_by_python_is_checked_on_every_call() -> None:
+    """Probe 39c: ``module.to(memory_format=torch.channels_last)`` keeps the parameter objects
+    and gives them new strides (so does ``p.data = restrided``); the module guard compared
+    dtype, device and shape only after a program failed on them, so a branch on
+    ``w.is_contiguous()`` or ``w.stride()`` kept the traced path on every engine. Python's
+    reads of a parameter's or buffer's layout are noted in the record pass, and the guard
+    checks those tensors' layout on every call."""
+    module, x = _LayoutBranch(), torch.ones(4)
+    jitted = ptj.jit(module)
+    changes = [
+        lambda: module.to(memory_format=torch.channels_last),
+        lambda: setattr(module.b, "data", module.b.data.t().contiguous().t()),
+        lambda: module.to(memory_format=torch.contiguous_format),
+        lambda: setattr(module.b, "data", module.b.data.double()),
+        lambda: setattr(module.b, "data", module.b.data.float().contiguous()),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for change in [lambda: None, *changes]:
+            change()
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), module(x))
+                jitted.wait_compiled()
+    assert jitted.num_traces == 5  # the last state is the first: its program serves it
+    guard = jitted.specializations[-1].guard
+    assert [name for name, *_ in guard.laid_out] == ["_LayoutBranch.w", "_LayoutBranch.b"]
+    module.to(memory_format=torch.channels_last)
+    assert "_LayoutBranch.w: layout (1, 2, 2, 1) torch.float32 strides" in guard.describe_change()
+    assert "layout (shape, dtype, strides) checked on every call: _LayoutBranch.w" in (
+        jitted.explain()
+    )

@@ -111,7 +111,7 @@ def test_the_users_function_behind_phimls_jit_is_walked_under_install(kind: str)
 
 def test_library_settings_cost_nothing_at_their_defaults() -> None:
     """At 32 bits on torch PhiML adds nothing to the key (the key of a plain call stays None)."""
-    from phi_torch_jit._specialization import ambient_state
+    from phi_torch_jit._ambient import ambient_state
 
     assert ambient_state() is None
     with math.precision(64):
