@@ -17,7 +17,7 @@ tag    node                                                 meaning
 ``S``  ``("S", type, value[, attributes])``                 static leaf (a callable object:
                                                               with its plain attributes)
 ``M``  ``("M", module)``                                    nn.Module (identity)
-``Q``  ``("Q", list | tuple, children)``                    sequence
+``Q``  ``("Q", list | tuple, children)``                    sequence (a frozenset of objects too)
 ``N``  ``("N", namedtuple class, children)``                namedtuple
 ``D``  ``("D", dict type, keys, children)``                 dict
 ``C``  ``("C", dataclass, field names, children)``          dataclass, or a namespace
@@ -152,6 +152,8 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
         return ("M", obj)
     if cls is torch.Size:  # x.shape passed on (probe 36c): ints, keyed by value
         return ("S", cls, obj)
+    if cls is frozenset and not all(type(m) in PRIMITIVES for m in obj):  # objects in it:
+        return ("Q", cls, _flatten_items(obj, tensors, meta, None))  # each as in a tuple (39b)
     if isinstance(obj, (tuple, list)):
         raise _Unsupported(obj, f"subclass {cls.__qualname__} of {cls.__mro__[1].__name__}")
     return _static_leaf(obj)
@@ -392,7 +394,7 @@ def describe_spec(spec: Spec) -> str:
         inner = ", ".join(f"{k!r}: {describe_spec(c)}" for k, c in zip(spec[2], children))
         return "{" + inner + "}"
     if tag == "Q":
-        return f"[{inner}]" if spec[1] is list else f"({inner})"
+        return f"[{inner}]" if spec[1] is list else f"{spec[1].__name__}({inner})"
     return f"{spec[1].__name__}({inner})"
 
 

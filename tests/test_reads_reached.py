@@ -1082,6 +1082,110 @@ def test_an_iterator_passed_as_an_argument_runs_the_step_eagerly_warned_once() -
     assert next(mine) == next(theirs) == 6.0
 
 
+def _forced_by_the_first(x: torch.Tensor, held: Any) -> torch.Tensor:
+    for forcing in held:  # a frozenset argument, or a WeakSet global
+        return x + next(forcing)
+    return x
+
+
+class _Knob:
+    def __init__(self) -> None:
+        self.k = 2.0
+
+
+def _knobbed(x: torch.Tensor, knobs: frozenset[_Knob]) -> torch.Tensor:
+    for knob in knobs:
+        x = x * knob.k
+    return x
+
+
+_REGISTERED: Any = weakref.WeakSet()
+
+
+def _forced_by_a_registered(x: torch.Tensor) -> torch.Tensor:
+    return _forced_by_the_first(x, _REGISTERED)
+
+
+def test_an_iterator_in_a_frozenset_argument_or_a_weak_set_runs_the_step_eagerly() -> None:
+    """Probe 39b: a generator inside a frozenset argument (keyed by the set's ``repr()``) or
+    inside a ``WeakSet`` the step loops over (its members were not walked) was compiled: the
+    traced item repeated on every call. Objects in a frozenset argument are keyed as in a
+    tuple (an iterator: eager, warned; an object of yours without a value hash: refused, as
+    in a tuple, where it had been keyed by identity and its attributes went stale)."""
+
+    def forcing() -> Iterator[float]:
+        yield from (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+
+    global _REGISTERED
+    kept = [forcing(), forcing()]  # (the WeakSet holds them weakly)
+    _REGISTERED = weakref.WeakSet([kept[0]])
+    theirs, jitted = forcing(), ptj.jit(_forced_by_a_registered)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ptj.JitWarning)
+        for _ in range(4):
+            expected = _forced_by_the_first(torch.ones(2), [theirs])
+            torch.testing.assert_close(jitted(torch.ones(2)), expected)
+        mine, theirs = frozenset([kept[1]]), forcing()
+        jitted = ptj.jit(_forced_by_the_first)
+        for _ in range(4):
+            expected = _forced_by_the_first(torch.ones(2), [theirs])
+            torch.testing.assert_close(jitted(torch.ones(2), mine), expected)
+    warned = [str(w.message) for w in caught if issubclass(w.category, ptj.JitWarning)]
+    assert len(warned) == 2 and all("iterator" in w for w in warned), warned
+    assert "list(global _REGISTERED)[0]" in warned[0]
+    with pytest.raises(ptj.SignatureError, match=r"`knobs\[0\]`.*no value-based hash"):
+        ptj.jit(_knobbed)(torch.ones(2), frozenset([_Knob()]))
+
+
+class _Options:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+
+DUNDER_OPTIONS = _Options(2.0)
+
+
+def _decorated(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+class _Configured:
+    __config__ = DUNDER_OPTIONS
+
+
+def _options_of(obj: Any) -> float:
+    """A helper reading what it is given: ``fn.__opts__`` or ``type(obj).__config__``."""
+    return float(obj.__opts__.k if callable(obj) else obj.__config__.k)
+
+
+def _through_dunder_names(x: torch.Tensor) -> torch.Tensor:
+    return x * _options_of(_decorated) + _options_of(_CONFIGURED) * 10
+
+
+_CONFIGURED = _Configured()
+
+
+def test_objects_under_dunder_names_of_yours_are_walked() -> None:
+    """Probe 39a: the walk skipped every ``__x__`` attribute of a function, an instance or a
+    class, so ``fn.__opts__`` (a decorator's options) and a class's ``__config__`` changed in
+    place or replaced kept the traced value on every engine. Only the names Python and its
+    library put there are skipped now."""
+    _decorated.__opts__ = DUNDER_OPTIONS  # type: ignore[attr-defined]
+
+    def set_k(k: float) -> Callable[[], None]:
+        return lambda: setattr(DUNDER_OPTIONS, "k", k)
+
+    def replace(holder: Any, name: str) -> Callable[[], None]:
+        return lambda: setattr(holder, name, _Options(7.0))
+
+    jitted, x = ptj.jit(_through_dunder_names), torch.ones(2)
+    changes = [set_k(3.0), replace(_decorated, "__opts__"), replace(_Configured, "__config__")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        like_eager_after_each(jitted, lambda f: f(x), _through_dunder_names, changes)
+    assert jitted.num_traces <= 4  # (engines keeping a number as an input retrace less)
+
+
 _LIBRARY = '''
 class Integrator:
     """A library's object holding the user's right-hand side (as ODE solvers and schedulers
@@ -1228,7 +1332,7 @@ def test_a_users_module_looked_up_by_a_computed_key_and_the_code_it_runs_are_gua
     finally:
         read_settings.GRAVITY, read_settings.scaled = gravity, scaled
         read_settings.TABLE["drag"][1] = 0.2
-    assert jitted.num_traces == 4
+    assert jitted.num_traces <= 4  # (engines keeping a number as an input retrace less)
 
 
 _ENTRY = "ptj_test_entry_settings"
@@ -1309,7 +1413,7 @@ def test_a_modules_methods_replaced_on_its_class_or_shadowed_on_it_retrace() -> 
         ])  # fmt: skip
     finally:
         _Scaled.forward, _Scaled.act = forward, act  # type: ignore[method-assign]
-    assert jitted.num_traces == 4
+    assert jitted.num_traces <= 4  # (engines keeping a number as an input retrace less)
 
 
 def _strided(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -1761,7 +1865,7 @@ def test_dict_subclasses_of_yours_and_a_counter_reordered_retrace() -> None:
     finally:
         for held, items in zip((TERMS_MINE, ORDERED_TERMS, COUNTS), saved):
             held.clear(), held.update(items)
-    assert jitted.num_traces == 4
+    assert jitted.num_traces <= 4  # (engines keeping a number as an input retrace less)
 
 
 def _other_helper(x: torch.Tensor) -> torch.Tensor:
@@ -2030,7 +2134,7 @@ def test_arguments_equal_by_their_eq_but_read_otherwise_are_keyed_apart() -> Non
         jitted.wait_compiled()
     key.b = 4.0  # in place
     torch.testing.assert_close(jitted(x, key, ordered), _keyed(x, key, ordered))
-    assert jitted.num_traces == 4
+    assert jitted.num_traces <= 4  # (engines keeping a number as an input retrace less)
 
 
 class Source_:

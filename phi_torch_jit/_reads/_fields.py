@@ -3,8 +3,8 @@ step, and how deep the walk goes (NOTE [attribute paths]). :func:`fields` lists 
 under a configuration object: public attributes of namespaces and of instances of user
 classes, class data, the methods of user classes (from their class's ``__dict__``: the same
 object on every read), entries of dicts (and of dict subclasses of yours) and items of lists,
-a bound method's object, what a ``functools.partial`` binds and calls. Steps through such
-machinery cost no level of :data:`TREE_DEPTH`."""
+a bound method's object, what a ``functools.partial`` binds and calls: steps that cost no
+level of :data:`TREE_DEPTH`."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from .._signature import NAMESPACES
 from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
 from ._reading_code import reads_only
-from ._records import LENGTH, LISTED, UNSET, Step, enum_attributes, immutable, probe
+from ._records import LENGTH, LISTED, PYTHONS_OWN, UNSET, Step, enum_attributes, immutable, probe
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
            "VIEWS", "shows_content", "masked", "runs_code", "computed",
@@ -94,8 +94,10 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "parser")]
     if isinstance(value, weakref.WeakKeyDictionary):  # how many; the values it holds
         return [LENGTH, *_listed_values(len(value))]
-    if isinstance(value, _WEAK):  # a registry: what is registered (members are not held)
-        return [LENGTH]
+    if isinstance(value, _WEAK):  # how many are registered (members are not held), and
+        members = list(value) if isinstance(value, weakref.WeakSet) else []  # iterators (39b)
+        iterators = [i for i, m in enumerate(members) if isinstance(m, collections.abc.Iterator)]
+        return [LENGTH, *((LISTED, Step(False, i)) for i in iterators)]  # (eager)
     if getattr(probe(value, "dtype"), "hasobject", False) and has_attribute(value, "flat"):
         return [(Step(True, "flat"), Step(False, i)) for i in range(value.size)]  # objects
     if isinstance(value, (collections.UserDict, collections.UserList)):
@@ -173,7 +175,7 @@ def _object_fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, n) for n in (*callbacks_held(value), *tensors_held(value))]
     in_order: list[Step | tuple[Step, ...]] = []
     if has_attribute(value, "__dict__"):
-        names = [n for n in vars(value) if n.isidentifier() and not _dunder(n)]
+        names = [n for n in vars(value) if n.isidentifier() and n not in PYTHONS_OWN]
         if len(names) > 1:  # a loop over vars(cfg) sees them in this order
             in_order = [(INSTANCE_DICT, _KEYS, LISTED)]
     else:  # a class with __slots__ (a dataclass with slots=True): its set slots
@@ -256,8 +258,7 @@ _KEYS = Step(True, "keys", call=True)
 
 
 def _object_key(key: Any) -> bool:
-    """A dict key that is an object with state of its own (``for st in D: st.k``), not a
-    value whose hash is its content."""
+    """A dict key that is an object with state of its own (``for st in D: st.k``)."""
     if isinstance(key, (tuple, frozenset)):  # (1, cfg) or a namedtuple holding objects
         return not all(immutable(item) for item in key)
     return not isinstance(key, (str, int, float, bytes, type, enum.Enum))
@@ -441,7 +442,7 @@ def _class_data(klasses: list[type]) -> list[str]:
     names: list[str] = []
     for klass in klasses:
         for name, member in vars(klass).items():
-            if _dunder(name) or name in names or not name.isidentifier():
+            if name in PYTHONS_OWN or name in names or not name.isidentifier():
                 continue
             if callable(member) or hasattr(type(member), "__get__"):
                 continue  # methods, properties, cached properties: reading them runs code

@@ -11,7 +11,7 @@ import torch
 
 from ._fields import INSTANCE_DICT
 from ._reachable import methods_set_on_tensors
-from ._records import LENGTH, Source, Step, immutable
+from ._records import LENGTH, PYTHONS_OWN, Source, Step, immutable
 
 __all__ = ["function_sources"]
 
@@ -57,7 +57,7 @@ def _code(function: types.FunctionType) -> list[tuple[Any, Source]]:
         label = f"{function.__qualname__}.{attribute}"
         source = Source(label, where, holder=function, path=(Step(True, attribute),))
         found.append(((id(function), attribute), source))
-    own = [n for n in function.__dict__ if not n.startswith("__") or n == "__wrapped__"]
+    own = [n for n in function.__dict__ if n not in PYTHONS_OWN]  # (fn.__opts__: 39a)
     paths = [(INSTANCE_DICT, LENGTH), *((Step(True, n),) for n in own[:_MAX_ATTRIBUTES])]
     for path in paths:
         label = function.__qualname__ + (f".{path[0].key}" if len(path) == 1 else " attributes")

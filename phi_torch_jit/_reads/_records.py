@@ -19,7 +19,7 @@ from ._canonical import EXPRESSIONS, FORMS, decoded, form_of
 
 __all__ = ["Kind", "Source", "Step", "LENGTH", "LISTED", "canonical", "Read", "GONE",
            "PRIMITIVES", "same_value", "immutable", "enum_attributes", "tensor_meta",
-           "array_copy", "same_array"]  # fmt: skip
+           "array_copy", "same_array", "PYTHONS_OWN"]  # fmt: skip
 
 PRIMITIVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 """Values guarded by value."""
@@ -379,3 +379,15 @@ def immutable(value: Any) -> bool:
     if type(value) in (tuple, frozenset):
         return all(immutable(v) for v in value)
     return False
+
+
+PYTHONS_OWN = frozenset(
+    f"__{n}__" for n in ("dict weakref module doc qualname annotations annotate slots hash "
+                         "dataclass_fields dataclass_params match_args orig_bases orig_class "
+                         "parameters abstractmethods firstlineno static_attributes type_params "
+                         "classcell protocol_attrs non_callable_proto_members final "
+                         "callable_proto_members_only").split()
+)  # fmt: skip
+"""What Python and its library put in a class's, an instance's or a function's ``__dict__``
+under ``__x__`` names; others are the user's (``fn.__opts__``, a class's ``__config__``:
+probe 39a), walked like any attribute."""
