@@ -65,9 +65,9 @@ def ambient_state() -> Any:
 def _flags() -> int:
     """Torch's global switches that the traced Python may branch on, as bits (0 when all are
     off): inference mode (``no_grad``'s key otherwise), deterministic algorithms, saved-tensor
-    hooks around the call (:func:`hooks_around`). Not anomaly detection: AOTAutograd switches
-    it on, process-wide, while it captures a graph, and a call on another thread then took
-    another key (a retrace)."""
+    hooks and ``parametrize.cached()`` around the call (:func:`eager_around`). Not anomaly
+    detection: AOTAutograd switches it on, process-wide, while it captures a graph, and a call
+    on another thread then took another key (a retrace)."""
     flags = torch.is_inference_mode_enabled() | torch.are_deterministic_algorithms_enabled() << 1
     flags |= _CACHED_PARAMETRIZATIONS * bool(parametrize._cache_enabled)  # (probe 39c)
     return flags | _SAVED_HOOKS * (top_saved_tensor_hooks(False) is not None)
