@@ -465,6 +465,37 @@ def test_a_modules_private_and_class_attributes_are_guarded(what: str) -> None:
     assert jitted.num_traces == 2
 
 
+class _Configured(nn.Module):
+    """Keeps its settings past ``nn.Module.__setattr__`` and answers names from them in a
+    ``__getattr__`` of its own, reading the dict by a string: ``self.__dict__["_cfg"]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "_cfg", {"gain": 1.0})
+
+    def __getattr__(self, name: str) -> Any:
+        settings = self.__dict__["_cfg"]
+        return settings[name] if name in settings else super().__getattr__(name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain
+
+
+def test_a_modules_private_dict_named_only_as_a_string_is_guarded() -> None:
+    """Probe 40c: a module's private attributes are its state where code of yours names
+    them (a library base's are its own); a name spelled only as a string
+    (``self.__dict__["_cfg"]``, ``object.__setattr__(self, "_cfg", ...)``) did not count, and
+    ``m._cfg["gain"] = 5.0`` or a new dict kept the traced gain on every engine."""
+    net = _Configured()
+    jitted, x = ptj.jit(net), torch.ones(3)
+
+    def gain(value: float) -> Callable[[], None]:
+        return lambda: net._cfg.__setitem__("gain", value)
+
+    renewed = lambda: object.__setattr__(net, "_cfg", {"gain": 7.0})  # noqa: E731
+    like_eager_after_each(jitted, lambda f: f(x), net, [gain(5.0), renewed, gain(1.0)])
+
+
 ACTIVATIONS = {"act": torch.tanh}
 
 

@@ -406,8 +406,9 @@ _USER_NAMES: dict[type, frozenset[str]] = {}
 
 def names_in_user_code(klass: type) -> frozenset[str]:
     """The attribute names the methods of the user classes in ``klass``'s MRO spell
-    (``self._table``): a module's private attributes are the user's state where the user's
-    code names them, a library base class's internals (gpytorch's memo caches) otherwise."""
+    (``self._table``, or as a string: ``self.__dict__["_cfg"]``, ``getattr(self, "_cfg")``,
+    probe 40c): a module's private attributes are the user's state where the user's code
+    names them, a library base class's internals (gpytorch's memo caches) otherwise."""
     found = _USER_NAMES.get(klass)
     if found is None:
         names: set[str] = set()
@@ -420,5 +421,6 @@ def names_in_user_code(klass: type) -> frozenset[str]:
                 if isinstance(code, types.CodeType):
                     for each in codes(code):  # nested code too (lambdas, comprehensions)
                         names.update(each.co_names)
+                        names.update(c for c in each.co_consts if type(c) is str)
         found = _USER_NAMES[klass] = frozenset(names)
     return found
