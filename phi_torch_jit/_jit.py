@@ -421,7 +421,8 @@ def wait_compiled(timeout: float | None = None) -> bool:
     every jitted function, those made by ``phi_torch_jit.phiflow.install()`` included.
 
     Returns True when none is queued or running, False if ``timeout`` seconds passed first
-    (``UsageError`` for a negative timeout). Other engines compile on the caller's thread:
+    (``UsageError`` for a negative timeout, or one that is no number: a jitted function
+    passed waits with its own ``wait_compiled()``). Other engines compile on the caller's thread:
     nothing to wait for. While one function's compile runs inductor's Python, another
     function's first calls cannot be captured and run eagerly; they are captured while it
     waits for its C++ compiler (docs/engines.md, "Several jitted functions"): wait here

@@ -205,6 +205,8 @@ def test_wait_compiled_waits_for_every_functions_compile_while_another_runs_its_
     assert second.num_traces == 1
     with pytest.raises(ptj.UsageError, match="timeout"):
         ptj.wait_compiled(-1)
+    with pytest.raises(ptj.UsageError, match=r"not a JitFunction.*its own \.wait_compiled\(\)"):
+        ptj.wait_compiled(first)  # type: ignore[arg-type]
 
 
 class _Doubled(torch.autograd.Function):

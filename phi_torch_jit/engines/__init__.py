@@ -62,6 +62,11 @@ def wait_all_compiled(timeout: float | None = None) -> bool:
     """Wait until the compile thread has finished every compile queued so far (of any jitted
     function); False if ``timeout`` seconds passed first, and at once inside a jitted
     function's specialization (the compile thread waits for it to end)."""
+    if timeout is not None and (type(timeout) is bool or not isinstance(timeout, (int, float))):
+        raise UsageError(  # ptj.wait_compiled(step): two probes wrote it (40a, 40c)
+            f"wait_compiled(timeout) takes seconds or None, not a {type(timeout).__name__}: it "
+            "waits for every jitted function; to wait for one, call its own .wait_compiled()"
+        )
     if timeout is not None and timeout < 0:
         raise UsageError(f"wait_compiled: timeout must be None or >= 0 seconds, got {timeout}")
     if CAPTURE_LOCK.reserved_here():
