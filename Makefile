@@ -63,17 +63,26 @@ envs: $(VENV)/.ready $(foreach v,$(call reverse,$(TORCH_VERSIONS)),$(call venv_o
 
 test: envs lint docs $(addprefix pytest-torch,$(TORCH_VERSIONS)) test-no-torchscript
 
-# The whole suite with torch.jit.trace/script/trace_module removed for the session, as in a
-# torch without TorchScript (tests marked uses_torchscript or torchscript_bodies skipped):
+# Each suite runs in PYTEST_WORKERS processes (pytest-xdist; this machine has two cores). The
+# demo's torch runs the shared suite (@pytest.mark.all_engines) with every engine; the other
+# torch releases and the run without TorchScript run it with the default engine only
+# (tests/conftest.py, PHI_TORCH_JIT_TEST_ENGINES): four full runs did not fit in CI's time.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS = -n $(PYTEST_WORKERS)
+DEFAULT_ENGINE_ONLY := PHI_TORCH_JIT_TEST_ENGINES=auto-on-caller:aot_eager
+
+# The whole suite (the shared suite with the default engine) with torch.jit.trace/script/
+# trace_module removed for the session, as in a torch without TorchScript (tests marked
+# uses_torchscript or torchscript_bodies skipped):
 # PyTorch plans to drop TorchScript. In `make test` itself, a fixture makes them raise in
 # every test that does not name engine "torchscript" (tests/conftest.py).
 test-no-torchscript: $(VENV)/.ready
 	@echo "== test suite without TorchScript (torch $(DEMO_TORCH)) =="
-	PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT=1 $(PY) -m pytest -q
+	PHI_TORCH_JIT_TEST_NO_TORCHSCRIPT=1 $(DEFAULT_ENGINE_ONLY) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 pytest-torch%: $$(call venv_of,$$*)/.ready
 	@echo "== test suite on torch $* =="
-	$(call venv_of,$*)/bin/python -m pytest
+	$(if $(filter $(DEMO_TORCH),$*),,$(DEFAULT_ENGINE_ONLY)) $(call venv_of,$*)/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.ready
 	$(PY) benchmarks/bench_demo.py

@@ -115,13 +115,36 @@ wins (the shared suite sets it per engine)."""
 
 os.environ.setdefault("PHI_TORCH_JIT_ENGINE", DEFAULT_TEST_ENGINE)
 
-_COMPILING_ENGINES = ("compile:aot_eager", f"{AUTO_ON_CALLER}:aot_eager")
-ENGINES = _COMPILING_ENGINES if NO_TORCHSCRIPT else ("torchscript", *_COMPILING_ENGINES)
+_COMPILE_TEST_ENGINE = "compile:aot_eager"
+_COMPILING_ENGINES = (_COMPILE_TEST_ENGINE, DEFAULT_TEST_ENGINE)
+_ALL_ENGINES = ("torchscript", *_COMPILING_ENGINES)
+
+ENGINES_ENV = "PHI_TORCH_JIT_TEST_ENGINES"
+"""Comma-separated names out of ``torchscript``, ``compile:aot_eager`` and
+``auto-on-caller:aot_eager``: the shared suite runs with these only. ``make test`` sets it to
+the default engine's for the suite on the torch releases other than the demo's, which runs all
+three (CI's time: docs/engines.md, torch versions)."""
+
+
+def _chosen_engines() -> tuple[str, ...]:
+    engines = _COMPILING_ENGINES if NO_TORCHSCRIPT else _ALL_ENGINES
+    chosen = os.environ.get(ENGINES_ENV, "").strip()
+    if not chosen:
+        return engines
+    names = tuple(name.strip() for name in chosen.split(","))
+    unknown = [name for name in names if name not in engines]
+    if unknown:
+        raise pytest.UsageError(f"{ENGINES_ENV}: {unknown} not among {list(engines)}")
+    return names
+
+
+ENGINES = _chosen_engines()
 """What ``@pytest.mark.all_engines`` tests run with: the default engine; the compile engine
 with a backend that exercises the whole graph capture (make_fx, dynamo, AOTAutograd, our fake
 and backward ops) without inductor's code generation; and engine "auto" with the same backend,
 compiling on the caller's thread (its background thread has tests of its own, in
-test_auto_engine.py). Inductor itself: tests marked slow. Without TorchScript: the last two."""
+test_auto_engine.py). Inductor itself: tests marked slow. Without TorchScript: the last two.
+:data:`ENGINES_ENV` narrows it."""
 
 
 def _torchscript_removed(*args: Any, **kwargs: Any) -> NoReturn:
@@ -277,13 +300,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _engines_for(module: str) -> tuple[str, ...]:
-    """ENGINES, except that the PhiFlow tests (the slowest, 5-10 s each) skip engine "auto":
-    it captures a PhiFlow step as engine "compile" does (make_fx, PhiML's custom gradients
-    included: adapters/phiml/_graph_capture) and compiles it with the same backend. The
-    default engine runs PhiFlow, without TorchScript, in test_phiflow_programs.py and in the
-    tests of test_phiflow.py that name engine "auto"."""
+    """ENGINES, except that the PhiFlow tests (the slowest, 5-10 s each) run engine "compile"
+    in place of engine "auto": it captures a PhiFlow step as engine "auto" does (make_fx,
+    PhiML's custom gradients included: adapters/phiml/_graph_capture) and compiles it with the
+    same backend. The default engine runs PhiFlow, without TorchScript, in
+    test_phiflow_programs.py and in the tests of test_phiflow.py that name engine "auto"."""
     if module.endswith("test_phiflow"):
-        return tuple(e for e in ENGINES if not e.startswith(AUTO_ON_CALLER))
+        swapped = (_COMPILE_TEST_ENGINE if e == DEFAULT_TEST_ENGINE else e for e in ENGINES)
+        return tuple(dict.fromkeys(swapped))
     return ENGINES
 
 
