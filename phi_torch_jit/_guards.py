@@ -32,7 +32,7 @@ from torch.utils.hooks import RemovableHandle
 from ._compat import MODULE_HOOK_DICTS, global_module_hooks
 from ._phases import MODULE_HOOK
 from ._reads._code_walk import user_class
-from ._reads._records import canonical, immutable
+from ._reads._records import PYTHONS_OWN, canonical, immutable
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 
@@ -176,7 +176,7 @@ class ModuleGuard:
         attributes: list[tuple[Any, str, str]] = [
             (m.__dict__, name, owner) for owner, m in zip(self.names, self.modules)
             for name, value in m.__dict__.items()
-            if name not in _TORCH_SLOTS and not name.startswith("__")
+            if name not in _TORCH_SLOTS and name not in PYTHONS_OWN
             and (immutable(value) or isinstance(value, _CODE)) and (id(m), name) not in self._skip
         ]  # fmt: skip
         attributes += [  # the registries themselves, by identity: m.__dict__.update(other's),
@@ -189,7 +189,7 @@ class ModuleGuard:
             for slot, t in [*m._parameters.items(), *m._buffers.items()]
             if t is not None and t.__dict__
             for name, value in t.__dict__.items()
-            if not name.startswith("__") and immutable(value)
+            if name not in PYTHONS_OWN and immutable(value)
         ]  # fmt: skip
         for klass in dict.fromkeys(type(m) for m in self.modules):
             view = _ClassView(klass)
@@ -197,7 +197,7 @@ class ModuleGuard:
                 name for base in klass.__mro__[: klass.__mro__.index(nn.Module)]
                 if user_class(base)
                 for name, value in vars(base).items()
-                if not name.startswith("__") and immutable(value)
+                if name not in PYTHONS_OWN and immutable(value)
             )  # fmt: skip
             attributes += [(view, name, f"{klass.__qualname__} (class)") for name in names]
         self._attributes = tuple(attributes)

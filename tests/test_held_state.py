@@ -496,6 +496,30 @@ def test_a_modules_private_dict_named_only_as_a_string_is_guarded() -> None:
     like_eager_after_each(jitted, lambda f: f(x), net, [gain(5.0), renewed, gain(1.0)])
 
 
+class _Dunders(nn.Module):
+    """Keeps a number and a dict of its own under ``__x__`` names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.__scale__ = 2.0
+        self.__cfg__ = {"k": 1.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.__scale__ + self.__cfg__["k"]
+
+
+def test_a_modules_attributes_under_dunder_names_of_yours_are_guarded() -> None:
+    """A module's ``__x__`` attributes were skipped, both the immutable ones the module guard
+    compares and the containers read as state: ``m.__scale__ = 5.0`` and
+    ``m.__cfg__["k"] = 7.0`` kept the traced values on every engine. Only the names Python
+    puts there are skipped now (as for functions, instances and classes, probe 39a)."""
+    net = _Dunders()
+    jitted, x = ptj.jit(net), torch.ones(3)
+    scale = lambda: setattr(net, "__scale__", 5.0)  # noqa: E731
+    entry = lambda: net.__cfg__.__setitem__("k", 7.0)  # noqa: E731
+    like_eager_after_each(jitted, lambda f: f(x), net, [scale, entry])
+
+
 ACTIVATIONS = {"act": torch.tanh}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from ._code_walk import names_in_user_code, user_class
-from ._records import Source, Step, immutable
+from ._records import PYTHONS_OWN, Source, Step, immutable
 
 __all__ = ["module_sources"]
 
@@ -36,7 +36,7 @@ def module_sources(module: nn.Module) -> Iterator[tuple[Any, Source]]:
     namespace = module.__dict__
     where = f"{type(module).__qualname__} attributes"
     for name, value in list(namespace.items()):
-        if name in MACHINERY or name.startswith("__") or immutable(value):
+        if name in MACHINERY or name in PYTHONS_OWN or immutable(value):
             continue
         if name.startswith("_") and name not in names_in_user_code(type(module)):
             continue  # private state only your code names: a library base's is its own
@@ -70,7 +70,7 @@ def _tensor_attributes(module: nn.Module, where: str) -> Iterator[tuple[Any, Sou
     for slot, tensor in owned.items():
         held = getattr(tensor, "__dict__", None) if tensor is not None else None
         for name, value in list((held or {}).items()):
-            if name.startswith("__") or immutable(value):
+            if name in PYTHONS_OWN or immutable(value):
                 continue  # immutable ones: the module guard's
             if _is_code(value):
                 continue
