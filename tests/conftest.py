@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 import pytest
 import torch
+from helpers import SETTLE_S
 
 import phi_torch_jit
 from phi_torch_jit import _compat, _meter
@@ -61,14 +62,17 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def no_compile_left_running() -> None:
-    """For tests that expect a new function's first calls to record and trace: a background
-    compile an earlier test left running holds the tracing lock, and a new function's calls
-    then run eagerly without a record pass, unwarned; its record pass comes a call later.
-    Orders of the suite failed that way (2026-11-30: the auto-on-caller cases of
-    ``test_reads_draws``; a captured solve that ran PhiML's Python in ``test_solve_graphs``)."""
-    assert _background.wait_idle(120), "a background compile of an earlier test did not finish"
+    """Every test starts with no background compile running: one an earlier test left
+    running holds the tracing lock, and a new function's calls then run eagerly without a
+    record pass, unwarned; its record pass comes a call later. Orders of the suite failed
+    that way (2026-11-30: the auto-on-caller cases of ``test_reads_draws``; a captured solve
+    that ran PhiML's Python in ``test_solve_graphs``; 2026-12-02, two pytest-xdist processes
+    on a loaded machine: 57 tests of ``test_reads*`` after an inductor compile of another
+    file). The wait is a net for a compile that hangs (:data:`helpers.SETTLE_S`), not a time
+    any test depends on."""
+    assert _background.wait_idle(SETTLE_S), "a background compile of an earlier test did not finish"
 
 
 def _still() -> float:

@@ -12,6 +12,12 @@ import torch
 from phi_torch_jit._warnings import TORCHSCRIPT_NOTICE
 from phi_torch_jit.engines.auto import TieredProgram
 
+SETTLE_S = 900.0
+"""How long a test waits at most for the background compiles of its own or of an earlier
+test to finish: a net for a compile that hangs, never a time a test depends on (inductor's
+compiles took over 120 s, the earlier limit, with two test processes on a loaded 2-core
+machine, 2026-12-02)."""
+
 
 def engine_name(jit_engine: str) -> str:
     """The engine's name (``explain()`` shows it) for a spec of the shared suite's ENGINES."""

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import (
+    SETTLE_S,
     Counter,
     assert_grads_like_eager,
     lstm_pair,
@@ -44,7 +45,7 @@ from phi_torch_jit.engines.auto import AutoEngine
 @pytest.fixture(autouse=True)
 def _compiles_settle() -> Iterator[None]:
     yield
-    assert _background.wait_idle(120), "a background compile did not finish"
+    assert _background.wait_idle(SETTLE_S), "a background compile did not finish"
 
 
 def step_with_solve(solve: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import program_of
+from helpers import SETTLE_S, program_of
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import phi_torch_jit as ptj
@@ -34,7 +34,7 @@ def _fresh_worker() -> Iterator[None]:
     """Each test meets no worker left by another, and leaves none behind."""
     _compile_process.stop_worker()
     yield
-    assert _background.wait_idle(120), "a background compile did not finish"
+    assert _background.wait_idle(SETTLE_S), "a background compile did not finish"
     _compile_process.stop_worker()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import program_of
+from helpers import SETTLE_S, program_of
 
 import phi_torch_jit as ptj
 from phi_torch_jit.engines import _background, _compile_process, _spare_core
@@ -25,7 +25,7 @@ from phi_torch_jit.engines import _background, _compile_process, _spare_core
 def _no_compile_of_others() -> None:
     """No background compile an earlier test left running holds a core, nor a worker process
     that is still starting."""
-    assert _background.wait_idle(120)
+    assert _background.wait_idle(SETTLE_S)
     assert _compile_process._WORKER.booted.wait(120)
 
 

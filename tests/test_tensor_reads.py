@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import SETTLE_S
 
 from phi_torch_jit._tensor_reads import PASS, READS, watching
 from phi_torch_jit.engines import _background
@@ -16,7 +17,7 @@ def test_watchers_leaving_in_any_order_leave_torch_as_it_was() -> None:
     """Two stages that each patched and restored Tensor.tolist themselves restored each
     other's patch, or removed it twice, when two threads' uses overlapped (the second exit
     raised "type object 'Tensor' has no attribute 'tolist'")."""
-    assert _background.wait_idle(120)  # no compile thread tracing with its own watchers
+    assert _background.wait_idle(SETTLE_S)  # no compile thread tracing with its own watchers
     before = {kind: torch.Tensor.__dict__.get(kind) for kind in READS}
     seen: list[str] = []
     here = threading.get_ident()  # reads of other threads (a compile still running) aside

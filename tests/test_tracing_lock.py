@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counter
+from helpers import SETTLE_S, Counter
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import phi_torch_jit as ptj
@@ -37,7 +37,7 @@ DEADLINE_S = 60.0
 @pytest.fixture(autouse=True)
 def _compiles_settle() -> Iterator[None]:
     yield
-    assert _background.wait_idle(120), "a background compile did not finish"
+    assert _background.wait_idle(SETTLE_S), "a background compile did not finish"
 
 
 def _until(condition: Callable[[], bool]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import program_of
+from helpers import SETTLE_S, program_of
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import phi_torch_jit as ptj
@@ -28,7 +28,7 @@ from phi_torch_jit.engines import auto as auto_engine
 @pytest.fixture(autouse=True)
 def _compiles_settle() -> Iterator[None]:
     yield
-    assert _background.wait_idle(120), "a background compile did not finish"
+    assert _background.wait_idle(SETTLE_S), "a background compile did not finish"
 
 
 @pytest.fixture
