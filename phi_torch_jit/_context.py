@@ -154,6 +154,7 @@ class UnguardableNotes(Protocol):
     imports: dict[str, str]
     random: list[str]
     layout_reads: dict[int, str]
+    state_dicts: dict[int, str]
 
 
 class Recorder(Protocol):

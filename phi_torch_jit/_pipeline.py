@@ -114,7 +114,8 @@ def specialize(
     if not target.changing.settled(key, bool(changed)):  # NOTE [side effects of the step]
         return result, None
     held, drawn = before.drawn() if watched else (set(), set())
-    imported = recording.unguardable.imports, recording.unguardable.module_reads
+    notes = recording.unguardable
+    imported = notes.imports, notes.module_reads, notes.state_dicts  # (what collect_reads takes)
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
                for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip
     with target.overflow.walking():

@@ -25,21 +25,29 @@ import functools
 import random
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ._context import Phase, current_frame
 from ._param_writes import REQUIRES_GRAD, before_writes, freezes, note_made, note_used
 from ._patches import RefCounted
-from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
-from ._watched_calls import watched_calls
+from ._sources import OWN_DIR, TORCH_DIR, is_user_file
+from ._watched_calls import (
+    from_anyone,
+    from_user,
+    note,
+    noted_once,
+    user_line,
+    watched_calls,
+)
 
-__all__ = ["Unguardable", "UNGUARDABLE", "RecordMode", "note_unguardable", "generators_watched"]
+__all__ = ["Unguardable", "UNGUARDABLE", "RecordMode", "generators_watched"]
 
 
 @dataclass
@@ -80,6 +88,9 @@ class Unguardable:
     """Places where Python read a tensor's ``requires_grad`` (:class:`RecordMode`): not a
     reason to run eagerly; the module guard checks the parameters' ``requires_grad``."""
     layout_reads: dict[int, str] = field(default_factory=dict)
+    state_dicts: dict[int, str] = field(default_factory=dict)
+    """id of each module whose ``state_dict()`` ran (a child's too) -> where: not a reason to
+    run eagerly; which buffers it leaves out and its state-dict hooks are guarded (``_reads``)."""
     """id of each tensor whose layout Python read (``stride()``, ``is_contiguous()``,
     ``shape``, ``dtype``...; :class:`RecordMode`) -> the first place: not a reason to run
     eagerly; the module guard checks the layout of those among the parameters and buffers."""
@@ -174,101 +185,6 @@ class Unguardable:
         return reasons
 
 
-def _from_user(frame: types.FrameType | None) -> bool:
-    """Whether the nearest frame outside torch at or above ``frame`` is user code."""
-    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
-        frame = frame.f_back
-    return frame is not None and is_user_file(frame.f_code.co_filename)
-
-
-def _from_user_via_python(frame: types.FrameType | None) -> bool:
-    """Whether the nearest frame outside torch and Python's own library at or above
-    ``frame`` is user code: ``secrets.randbelow``, ``uuid.uuid4`` or a ``SystemRandom`` the
-    user calls reach ``os.urandom`` through the standard library (a package's ``uuid4``, as
-    PhiML names its solves, is the package's own)."""
-    while frame is not None and (
-        frame.f_code.co_filename.startswith(TORCH_DIR)
-        or is_python_library_file(frame.f_code.co_filename)
-    ):
-        frame = frame.f_back
-    return frame is not None and is_user_file(frame.f_code.co_filename)
-
-
-def _where(frame: types.FrameType | None) -> str:
-    """``file:line`` of the nearest user frame at or above ``frame``."""
-    while frame is not None and not is_user_file(frame.f_code.co_filename):
-        frame = frame.f_back
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
-
-
-def _from_anyone(frame: types.FrameType | None) -> bool:
-    """Whether code other than torch's and ours is at or above ``frame`` (our frames sit in
-    between when a torch-function mode of ours dispatches the call)."""
-    while frame is not None and frame.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
-        frame = frame.f_back
-    return frame is not None
-
-
-def _not_torchs(frame: types.FrameType | None) -> bool:
-    """Whether ``frame`` is not torch's or ours: a ``with`` of the user's or a library's, not
-    a non-reentrant checkpoint's (its hooks recompute what they unpack: the same values)."""
-    return frame is not None and not frame.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR))
-
-
-_ANYWHERE = frozenset({"autograd", "gradients"})
-"""Kinds noted whoever calls (a library's ``autograd.grad`` is as uncapturable as the user's)."""
-
-
-def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original``, noting calls from user code (any code, for :data:`_ANYWHERE` kinds) in
-    this thread's record pass."""
-    callers = {"random": _from_user_via_python, "saved_hooks": _not_torchs}
-    caller_counts = callers.get(kind, _from_user)
-    caller_counts = _from_anyone if kind in _ANYWHERE else caller_counts
-
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        caller = sys._getframe(1)
-        if caller_counts(caller):
-            where = _where(caller)
-            _note(kind, f"{label} at {where}" if label else where)
-        return original(*args, **kwargs)
-
-    return wrapper
-
-
-_WRAPPERS: dict[tuple[int, str, str], tuple[Any, Callable[..., Any]]] = {}
-"""The wrapper of each watched function, made once per process and kept: dynamo records the
-ids of NumPy's functions when it first meets one (``trace_rules.is_numpy``), and where that was
-inside a record pass (``torch.cond`` in the step), it recorded our wrappers of
-``numpy.random``'s; freed after the pass, their ids went to the user's lambdas, which dynamo
-then took for NumPy functions it cannot trace (an eager ``torch.cond`` raised
-UncapturedHigherOrderOpError in the suite, now and then)."""
-
-
-def _noted_once(kind: str, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """:func:`_noted`, the same wrapper object for the same function every time."""
-    key = (id(original), kind, label)
-    kept = _WRAPPERS.get(key)
-    if kept is None or kept[0] is not original:
-        kept = _WRAPPERS[key] = (original, _noted(kind, label, original))
-    return kept[1]
-
-
-def note_unguardable(kind: str, label: str) -> None:
-    """Note a call that no compiled program repeats, at the nearest user frame (record pass)."""
-    _note(kind, f"{label} at {_where(sys._getframe(1))}")
-
-
-def _note(kind: str, where: str) -> None:
-    """Add ``where`` to this thread's recording's unguardable ``kind`` (once; record phase)."""
-    frame = current_frame()
-    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        seen: list[str] = getattr(frame.recording.unguardable, kind)
-        if where not in seen:
-            seen.append(where)
-
-
 class RecordMode(TorchFunctionMode):
     """The record phase's torch-function mode. Entered per record frame (a mode is per thread).
 
@@ -294,13 +210,13 @@ class RecordMode(TorchFunctionMode):
         note_used(args, kwargs)
         if kwargs and kwargs.get("generator") is not None:
             name = getattr(func, "__name__", "a torch function")
-            _note("random", f"a torch.Generator draw ({name}) at {_where(sys._getframe(1))}")
+            note("random", f"a torch.Generator draw ({name}) at {user_line(sys._getframe(1))}")
         elif freezes(func, args):
-            _note("grad_state", f"Parameter.requires_grad_ at {_where(sys._getframe(1))}")
+            note("grad_state", f"Parameter.requires_grad_ at {user_line(sys._getframe(1))}")
         elif getattr(func, "__self__", None) is REQUIRES_GRAD:
             caller = sys._getframe(1)
             if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
-                _note("grad_reads", _where(caller) if _from_user(caller) else _at(caller))
+                note("grad_reads", user_line(caller) if from_user(caller) else _at(caller))
         elif args and (func in _LAYOUT_METHODS or getattr(func, "__self__", None) in _LAYOUTS):
             caller = sys._getframe(1)
             if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
@@ -327,12 +243,26 @@ def _note_layout(tensor: Any, caller: types.FrameType) -> None:
     if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
         reads = frame.recording.unguardable.layout_reads
         if isinstance(tensor, torch.Tensor) and id(tensor) not in reads:
-            reads[id(tensor)] = _where(caller) if _from_user(caller) else _at(caller)
+            reads[id(tensor)] = user_line(caller) if from_user(caller) else _at(caller)
 
 
 def _at(frame: types.FrameType) -> str:
     """``file:line`` of ``frame`` itself (a library's code)."""
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+_MODULE_STATE_DICT = nn.Module.state_dict
+
+
+@functools.wraps(_MODULE_STATE_DICT)
+def _state_dict(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``nn.Module.state_dict``, noting the module in the record pass (made once: see
+    ``_WRAPPERS`` in ``_watched_calls``)."""
+    frame = current_frame()
+    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
+        noted = frame.recording.unguardable.state_dicts
+        noted.setdefault(id(self), user_line(sys._getframe(1)))
+    return _MODULE_STATE_DICT(self, *args, **kwargs)
 
 
 _INHERITED = object()
@@ -353,8 +283,10 @@ class _Watch:
             else:
                 original = getattr(owner, name)
             self._saved.append((owner, name, original))
-            setattr(owner, name, _noted_once(kind, label, getattr(owner, name)))
+            setattr(owner, name, noted_once(kind, label, getattr(owner, name)))
 
+        self._saved.append((nn.Module, "state_dict", _MODULE_STATE_DICT))
+        nn.Module.state_dict = _state_dict  # type: ignore[assignment,method-assign]
         for name, watched in (("data", _DATA), ("grad", _GRAD)):
             if name not in torch.Tensor.__dict__:  # else someone else's: leave it
                 setattr(torch.Tensor, name, watched)
@@ -374,7 +306,7 @@ class _Watch:
 def _note_data(tensor: torch.Tensor) -> None:
     caller = sys._getframe(2)
     if is_user_file(caller.f_code.co_filename):  # torch's own .data uses are fine
-        _note("data", f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        note("data", f"{caller.f_code.co_filename}:{caller.f_lineno}")
 
 
 _BASE_DATA = torch.Tensor.data  # TensorBase's getset descriptor, inherited
@@ -387,8 +319,8 @@ def _get_data(tensor: torch.Tensor) -> torch.Tensor:
 
 def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
     caller = sys._getframe(1)  # torch's code too (vector_to_parameters), called by the user
-    if _from_anyone(caller):
-        _note("data", f".data assigned at {_where(caller)}")
+    if from_anyone(caller):
+        note("data", f".data assigned at {user_line(caller)}")
     _BASE_DATA.__set__(tensor, value)  # type: ignore[attr-defined]
 
 
@@ -400,8 +332,8 @@ _BASE_GRAD: Any = torch.Tensor.grad  # TensorBase's getset descriptor, inherited
 
 def _note_grad() -> None:
     caller = sys._getframe(2)
-    if _from_anyone(caller):  # an optimizer's step is torch's code, called by the user's
-        _note("grad_state", f".grad at {_where(caller)}")
+    if from_anyone(caller):  # an optimizer's step is torch's code, called by the user's
+        note("grad_state", f".grad at {user_line(caller)}")
 
 
 def _get_grad(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -442,7 +374,7 @@ def generators_watched() -> Iterator[None]:
         frame = current_frame()
         if frame is not None and frame.recording is not None:
             if not frame.recording.unguardable.random:  # else named where it happened
-                _note("random", "a draw from Python's or NumPy's global generator")
+                note("random", "a draw from Python's or NumPy's global generator")
 
 
 _WATCH = _Watch()

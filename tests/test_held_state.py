@@ -520,6 +520,45 @@ def test_a_modules_attributes_under_dunder_names_of_yours_are_guarded() -> None:
     like_eager_after_each(jitted, lambda f: f(x), net, [scale, entry])
 
 
+class _FromStateDict(nn.Module):
+    """Multiplies by what its own ``state_dict()`` holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.ones(3))
+        self.register_buffer("b", torch.full((3,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for value in self.state_dict(keep_vars=True).values():
+            x = x * value
+        return x
+
+
+def _tripled_b(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any) -> None:
+    state[prefix + "b"] = state[prefix + "b"] * 3
+
+
+def test_what_decides_a_state_dict_read_in_the_step_is_guarded() -> None:
+    """Probe 41b: a step reading ``state_dict()`` kept the traced entries when a buffer left
+    it (``register_buffer(..., persistent=False)``: same tensor, same name) or a state-dict
+    hook was added, on every engine. Which buffers it leaves out and its hooks are guarded
+    where the record pass saw ``state_dict()`` run."""
+    net = _FromStateDict()
+    jitted, x = ptj.jit(net), torch.ones(3)
+    handles: list[Any] = []
+
+    def hook() -> None:
+        handles.append(net.register_state_dict_post_hook(_tripled_b))  # type: ignore[arg-type]
+
+    changes = [
+        lambda: net.register_buffer("b", net.b, persistent=False),
+        lambda: net.register_buffer("b", net.b, persistent=True),
+        hook,
+        lambda: handles.pop().remove(),
+    ]
+    like_eager_after_each(jitted, lambda f: f(x), net, changes)
+
+
 ACTIVATIONS = {"act": torch.tanh}
 
 

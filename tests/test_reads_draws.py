@@ -166,6 +166,19 @@ def test_reading_the_seed_runs_eagerly_warned() -> None:
             assert float(jitted(torch.zeros(1))) == seed % 7
 
 
+def test_reading_numpys_global_state_runs_eagerly_warned() -> None:
+    """Probe 41c: ``np.random.get_state()`` read in the step was baked in (the position of
+    NumPy's global generator, moved by a draw outside the step); Python's
+    ``random.getstate()`` and torch's ``get_rng_state()`` ran eagerly already."""
+    step = lambda x: x * float(np.random.get_state()[2])  # noqa: E731
+    jitted = ptj.jit(step)
+    np.random.seed(0)
+    with pytest.warns(ptj.JitWarning, match="numpy.random.get_state"):
+        for _ in range(3):
+            torch.testing.assert_close(jitted(torch.ones(1)), step(torch.ones(1)))
+            np.random.random()
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [

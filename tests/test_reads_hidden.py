@@ -7,8 +7,10 @@ silently wrong, or, for code that counts its reads, run seven more times a call.
 
 from __future__ import annotations
 
+import abc
 import collections
 import contextlib
+import ctypes
 import enum
 import functools
 import operator
@@ -1135,3 +1137,88 @@ def test_a_bound_method_stored_anew_each_call_does_not_retrace() -> None:
     box["m"] = other.go
     torch.testing.assert_close(jitted(x), step(x))
     assert jitted.num_traces == 3, jitted.explain()
+
+
+CTYPES_ARRAY = (ctypes.c_double * 3)(1.0, 2.0, 3.0)
+
+
+def _through_a_ctypes_array(x: torch.Tensor) -> torch.Tensor:
+    for factor in CTYPES_ARRAY:
+        x = x * factor
+    return x
+
+
+def test_a_ctypes_array_read_whole_is_guarded_by_what_it_holds() -> None:
+    """Probe 41c: ``CA[1]`` was guarded, but a loop over a ``ctypes`` array (or ``sum(CA)``)
+    kept the first call's numbers on every engine."""
+
+    def change() -> None:
+        CTYPES_ARRAY[0] = 5.0
+
+    try:
+        like_eager_then_retraced(ptj.jit(_through_a_ctypes_array), _through_a_ctypes_array, change)
+    finally:
+        CTYPES_ARRAY[0] = 1.0
+
+
+class _CtypesSettings(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_double)]
+
+
+CTYPES_STRUCT = _CtypesSettings(3.0)
+
+
+def test_a_ctypes_structures_field_is_guarded() -> None:
+    """Probe 41a: ``ST.k`` of a ``ctypes.Structure`` held in a global kept its first value."""
+    step = lambda x: x * CTYPES_STRUCT.k  # noqa: E731
+
+    def change() -> None:
+        CTYPES_STRUCT.k = 7.0
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        CTYPES_STRUCT.k = 3.0
+
+
+def _registering(
+    dispatched: bool,
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], None]]:
+    """A step testing an object against a new ABC (``isinstance``, or through a single-dispatch
+    function), and the change that registers the object's class with the ABC (for good: a new
+    ABC for each test)."""
+
+    class Scalable(abc.ABC):  # noqa: B024 (no abstract methods: only registered classes)
+        pass
+
+    class Plain:
+        k = 2.0
+
+    held = Plain()
+
+    @functools.singledispatch
+    def coefficient(value: Any) -> float:
+        return 1.0
+
+    @coefficient.register(Scalable)
+    def _(value: Any) -> float:
+        return 3.0
+
+    def tested(x: torch.Tensor) -> torch.Tensor:
+        return x * held.k if isinstance(held, Scalable) else x + 1
+
+    def through_dispatch(x: torch.Tensor) -> torch.Tensor:
+        return x * coefficient(held)
+
+    return (through_dispatch if dispatched else tested), lambda: Scalable.register(Plain)
+
+
+@pytest.mark.parametrize("dispatched", [False, True], ids=["isinstance", "singledispatch"])
+def test_what_an_abcs_register_changes_retraces(dispatched: bool) -> None:
+    """Probe 41a: ``ABC.register(C)`` changes what ``isinstance`` answers and where a
+    single-dispatch function dispatches, in C state no attribute shows; the compiled program
+    kept the first answer on every engine. ``abc.get_cache_token()``, which every register
+    changes, is guarded where code of yours names ``isinstance``/``issubclass`` or calls a
+    single-dispatch function."""
+    step, change = _registering(dispatched)
+    like_eager_then_retraced(ptj.jit(step), step, change)

@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import functools
 import gc
+import glob
 import importlib
 import json
 import math
@@ -2268,4 +2269,57 @@ def test_a_file_read_in_the_step_runs_eagerly_warned() -> None:
     finally:
         CONTROL_FILE.unlink()
     assert first.tolist() == [1.0, 1.0] and second.tolist() == [2.0, 2.0]
+    assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1
+
+
+def _listed(folder: Path) -> int:
+    return len(os.listdir(folder))
+
+
+def _globbed(folder: Path) -> int:
+    return len(glob.glob(str(folder / "*.txt")))
+
+
+def _iterated(folder: Path) -> int:
+    return sum(1 for _ in folder.iterdir())
+
+
+def _scanned(folder: Path) -> int:
+    with os.scandir(folder) as entries:
+        return sum(1 for _ in entries)
+
+
+def _exists(folder: Path) -> int:
+    return 2 if os.path.exists(folder / "b.txt") else 1
+
+
+def _sized(folder: Path) -> int:
+    return os.path.getsize(folder / "a.txt")
+
+
+def _stat(folder: Path) -> int:
+    return os.stat(folder / "a.txt").st_size
+
+
+@pytest.mark.parametrize(
+    "count", [_listed, _globbed, _iterated, _scanned, _exists, _sized, _stat],
+    ids=["os.listdir", "glob.glob", "Path.iterdir", "os.scandir", "os.path.exists",
+         "os.path.getsize", "os.stat"],
+)  # fmt: skip
+def test_a_folder_listed_or_a_files_metadata_read_in_the_step_runs_eagerly_warned(
+    count: Callable[[Path], int], tmp_path: Path
+) -> None:
+    """Probe 41c: reading a file ran eagerly, but listing a folder (``os.listdir``, ``glob``,
+    ``Path.iterdir``, ``os.scandir``), testing that a file exists, or reading its size kept
+    the first call's answer on every engine."""
+    (tmp_path / "a.txt").write_text("a")
+    step = lambda x: x * count(tmp_path)  # noqa: E731
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="it reads files") as caught:
+        first = jitted(torch.ones(2))
+        (tmp_path / "b.txt").write_text("b")
+        (tmp_path / "a.txt").write_text("aaa")
+        second = jitted(torch.ones(2))
+    torch.testing.assert_close(first, torch.ones(2))
+    torch.testing.assert_close(second, step(torch.ones(2)))
     assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import collections
 import copy
+import ctypes
 import mmap
 import types
 from typing import Any
@@ -98,13 +99,20 @@ _TOBYTES = Step(True, "tobytes", call=True)
 _BYTES = Step(False, "bytes", text=True)
 
 
+_CTYPES_DATA = (ctypes.Array, ctypes.Structure, ctypes.Union)
+
+
 def buffer_read(value: Any) -> Step | None:
     """The step reading what a small buffer holds now (a ``memoryview``'s ``tobytes()``, an
-    open ``mmap``'s ``bytes()``: ``struct.unpack_from("d", MM)`` reads it), or None."""
+    open ``mmap``'s ``bytes()``: ``struct.unpack_from("d", MM)`` reads it; a ``ctypes``
+    array's or structure's ``bytes()``: ``for c in CA`` or ``sum(CA)`` reads it whole, probe
+    41c), or None."""
     try:
         if isinstance(value, memoryview) and value.nbytes <= MAX_BUFFER:
             return _TOBYTES
         if isinstance(value, mmap.mmap) and len(value) <= MAX_BUFFER:
+            return _BYTES
+        if isinstance(value, _CTYPES_DATA) and ctypes.sizeof(value) <= MAX_BUFFER:
             return _BYTES
     except ValueError:  # released, closed
         return None

@@ -25,14 +25,20 @@ MACHINERY = frozenset(vars(nn.Module())) | {"training"}
 """What ``nn.Module.__init__`` sets (parameters, buffers, hooks): the module guard's."""
 
 
-def module_sources(module: nn.Module) -> Iterator[tuple[Any, Source]]:
+_STATE_DICT_MAKERS = ("_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks")
+"""What decides a module's ``state_dict()`` beside its parameters and buffers: which buffers
+are left out (``register_buffer(..., persistent=False)``), and the hooks that edit it."""
+
+
+def module_sources(module: nn.Module, state_dict: bool = False) -> Iterator[tuple[Any, Source]]:
     """(key, source) of the plain attributes of ``module`` that the module guard does not
     cover: tensors that are not buffers (``self.mask = torch.ones(3)``) become inputs; lists,
     dicts and arrays are guarded by content, other objects by identity (immutable values:
     see ``_guards``). Also the mutable attributes of its parameters and buffers
     (``lin.weight.schedule = [1.0, 2.0]``, an iterator set on a bias) and the slots of its
     classes of yours (``__slots__ = ("n",)``), whatever they hold: probe round 35 found both
-    unguarded."""
+    unguarded. With ``state_dict`` (its ``state_dict()`` ran in the record pass): which
+    buffers it leaves out and its state-dict hooks (probe 41b)."""
     namespace = module.__dict__
     where = f"{type(module).__qualname__} attributes"
     for name, value in list(namespace.items()):
@@ -51,6 +57,10 @@ def module_sources(module: nn.Module) -> Iterator[tuple[Any, Source]]:
         yield (id(namespace), name), Source(label, where, namespace, name)
     yield from _tensor_attributes(module, where)
     yield from _slots(module, where)
+    for name in _STATE_DICT_MAKERS if state_dict else ():
+        if name in namespace:
+            label = f"{type(module).__name__}.{name} (its state_dict())"
+            yield (id(namespace), name), Source(label, where, namespace, name)
 
 
 def _is_code(value: Any) -> bool:

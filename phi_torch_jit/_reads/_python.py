@@ -15,12 +15,13 @@ What no compiled program can repeat is noted while the record pass runs by
 
 from __future__ import annotations
 
+import abc
 import builtins
 import functools
 import os
 import sys
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -137,7 +138,8 @@ def _add_chains(
 def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
-    module_reads: Mapping[tuple[str, str], str] | None = None, role: str = "an argument",
+    module_reads: Mapping[tuple[str, str], str] | None = None,
+    state_dicts: Collection[int] = (), role: str = "an argument",
     customs: Sequence[Any] = (), overflow: Overflow | None = None,
 ) -> list[Read]:  # fmt: skip
     """The globals and closure variables the user code reachable from ``fn`` and the
@@ -145,13 +147,14 @@ def collect_reads(
     objects, bound methods and partials passed to this call (keyed by identity, so the
     specialization holds them): their state is walked like the jitted callable's.
     ``imported``: the user's modules the record pass saw imported -> where (by any name);
-    ``module_reads``: (module, attribute) the record pass saw read -> where. ``fn`` None:
+    ``module_reads``: (module, attribute) the record pass saw read -> where;
+    ``state_dicts``: the ids of the modules whose ``state_dict()`` ran. ``fn`` None:
     only ``arguments`` are walked, named ``role`` (the hooks of :mod:`._hooks`).
     ``customs``: the custom functions' callables the record pass saw called: tensors their
     code reads are guarded by identity too (:mod:`._custom_bodies`). ``overflow``: what lies
     past the walk's limits, and what the record pass read of it (:mod:`._overflow`)."""
     reads: dict[Any, Read] = {}
-    _add_modules(reads, modules)
+    _add_modules(reads, modules, state_dicts)
     for argument in arguments:
         if isinstance(argument, types.ModuleType):  # your configuration module, passed in
             _add_imported(reads, {argument.__name__: "a module (an argument)"})
@@ -292,6 +295,8 @@ def _add_environment(reads: dict[Any, Read], code: types.CodeType, held: bool) -
     where = f"{code.co_filename}:{code.co_firstlineno}"
     if names_environment(code, _ARGV):  # sys.argv, changed in place (a list of strings)
         _add(reads, ("argv",), Source("sys.argv", where, vars(sys), "argv"))
+    if names_environment(code, _TYPE_TESTS):
+        _add(reads, ("abc",), _ABC_TOKEN)
     if not (held or names_environment(code)):
         return
     source = Source("the environment (os.environ)", where, vars(os.environ), "_data")
@@ -301,6 +306,11 @@ def _add_environment(reads: dict[Any, Read], code: types.CodeType, held: bool) -
 _ARGV = frozenset(("argv", "parse_args", "parse_known_args", "parse_intermixed_args",
                    "parse_known_intermixed_args"))  # fmt: skip
 """Names through which code reads the command line: ``sys.argv``, ``argparse``'s parsing."""
+_TYPE_TESTS = frozenset(("isinstance", "issubclass"))
+_ABC_TOKEN = Source("abc.get_cache_token()", "abc", holder=abc,
+                    path=(Step(True, "get_cache_token", call=True),))  # fmt: skip
+"""Changes at every ``ABC.register()``: what an ``isinstance`` test or a single-dispatch
+function answers (``numbers.Real.register(Q)``) may change with it (probe 41a)."""
 
 
 def _bound_anew(value: Any) -> bool:
@@ -309,11 +319,14 @@ def _bound_anew(value: Any) -> bool:
     return isinstance(value, types.MethodType) and not isinstance(value.__self__, torch.Tensor)
 
 
-def _add_modules(reads: dict[Any, Read], modules: Sequence[nn.Module]) -> None:
+def _add_modules(
+    reads: dict[Any, Read], modules: Sequence[nn.Module], state_dicts: Collection[int] = ()
+) -> None:
     """The plain attributes of ``modules``, and their classes of yours: their methods
-    (``Net.forward = other``) and data (``type(self).K``, which a forward may change)."""
+    (``Net.forward = other``) and data (``type(self).K``, which a forward may change); what
+    decides the ``state_dict()`` of those in ``state_dicts`` (ids)."""
     for module in modules:
-        for key, source in module_sources(module):
+        for key, source in module_sources(module, id(module) in state_dicts):
             _add(reads, key, source)
     for klass in {id(type(m)): type(m) for m in modules if user_class(type(m))}.values():
         label = f"class {klass.__qualname__}"
@@ -339,6 +352,8 @@ def _add(
     kind = kind_of(value)
     if kind is None:
         return
+    if isinstance(value, types.FunctionType) and "registry" in value.__dict__:  # dispatch
+        _add(reads, ("abc",), _ABC_TOKEN)  # by type: ABC.register() changes where
     if strict(kind, value):  # in canonical form: types, signs and order count
         form, expected = canonical(value)
         source = source.child(form)

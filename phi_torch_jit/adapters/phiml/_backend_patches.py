@@ -36,7 +36,7 @@ class _WhileLoop:
                     f"it runs a PhiML while_loop, which a trace would unroll to {max_iter} "
                     "iterations"
                 )
-            from ..._unguardable import note_unguardable
+            from ..._watched_calls import note_unguardable
 
             note_unguardable("loops", "PhiML while_loop")
             return original(self_, loop, values, max_iter)
