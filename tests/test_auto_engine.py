@@ -72,7 +72,7 @@ def test_first_call_records_then_fast_tier_then_switch_with_equal_results() -> N
     assert "the backend compiles from the third call on" in jitted.explain()
     counter.forward = 0
     assert torch.allclose(jitted(inputs[1], k), step(inputs[1], k), atol=1e-6)  # queues it
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     assert program.tier == "aot_eager" and program.switched_after_calls == 1
     assert "tier: aot_eager (compiled in" in jitted.explain()
     for u in inputs[2:]:
@@ -101,7 +101,7 @@ def test_training_gradients_match_eager_before_and_after_the_switch() -> None:
     for _ in range(2):  # record, then the fast tier
         for got, want in zip(grads(jitted), grads(loss)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    assert jitted.wait_compiled(60) and program_of(jitted).tier == "aot_eager"
+    assert jitted.wait_compiled(SETTLE_S) and program_of(jitted).tier == "aot_eager"
     for got, want in zip(grads(jitted), grads(loss)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
@@ -117,7 +117,7 @@ def test_a_failing_backend_is_logged_once_and_the_fast_tier_stays(
     with caplog.at_level(logging.WARNING, logger="phi_torch_jit"):
         for _ in range(3):
             assert torch.allclose(jitted(x), torch.sin(x) * 2)
-        assert jitted.wait_compiled(60)
+        assert jitted.wait_compiled(SETTLE_S)
         assert torch.allclose(jitted(x), torch.sin(x) * 2)
     failures = [r for r in caplog.records if "no code generation today" in r.getMessage()]
     assert len(failures) == 1 and "stays on the" in failures[0].getMessage()
@@ -165,7 +165,7 @@ def test_calls_from_threads_while_compiling_are_served_and_compile_once() -> Non
         t.join(60)
     assert not errors and not jitted.wait_compiled(0)  # still compiling, calls were served
     gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     assert gate.compiles == 1 and program_of(jitted).switched_after_calls == 82
 
 
@@ -201,7 +201,7 @@ def test_wait_compiled_waits_for_every_functions_compile_while_another_runs_its_
     else:
         assert second.num_traces == 0 and counter.forward == 3
     gate.opened.set()
-    assert ptj.wait_compiled(60) and first.wait_compiled(0)
+    assert ptj.wait_compiled(SETTLE_S) and first.wait_compiled(0)
     assert torch.allclose(first(x), x.cos() * 2) and torch.allclose(second(x), x.sin() + 1)
     assert second.num_traces == 1
     with pytest.raises(ptj.UsageError, match="timeout"):
@@ -238,7 +238,7 @@ def test_the_compile_waits_for_the_first_backward_and_a_signatures_third_call() 
     jitted(x)
     assert gate.entered.wait(60)  # queued by the third call
     gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     with torch.no_grad():
         inference = ptj.jit(lambda x: x.cos() * 3, engine="auto", backend=gate)
         inference(x)
@@ -275,7 +275,7 @@ def test_a_signature_met_twice_does_not_keep_the_next_one_from_compiling(
         assert torch.allclose(jitted(later), later.cos() * 2)
     assert counter.forward == 0 and gate.compiles == 1
     gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
 
 
 def test_a_signature_met_twice_leaves_its_loop_blocks_uncompiled_too(
@@ -309,7 +309,7 @@ def test_a_signature_met_twice_leaves_its_loop_blocks_uncompiled_too(
         torch.testing.assert_close(jitted(later, k), want, atol=1e-6, rtol=1e-5)
     assert counter.forward == 0
     gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
 
 
 def test_a_new_signature_while_a_compile_traces_runs_eagerly_without_waiting() -> None:
@@ -331,7 +331,7 @@ def test_a_new_signature_while_a_compile_traces_runs_eagerly_without_waiting() -
     assert not caller.is_alive() and results == [True] * 3
     assert other.num_traces == 0
     gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     other(x)
     assert other.num_traces == 1
 
@@ -370,7 +370,7 @@ def test_an_evicted_specialization_is_never_compiled() -> None:
     assert evicted.closed and evicted.wait(10)
     assert evicted.failure is not None and "dropped" in evicted.failure
     jitted(torch.randn(3))
-    assert jitted.wait_compiled(60) and gate.compiles == 1
+    assert jitted.wait_compiled(SETTLE_S) and gate.compiles == 1
 
 
 def test_exit_while_a_compile_runs_neither_hangs_nor_crashes() -> None:
@@ -492,7 +492,7 @@ def test_without_torchscript_auto_runs_straight_line_and_torchscript_runs_eagerl
     # The background compile first: a warnings.catch_warnings of torch's on that thread
     # swaps the process-wide filter list under pytest.warns (a full run once saw the
     # JitWarning raised as an error inside it).
-    assert auto.wait_compiled(60) and program_of(auto).tier == "aot_eager"
+    assert auto.wait_compiled(SETTLE_S) and program_of(auto).tier == "aot_eager"
     with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
         script = ptj.jit(step, engine="torchscript")
         with pytest.warns(ptj.JitWarning, match="runs eagerly: TorchScript is unavailable"):
@@ -518,7 +518,7 @@ def test_inductor_tier_matches_eager_within_float_rounding() -> None:
     u = torch.randn(64)
     jitted(u)
     jitted(u)
-    assert jitted.wait_compiled(300)
+    assert jitted.wait_compiled(SETTLE_S)
     assert program_of(jitted).tier == "inductor", jitted.explain()
     torch.testing.assert_close(jitted(u), step(u), rtol=1e-5, atol=1e-6)
 
@@ -541,7 +541,7 @@ def test_a_compile_does_not_rewind_the_callers_random_stream() -> None:
     assert gate.entered.wait(60)
     during = torch.rand(4)  # drawn while the compile holds a saved RNG state
     gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     after = torch.rand(4)
     torch.manual_seed(7)
     assert torch.equal(torch.cat([during, after]), torch.rand(8))  # one stream, not repeated
@@ -561,7 +561,7 @@ def test_a_parameter_frozen_or_unfrozen_after_the_compile_gets_eager_gradients()
 
     check()
     check()
-    assert jitted.wait_compiled(60) and program_of(jitted).tier == "aot_eager"
+    assert jitted.wait_compiled(SETTLE_S) and program_of(jitted).tier == "aot_eager"
     net[0].weight.requires_grad_(False)  # frozen: the compiled backward would still compute it
     check()
     net[0].weight.requires_grad_(True)
@@ -572,7 +572,7 @@ def test_a_parameter_frozen_or_unfrozen_after_the_compile_gets_eager_gradients()
     frozen_first = ptj.jit(lambda x: net(x).sum(), engine="auto", backend="aot_eager")
     net[2].bias.requires_grad_(False)
     frozen_grads = [grads(frozen_first), grads(frozen_first)]  # record, then the fast tier
-    assert frozen_first.wait_compiled(60)
+    assert frozen_first.wait_compiled(SETTLE_S)
     net[2].bias.requires_grad_(True)  # unfrozen: the compiled backward has no gradient for it
     got, want = grads(frozen_first), grads(lambda x: net(x).sum())
     assert got[-1] is not None and want[-1] is not None
@@ -755,14 +755,14 @@ def test_ctrl_c_while_waiting_for_a_compile_leaves_it_running_and_the_function_w
     presser.start()
     try:
         with pytest.raises(KeyboardInterrupt):  # a wait that ignored it would return False
-            jitted.wait_compiled(600)  # the user gives up waiting
+            jitted.wait_compiled(SETTLE_S)  # the user gives up waiting
     finally:
         signal.signal(signal.SIGINT, lambda *args: None)  # a last press in flight lands here
         interrupted.set()
         presser.join()
     assert torch.allclose(jitted(x), x.cos() * 3)  # served by the fast tier meanwhile
     gate.opened.set()
-    assert jitted.wait_compiled(60) and gate.compiles == 1
+    assert jitted.wait_compiled(SETTLE_S) and gate.compiles == 1
     assert torch.allclose(jitted(x), x.cos() * 3)
 
 
@@ -833,7 +833,7 @@ def test_blocks_of_captured_loops_compile_in_the_background_after_the_first_call
     assert jitted.num_traces == 1 and "runs eagerly" not in jitted.explain()
     assert "forward: looped" in jitted.explain()
     assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     assert [block for _, block in backend.calls] == [True, False]  # the block, the wrapper
     assert {thread for thread, _ in backend.calls} == {"phi_torch_jit compile"}
     for v in (torch.randn(16), u):
@@ -901,6 +901,6 @@ def test_a_custom_loop_runs_as_python_until_its_blocks_are_compiled(
     assert gate.entered.wait(60) and not in_blocks  # the Python loop served
     assert "the Python loop while the blocks are not compiled" in jitted.explain()
     gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     torch.testing.assert_close(jitted(u, k), step(u, k))
     assert in_blocks  # compiled blocks now

@@ -113,7 +113,7 @@ def test_engine_auto_says_its_program_was_compiled_in_the_worker(cache_dir: Path
     jitted = ptj.jit(lambda u: heat(u)[0] * 2, engine="auto")
     for _ in range(3):
         jitted(u)
-    assert jitted.wait_compiled(300), jitted.explain()
+    assert jitted.wait_compiled(SETTLE_S), jitted.explain()
     program = program_of(jitted)
     assert program.tier == "inductor" and program.in_worker, jitted.explain()
     assert "compiled in a worker process" in jitted.explain()
@@ -150,7 +150,7 @@ def test_a_graph_calling_a_custom_functions_op_compiles_in_the_worker(
     for _ in range(3):
         jitted(x, w)
     misses = _inductor_counter("fxgraph_cache_miss")
-    assert jitted.wait_compiled(300), jitted.explain()
+    assert jitted.wait_compiled(SETTLE_S), jitted.explain()
     program = program_of(jitted)
     assert program.tier == "inductor" and program.in_worker, jitted.explain()
     assert "phi_torch_jit.scaled_" in program.target.graph.code
@@ -230,10 +230,12 @@ def test_a_worker_that_fails_leaves_the_compile_to_the_caller(
 
 
 def test_a_request_the_worker_cannot_compile_is_answered_and_the_worker_goes_on(
-    cache_dir: Path,
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real worker: a request that fails there is reported (the caller compiles then), and
-    the same worker takes the next request; it runs at a lower CPU priority than the caller."""
+    the same worker takes the next request; it runs at a lower CPU priority than the caller
+    (by default; the suite sets ``PHI_TORCH_JIT_COMPILE_NICE`` to 0 elsewhere)."""
+    monkeypatch.delenv(_compile_worker.NICE_ENV, raising=False)
     broken = pickle.dumps({"target": None, "graph": b"", "settings": {}, "cache_dir": "."})
     assert not _compile_process._WORKER.compile(broken)
     pid = _compile_process.worker_pid()
@@ -243,6 +245,28 @@ def test_a_request_the_worker_cannot_compile_is_answered_and_the_worker_goes_on(
     if hasattr(os, "getpriority"):
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + _compile_worker.NICE)
+
+
+@pytest.mark.parametrize(("value", "nice"), [("", 10), ("0", 0), (" 5 ", 5), ("19", 19)])
+def test_the_workers_priority_can_be_set(
+    value: str, nice: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(_compile_worker.NICE_ENV, value)
+    assert _compile_worker.nice_increment() == nice
+
+
+@pytest.mark.parametrize("value", ["high", "-1", "20", "2.5"])
+def test_a_bad_priority_is_refused_naming_the_variable_and_no_worker_starts(
+    value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(_compile_worker.NICE_ENV, value)
+    with pytest.raises(ValueError, match=r"PHI_TORCH_JIT_COMPILE_NICE.*0 to 19"):
+        _compile_worker.nice_increment()
+    broken = pickle.dumps({"target": None})
+    with caplog.at_level("WARNING", logger="phi_torch_jit"):
+        assert not _compile_process._WORKER.compile(broken)
+    assert _compile_process.worker_pid() is None
+    assert "PHI_TORCH_JIT_COMPILE_NICE" in caplog.text
 
 
 def test_an_idle_worker_ends_by_itself(monkeypatch: pytest.MonkeyPatch) -> None:

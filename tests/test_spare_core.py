@@ -112,7 +112,7 @@ def test_calls_served_while_a_background_compile_runs_use_one_thread_fewer(
         assert torch.get_num_threads() == 2
     finally:
         gate.opened.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     assert not _spare_core.busy()
 
 

@@ -86,7 +86,7 @@ def test_a_remembered_program_is_loaded_after_the_first_call_and_serves_the_seco
         assert backend.compiles == 0 and backend.calls == 0
         assert program.tier == "straight-line"
     jitted(x)  # cold: queues the compile (and is served by it if it ended meanwhile)
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     torch.testing.assert_close(jitted(x), step(x))
     assert backend.compiles == 1 and backend.calls in ((3,) if remembered else (1, 2))
 
@@ -108,7 +108,7 @@ def test_a_load_slower_than_the_wait_leaves_the_call_to_the_fast_tier(
     assert backend.calls == 0 and program_of(jitted).tier == "straight-line"
     torch.testing.assert_close(jitted(x), step(x))  # waits no more
     gate.set()
-    assert jitted.wait_compiled(60)
+    assert jitted.wait_compiled(SETTLE_S)
     torch.testing.assert_close(jitted(x), step(x))
     assert backend.compiles == 1 and backend.calls == 1
 
@@ -171,7 +171,7 @@ def test_a_second_jit_of_the_same_step_is_served_by_inductor_from_its_second_cal
     cold = ptj.jit(heat, engine="auto")
     cold(u)
     cold(u)
-    assert cold.wait_compiled(300) and program_of(cold).tier == "inductor", cold.explain()
+    assert cold.wait_compiled(SETTLE_S) and program_of(cold).tier == "inductor", cold.explain()
     assert not program_of(cold).warm_start
     warm = ptj.jit(heat, engine="auto")
     torch.testing.assert_close(warm(u), heat(u))
@@ -210,7 +210,7 @@ def test_a_remembered_program_whose_cache_was_emptied_is_compiled_without_the_he
     torch.testing.assert_close(warm(u), wave(u))
     assert program_of(warm).warm_start, warm.explain()
     torch.testing.assert_close(warm(u), wave(u), rtol=1e-5, atol=1e-6)
-    assert warm.wait_compiled(300) and program_of(warm).tier == "inductor", warm.explain()
+    assert warm.wait_compiled(SETTLE_S) and program_of(warm).tier == "inductor", warm.explain()
     torch.testing.assert_close(warm(u), wave(u), rtol=1e-5, atol=1e-6)
     assert list(emptied.glob("**/*.so")), "the program's C++ was built again"
 

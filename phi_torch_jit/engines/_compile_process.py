@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
+from ._compile_worker import NICE_ENV, nice_increment
 from ._graph_pickle import graph_bytes, graph_from
 from ._op_contracts import contracts_in, present
 from ._spare_core import give_back, take
@@ -212,15 +213,17 @@ class _Worker:
             return self.process
         self._discard()
         try:
+            nice = str(nice_increment())  # (a bad PHI_TORCH_JIT_COMPILE_NICE: said, no worker)
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, repr(IDLE_EXIT_S), json.dumps(sys.path)],
+                [sys.executable, "-c", _BOOT, repr(IDLE_EXIT_S), json.dumps(sys.path), nice],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 close_fds=True,
             )
         except (OSError, ValueError) as error:
-            _logger.debug("phi_torch_jit: no compile worker process: %s", error)
+            log = _logger.warning if NICE_ENV in str(error) else _logger.debug
+            log("phi_torch_jit: no compile worker process: %s", error)
             self._discard()
             return None
         self.booted = threading.Event()
@@ -308,7 +311,7 @@ _BOOT = (
     "import json, sys\n"
     "sys.path[:] = json.loads(sys.argv[2])\n"
     "from phi_torch_jit.engines._compile_worker import serve\n"
-    "serve(float(sys.argv[1]))\n"
+    "serve(float(sys.argv[1]), int(sys.argv[3]))\n"
 )
 
 _WORKER = _Worker()

@@ -30,22 +30,38 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
-__all__ = ["serve", "NICE"]
+__all__ = ["serve", "NICE", "NICE_ENV", "nice_increment"]
 
 NICE = 10
-"""How much lower the worker's CPU priority is than its caller's (POSIX ``nice``)."""
+"""How much lower the worker's CPU priority is than its caller's (POSIX ``nice``), unless
+:data:`NICE_ENV` says otherwise."""
+NICE_ENV = "PHI_TORCH_JIT_COMPILE_NICE"
+"""An integer from 0 to 19 to use instead of :data:`NICE`: 0 where CPU-bound jobs of equal
+priority fill the cores and a lowered compile would starve (the test suite sets it: beside two
+busy processes on two cores, an inductor compile at +10 took over 300 s)."""
 
 
-def serve(idle_exit_s: float) -> None:
-    """Answer requests until stdin closes or ``idle_exit_s`` pass without one."""
+def nice_increment() -> int:
+    """:data:`NICE`, or the value of :data:`NICE_ENV`; ValueError naming it if not 0-19."""
+    raw = os.environ.get(NICE_ENV, "").strip()
+    if not raw:
+        return NICE
+    if not raw.isdigit() or int(raw) > 19:
+        raise ValueError(f"{NICE_ENV}={raw!r}: expected an integer from 0 to 19 (default {NICE})")
+    return int(raw)
+
+
+def serve(idle_exit_s: float, nice: int = NICE) -> None:
+    """Answer requests until stdin closes or ``idle_exit_s`` pass without one, ``nice``
+    lower in CPU priority than the caller."""
     requests = os.fdopen(os.dup(0), "rb", buffering=0)
     replies = os.fdopen(os.dup(1), "wb")
     quiet = os.open(os.devnull, os.O_RDWR)
     os.dup2(quiet, 0)
     os.dup2(2, 1)  # print() and the C++ compiler's output go where stderr goes
     sys.stdout = sys.stderr
-    if hasattr(os, "nice"):
-        os.nice(NICE)
+    if hasattr(os, "nice") and nice:
+        os.nice(nice)
     from .._compat import import_inductor
 
     import_inductor()  # before the first request: the caller may start this one early
