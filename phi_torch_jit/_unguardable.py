@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ._context import Phase, current_frame
+from ._context import current_frame
 from ._param_writes import REQUIRES_GRAD, before_writes, freezes, note_made, note_used
 from ._patches import RefCounted
 from ._sources import OWN_DIR, TORCH_DIR, is_user_file
@@ -43,6 +43,7 @@ from ._watched_calls import (
     from_user,
     note,
     noted_once,
+    recording_notes,
     user_line,
     watched_calls,
 )
@@ -88,12 +89,12 @@ class Unguardable:
     """Places where Python read a tensor's ``requires_grad`` (:class:`RecordMode`): not a
     reason to run eagerly; the module guard checks the parameters' ``requires_grad``."""
     layout_reads: dict[int, str] = field(default_factory=dict)
-    state_dicts: dict[int, str] = field(default_factory=dict)
-    """id of each module whose ``state_dict()`` ran (a child's too) -> where: not a reason to
-    run eagerly; which buffers it leaves out and its state-dict hooks are guarded (``_reads``)."""
     """id of each tensor whose layout Python read (``stride()``, ``is_contiguous()``,
     ``shape``, ``dtype``...; :class:`RecordMode`) -> the first place: not a reason to run
     eagerly; the module guard checks the layout of those among the parameters and buffers."""
+    state_dicts: dict[int, str] = field(default_factory=dict)
+    """id of each module whose ``state_dict()`` ran (a child's too) -> where: not a reason to
+    run eagerly; which buffers it leaves out and its state-dict hooks are guarded (``_reads``)."""
     grad_state: list[str] = field(default_factory=list)
     """Places where the function read or wrote a tensor's ``.grad`` (``zero_grad``, an
     optimizer's step, ``p.grad = g``) or changed a parameter's ``requires_grad``: state a
@@ -239,9 +240,8 @@ property read as its descriptor's ``__get__``)."""
 
 
 def _note_layout(tensor: Any, caller: types.FrameType) -> None:
-    frame = current_frame()
-    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        reads = frame.recording.unguardable.layout_reads
+    if (notes := recording_notes()) is not None:
+        reads = notes.layout_reads
         if isinstance(tensor, torch.Tensor) and id(tensor) not in reads:
             reads[id(tensor)] = user_line(caller) if from_user(caller) else _at(caller)
 
@@ -258,10 +258,8 @@ _MODULE_STATE_DICT = nn.Module.state_dict
 def _state_dict(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``nn.Module.state_dict``, noting the module in the record pass (made once: see
     ``_WRAPPERS`` in ``_watched_calls``)."""
-    frame = current_frame()
-    if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        noted = frame.recording.unguardable.state_dicts
-        noted.setdefault(id(self), user_line(sys._getframe(1)))
+    if (notes := recording_notes()) is not None:
+        notes.state_dicts.setdefault(id(self), user_line(sys._getframe(1)))
     return _MODULE_STATE_DICT(self, *args, **kwargs)
 
 

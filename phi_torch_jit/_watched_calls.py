@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from ._compat import grad_mode_setter
-from ._context import Phase, current_frame
+from ._context import Phase, UnguardableNotes, current_frame
 from ._sources import OWN_DIR, TORCH_DIR, is_python_library_file, is_user_file
 
 __all__ = ["watched_calls", "noted_once", "note", "note_unguardable", "from_user", "from_anyone",
-           "user_line"]  # fmt: skip
+           "user_line", "recording_notes"]  # fmt: skip
 
 
 def watched_calls() -> list[tuple[Any, str, str, str]]:
@@ -167,11 +167,18 @@ def note_unguardable(kind: str, label: str) -> None:
     note(kind, f"{label} at {user_line(sys._getframe(1))}")
 
 
-def note(kind: str, where: str) -> None:
-    """Add ``where`` to this thread's recording's unguardable ``kind`` (once; record phase)."""
+def recording_notes() -> UnguardableNotes | None:
+    """This thread's recording's notes while its record pass runs, else None."""
     frame = current_frame()
     if frame is not None and frame.phase is Phase.RECORD and frame.recording is not None:
-        seen: list[str] = getattr(frame.recording.unguardable, kind)
+        return frame.recording.unguardable
+    return None
+
+
+def note(kind: str, where: str) -> None:
+    """Add ``where`` to this thread's recording's unguardable ``kind`` (once; record phase)."""
+    if (notes := recording_notes()) is not None:
+        seen: list[str] = getattr(notes, kind)
         if where not in seen:
             seen.append(where)
 

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from .._compat import inductor_cache_dir, inductor_caches_on, process_compile_settings
-from ._compile_worker import NICE_ENV, nice_increment
+from ._compile_worker import nice_increment
 from ._graph_pickle import graph_bytes, graph_from
 from ._op_contracts import contracts_in, present
 from ._spare_core import give_back, take
@@ -213,7 +213,11 @@ class _Worker:
             return self.process
         self._discard()
         try:
-            nice = str(nice_increment())  # (a bad PHI_TORCH_JIT_COMPILE_NICE: said, no worker)
+            nice = str(nice_increment())
+        except ValueError as error:  # a bad PHI_TORCH_JIT_COMPILE_NICE: said, and no worker
+            _logger.warning("phi_torch_jit: no compile worker process: %s", error)
+            return None
+        try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, repr(IDLE_EXIT_S), json.dumps(sys.path), nice],
                 stdin=subprocess.PIPE,
@@ -222,8 +226,7 @@ class _Worker:
                 close_fds=True,
             )
         except (OSError, ValueError) as error:
-            log = _logger.warning if NICE_ENV in str(error) else _logger.debug
-            log("phi_torch_jit: no compile worker process: %s", error)
+            _logger.debug("phi_torch_jit: no compile worker process: %s", error)
             self._discard()
             return None
         self.booted = threading.Event()

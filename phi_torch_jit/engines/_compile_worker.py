@@ -46,9 +46,13 @@ def nice_increment() -> int:
     raw = os.environ.get(NICE_ENV, "").strip()
     if not raw:
         return NICE
-    if not raw.isdigit() or int(raw) > 19:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
         raise ValueError(f"{NICE_ENV}={raw!r}: expected an integer from 0 to 19 (default {NICE})")
-    return int(raw)
+    return value
 
 
 def serve(idle_exit_s: float, nice: int = NICE) -> None:
