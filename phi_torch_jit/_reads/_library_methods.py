@@ -54,9 +54,11 @@ _ARITHMETIC = ("BINARY_OP", "BINARY_MULTIPLY", "BINARY_ADD", "BINARY_SUBTRACT",
 _OPERATORS = {
     **dict.fromkeys(_ARITHMETIC, ("__float__", "__index__", "__int__")),  # x * fraction: torch
     "COMPARE_OP": ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),  # converts it
+    "BEFORE_WITH": ("__enter__", "__exit__"),  # with NC as d: what __enter__ returns of it
+    "SETUP_WITH": ("__enter__", "__exit__"),  # (3.10)
 }
-"""Methods an operator of the code calls on a library object (its value as a number, a
-comparison's answer)."""
+"""Methods the code's syntax calls on a library object (its value as a number, a
+comparison's answer, what a ``with`` block enters: probe 42a)."""
 _IMPLIED: dict[types.CodeType, frozenset[str]] = {}
 _ATTRIBUTE_LOADS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
 _SELF_LOADS = frozenset(("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"))

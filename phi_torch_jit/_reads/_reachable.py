@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ._class_registries import ctypes_held, registered_for
 from ._code_walk import (
     chains_spelled,
     names_looked_up,
@@ -216,9 +217,11 @@ def _parts(obj: Any) -> list[Any]:
         return _referred(obj)
     if type(obj).__module__ in _OPAQUE and not isinstance(obj, type) and callable(obj):
         return [p for p in gc.get_referents(obj) if not isinstance(p, type)]
-    parts: list[Any] = []
+    parts: list[Any] = ctypes_held(obj)  # a callback C calls, a structure's callbacks
+    if isinstance(obj, type) and user_class(obj):  # code a library keeps for your class
+        parts += registered_for(obj)  # (a pytree node's flatten, a KL divergence)
     if isinstance(obj, CONTAINERS):  # functions kept in a registry: TERMS = [term], and
-        parts = _held_items(obj)  # objects whose methods Python calls for the step
+        parts += _held_items(obj)  # objects whose methods Python calls for the step
         if not user_class(type(obj)):  # (sorted(ITEMS) runs Item.__lt__), nested registries
             return parts  # a list subclass of yours: its methods too
     wrapped = probe(obj, "__wrapped__") if not isinstance(obj, type) else None
@@ -240,6 +243,8 @@ def _parts(obj: Any) -> list[Any]:
                 parts.append(member)
             elif not name.startswith("__") and _may_hold_code(member):  # a partial, a table
                 parts.append(member)  # of lambdas, a callable object kept on the class
+    if not isinstance(obj, type) and user_class(cls):  # its classes, as above (each once)
+        parts += [k for k in cls.__mro__ if user_class(k)]
     if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
         for held in callbacks_held(obj).values():  # yours it holds (an integrator's ``rhs``)
             parts += list(held) if type(held) in (list, tuple, collections.deque) else [held]
