@@ -14,7 +14,6 @@ import contextvars
 import enum
 import functools
 import operator
-import os
 import sys
 import threading
 import types
@@ -31,6 +30,7 @@ from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
 from ._reading_code import reads_only
 from ._records import LENGTH, LISTED, PYTHONS_OWN, UNSET, Step, enum_attributes, immutable, probe
+from ._shown import VIEWS, called_with, shown
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
            "VIEWS", "shows_content", "masked", "runs_code", "computed",
@@ -98,21 +98,17 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         members = list(value) if isinstance(value, weakref.WeakSet) else []  # iterators (39b)
         iterators = [i for i, m in enumerate(members) if isinstance(m, collections.abc.Iterator)]
         return [LENGTH, *((LISTED, Step(False, i)) for i in iterators)]  # (eager)
+    if (under := shown(value)) is not None:  # a view, a slice, a UserDict... (_shown)
+        return under
     if getattr(probe(value, "dtype"), "hasobject", False) and has_attribute(value, "flat"):
         return [(Step(True, "flat"), Step(False, i)) for i in range(value.size)]  # objects
-    if isinstance(value, (collections.UserDict, collections.UserList)):
-        return [Step(True, "data")]  # the dict or list it wraps
     if isinstance(value, types.MethodType):  # the object it is bound to: its state is read,
         hides = not isinstance(value.__func__, types.FunctionType)  # and a partial or callable
         return [Step(True, "__self__"), *([Step(True, "__func__")] if hides else [])]  # bound
     if isinstance(value, _BUILTIN_BOUND) and _holds_state(getattr(value, "__self__", None)):
         return [Step(True, "__self__")]  # TABLE.get, ARR.sum held: the dict or array it reads
-    if isinstance(value, collections.ChainMap):  # every map, a lower one too (c.get("k"))
-        return [Step(True, "maps")]
     if isinstance(value, contextvars.Context):  # CTX[var] after CTX.run(var.set, 4.0)
         return [LENGTH, *_listed_values(len(value))]
-    if type(value) is type(os.environ):  # os.environ under another name: what it holds
-        return [Step(True, "_data")]
     if masked(value):  # a NumPy masked array: what is masked, besides the data, and with what
         return [Step(True, "data"), Step(True, "mask"), Step(True, "fill_value")]
     if isinstance(value, (functools.partial, functools.partialmethod)):  # what it binds
@@ -154,7 +150,7 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
     if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
-        return _called_with(value)
+        return called_with(value)
     if isinstance(value, property):  # its accessors: a partial's bound values are state
         return [Step(True, n) for n in ("fget", "fset", "fdel") if getattr(value, n) is not None]
     if isinstance(value, (staticmethod, classmethod)):  # what it wraps (a partial too)
@@ -204,7 +200,6 @@ def _settings(optimizer: torch.optim.Optimizer) -> list[Step | tuple[Step, ...]]
     return paths
 
 
-_REDUCED = Step(True, "__reduce__", call=True)
 _VALUES = Step(True, "values", call=True)
 _DEREFERENCED, _PEEKED = Step(True, "__call__", call=True), Step(True, "peek", call=True)
 
@@ -222,21 +217,6 @@ def _wrapper_held(function: types.FunctionType) -> list[Step | tuple[Step, ...]]
 _CLOSURE, _CONTENTS = Step(True, "__closure__"), Step(True, "cell_contents")
 
 
-def _called_with(caller: operator.methodcaller) -> list[Step | tuple[Step, ...]]:
-    """Paths to what a ``methodcaller`` binds, each item of the new tuples ``__reduce__``
-    makes: ``(methodcaller, (name, *args))``, or with keywords ``(partial(methodcaller, name,
-    **keywords), args)``."""
-    reduced: Any = caller.__reduce__()
-    made, args = reduced[0], reduced[1]
-    paths: list[Step | tuple[Step, ...]] = [(_REDUCED, Step(False, 1), Step(False, i))
-                                            for i in range(len(args))]  # fmt: skip
-    if isinstance(made, functools.partial):
-        bound = (_REDUCED, Step(False, 0))
-        paths += [(*bound, Step(True, "args"), Step(False, i)) for i in range(len(made.args))]
-        paths += [(*bound, Step(True, "keywords"), Step(False, k)) for k in made.keywords]
-    return paths
-
-
 def _holds_state(owner: Any) -> bool:
     """Whether a builtin method's object is state of the user's (not a module, a class or
     None: ``math.sqrt``, ``dict.fromkeys``)."""
@@ -250,10 +230,8 @@ def masked(value: Any) -> bool:
 
 
 _WEAK = (weakref.WeakSet, weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
-_PROXY = types.MappingProxyType
-_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter, _PROXY)
-
-
+_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter,
+             types.MappingProxyType)  # fmt: skip
 _KEYS = Step(True, "keys", call=True)
 
 
@@ -268,9 +246,6 @@ def _listed_values(n: int) -> list[tuple[Step, ...]]:
     """Paths to a mapping's values by position (``tuple(m.values())[i]``: keys that are not
     names or numbers, such as types or objects)."""
     return [(Step(True, "values", call=True), LISTED, Step(False, i)) for i in range(n)]
-
-
-VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
 
 
 def shows_content(value: Any) -> bool:
