@@ -30,6 +30,7 @@ from ._context import (
     entered,
     note_module_call,
 )
+from ._fast_paths import FAST_PATHS
 from ._function import function_capture
 from ._modules_seen import MODULES_SEEN
 from ._patches import RefCounted
@@ -114,6 +115,8 @@ PATCHES: tuple[Patch, ...] = (
           "states before and after)", _RECORD, lambda f: generators_watched()),
     Patch("modules: the user's modules the step imports, and what it reads of them, join "
           "its reads", _RECORD, lambda f: MODULES_SEEN.active()),
+    Patch("torch's fast-path check in its nn modules answers as without our mode; a fast path "
+          "taken is noted", _RECORD, lambda f: FAST_PATHS.active()),
     Patch("torch calls given a generator= object and Python reads of requires_grad are noted "
           "(this thread's mode stack)", _RECORD,
           lambda f: RecordMode()),

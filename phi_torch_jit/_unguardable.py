@@ -102,6 +102,9 @@ class Unguardable:
     files: list[str] = field(default_factory=list)
     """Places where user code opened a file (``open``, ``Path.read_text``...): its content
     may change between calls."""
+    fast_paths: list[str] = field(default_factory=list)
+    """Modules of torch that took their fast path (:mod:`._fast_paths`): fused kernels whose
+    values a captured program, which runs the composite path, would not give."""
     loops: list[str] = field(default_factory=list)
     """Places where a PhiML ``while_loop`` ran outside a custom function (values decide its
     iteration count; a trace would repeat a fixed one)."""
@@ -176,6 +179,13 @@ class Unguardable:
                 f"per-call values ({', '.join(self.per_call_functions[:3])}), which a compiled "
                 "program would keep from its first call; define the class once, outside the "
                 "function, and pass the values to apply() to have it compiled"
+            )
+        if self.fast_paths:
+            reasons.append(
+                f"torch takes its fast path ({', '.join(self.fast_paths[:3])}), whose fused "
+                "kernels a compiled program would not run (their values differ where a row is "
+                "fully masked, or padded); torch.backends.mha.set_fastpath_enabled(False) "
+                "before the call has it compiled"
             )
         if self.loops:
             reasons.append(
