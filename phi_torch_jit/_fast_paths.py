@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._compat import DISABLED_TORCH_FUNCTION
 from ._patches import RefCounted
 from ._sources import TORCH_DIR
 from ._watched_calls import note, recording_notes, user_line
@@ -31,7 +32,6 @@ __all__ = ["FAST_PATHS"]
 
 _NN_MODULES = os.path.join(TORCH_DIR, "nn", "modules") + os.sep
 _ORIGINAL = torch.overrides.has_torch_function
-_DISABLED = torch._C._disabled_torch_function_impl
 
 
 def _overridden(value: Any) -> bool:
@@ -40,7 +40,7 @@ def _overridden(value: Any) -> bool:
     if type(value) in (torch.Tensor, nn.Parameter):
         return False
     method = getattr(type(value), "__torch_function__", None)
-    return method is not None and method is not _DISABLED
+    return method is not None and method is not DISABLED_TORCH_FUNCTION.find()
 
 
 def _has_torch_function(relevant_args: Any) -> bool:

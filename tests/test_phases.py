@@ -38,20 +38,23 @@ def _active() -> dict[str, bool]:
                    or importlib.import_module is not _ORIGINAL_IMPORT_MODULE
                    or builtins.eval is not _ORIGINAL_EVAL
                    or type(sys.modules[__name__]) is not types.ModuleType,
+        "fast paths": torch.overrides.has_torch_function is not _ORIGINAL_CHECK,
     }  # fmt: skip
 
 
 _ORIGINAL_PRINT = builtins.print
 _ORIGINAL_IMPORT, _ORIGINAL_IMPORT_MODULE = builtins.__import__, importlib.import_module
 _ORIGINAL_EVAL = builtins.eval
+_ORIGINAL_CHECK = torch.overrides.has_torch_function
 _NONE = dict.fromkeys(
-    ("module hook", "print", "Function.apply", "conversions", "notices", "imports"), False
+    ("module hook", "print", "Function.apply", "conversions", "notices", "imports", "fast paths"),
+    False,
 )
 
 
 def test_the_table_names_each_patch_once_with_its_phases() -> None:
     names = [p.name for p in PATCHES]
-    assert len(set(names)) == len(names) == 10
+    assert len(set(names)) == len(names) == 11
     assert all(p.phases and p.phases <= set(Phase) for p in PATCHES)
 
 
@@ -60,7 +63,8 @@ def test_record_phase_installs_its_patches_and_removes_them() -> None:
     with recording("f", Recording()) as frame:
         assert current_frame() is frame and frame.phase is Phase.RECORD
         assert _active() == {**_NONE, "module hook": True, "print": True,
-                             "Function.apply": True, "notices": True, "imports": True}  # fmt: skip
+                             "Function.apply": True, "notices": True, "imports": True,
+                             "fast paths": True}  # fmt: skip
     assert _active() == _NONE and current_frame() is None
 
 

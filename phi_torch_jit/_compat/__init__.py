@@ -98,6 +98,7 @@ from ._private import COMPILE_FX as COMPILE_FX
 from ._private import CURRENT_DISPATCH_MODE as CURRENT_DISPATCH_MODE
 from ._private import DECOMPOSITIONS as DECOMPOSITIONS
 from ._private import DISABLE_MODES as DISABLE_MODES
+from ._private import DISABLED_TORCH_FUNCTION as DISABLED_TORCH_FUNCTION
 from ._private import EAGER_FUNCTIONS as EAGER_FUNCTIONS
 from ._private import ENGINE_RUN_BACKWARD as ENGINE_RUN_BACKWARD
 from ._private import FAKE_MODE as FAKE_MODE

@@ -108,6 +108,12 @@ VERSION_COUNTER = _api(
     "buffer writes of the rewound trace pass must not look like in-place edits to autograd",
     "_state",
 )
+DISABLED_TORCH_FUNCTION = _api(
+    "torch._C._disabled_torch_function_impl",
+    "what a tensor subclass sets as __torch_function__ to opt out: torch's fast-path check, "
+    "answered without our record mode, must tell such a class from one that overrides it",
+    "_fast_paths",
+)
 IS_FAKE = _api(
     "torch._subclasses.fake_tensor.is_fake",
     "whether AOTAutograd traces our autograd formula with fake tensors (NOTE [opaque "
@@ -390,6 +396,7 @@ PYTREE = _api(
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     TRACING_STATE, SET_TRACING_STATE, VALUE_TRACE, GRAPH_EXECUTOR_OPTIMIZE,
     SET_GRAPH_EXECUTOR_OPTIMIZE, VERSION_COUNTER, IS_FAKE, DISABLE_MODES, CURRENT_DISPATCH_MODE,
+    DISABLED_TORCH_FUNCTION,
     TORCH_C, PROXY_TENSOR, ENGINE_RUN_BACKWARD, QUEUE_CALLBACK, BACKWARD_HOOK_FUNCTION,
     BACKWARD_NODE, FX_PATCHER, GLOBAL_HOOKS, TENSOR_BASE, LIBRARY_DESTROY, SIDE_EFFECTFUL,
     LOOKUP_BACKEND, INVALID_BACKEND, INDUCTOR, TENSOR_IS_VIEW, TENSOR_VERSION, TRACER_WARNING,
