@@ -27,6 +27,12 @@ the process environment (``os.environ``,      by content, where user code       
 ``os.getenv``)                               names ``environ`` or ``getenv``
 an iterator or generator the step advances   eager, one warning (its items     ``_python``
 (``next(forcing)``)                          change every call)
+code of the user's a library or C keeps      walked as the user's code where   ``_class_registries``
+and calls for the step (a pytree node's      the walk meets the class or the
+flatten, a ``register_kl`` function, a       ``ctypes`` value
+``ctypes`` callback)
+a dict's view held apart (``d.values()``),   entries by position, and how      ``_shown``
+a ``slice`` with an array or object bound    many; the bounds, as any value
 a random generator or a clock under any      eager, one warning (a new value   ``_kinds``
 name (``from random import random``,         on every call)
 ``rng.normal``, ``from time import time``)
