@@ -427,7 +427,14 @@ def test_the_cpp_wrapper_compiles_an_advection_step_without_notices_to_the_user(
     assert not [r for r in caplog.records if "c-shim" in r.getMessage()]
 
 
+_TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
 @pytest.mark.slow
+@pytest.mark.xfail(
+    _TORCH < (2, 13), strict=True, reason="torch 2.11's inductor ignores emulate_precision_casts "
+    "in its CPU kernels (1e-3 off eager's; docs/engines.md)"
+)  # fmt: skip
 def test_inductor_rounds_where_the_step_casts_to_a_narrower_dtype_as_eager_does() -> None:
     """Probe 42b: ``(lin(x).to(torch.bfloat16) / 3).float()`` was computed in float32 by the
     fused kernel (4e-3 off eager's); the engines give inductor ``emulate_precision_casts``."""
