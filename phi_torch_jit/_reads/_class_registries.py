@@ -47,7 +47,7 @@ _CDATA: type = ctypes.c_int.__mro__[-2]
 
 def _scan() -> None:
     """Note the registries of the library modules imported since the last scan."""
-    if len(_SCANNED) == len(sys.modules):
+    if _SCANNED.issuperset(sys.modules):  # (a count would miss one imported as another left)
         return
     with _LOCK:
         for name, module in list(sys.modules.items()):

@@ -33,7 +33,7 @@ from ._records import LENGTH, LISTED, PYTHONS_OWN, UNSET, Step, enum_attributes,
 from ._shown import VIEWS, called_with, shown
 
 __all__ = ["fields", "has_attributes", "has_attribute", "depth", "TREE_DEPTH", "INSTANCE_DICT",
-           "VIEWS", "shows_content", "masked", "runs_code", "computed",
+           "shows_content", "masked", "runs_code", "computed",
            "tensor_attributes"]  # fmt: skip
 
 

@@ -47,7 +47,6 @@ from ._custom_bodies import held_by_identity, roots_read_by
 from ._fields import (
     INSTANCE_DICT,
     TREE_DEPTH,
-    VIEWS,
     computed,
     depth,
     fields,
@@ -78,6 +77,7 @@ from ._records import (
     same_value,
     tensor_meta,
 )
+from ._shown import VIEWS
 
 __all__ = ["Read", "Kind", "Source", "PythonGuard", "collect_reads", "same_value", "immutable",
            "user_module", "describe_callable"]  # fmt: skip
