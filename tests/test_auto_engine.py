@@ -834,11 +834,13 @@ def test_blocks_of_captured_loops_compile_in_the_background_after_the_first_call
     assert "forward: looped" in jitted.explain()
     assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
     assert jitted.wait_compiled(SETTLE_S)
-    assert [block for _, block in backend.calls] == [True, False]  # the block, the wrapper
+    # the statements before the loop as a graph (loops.md, NOTE [a compiled prologue]), the
+    # block, the wrapper
+    assert [block for _, block in backend.calls] == [False, True, False]
     assert {thread for thread, _ in backend.calls} == {"phi_torch_jit compile"}
     for v in (torch.randn(16), u):
         assert torch.allclose(jitted(v, k), step(v, k), atol=1e-6)
-    assert len(backend.calls) == 2 and jitted.num_traces == 1
+    assert len(backend.calls) == 3 and jitted.num_traces == 1
 
 
 def test_with_compile_on_the_caller_blocks_compile_in_the_first_call() -> None:
@@ -847,7 +849,8 @@ def test_with_compile_on_the_caller_blocks_compile_in_the_first_call() -> None:
     jitted = ptj.jit(step, engine="auto", backend=backend, compile_on="caller")
     k, u = torch.tensor(0.5), torch.randn(16)
     assert torch.allclose(jitted(u, k), step(u, k), atol=1e-6)
-    assert backend.calls == [(threading.current_thread().name, True)]
+    here = threading.current_thread().name  # the statements before the loop, the block
+    assert backend.calls == [(here, False), (here, True)]
 
 
 def test_a_background_block_says_whether_it_runs_straight_line() -> None:

@@ -143,11 +143,13 @@ def test_registered_and_aot_autograd_backends_compile_forward_and_backward_in_th
     jitted = ptj.jit(step, engine="compile", backend="ptj_test_aot")
     b, k = torch.randn(8), torch.tensor(0.4, requires_grad=True)
     jitted(b, k)  # no backward yet: AOTAutograd would wait for one to compile it
-    assert compiled == ["forward", "forward", "backward"]  # the solver's loop block, then ours
+    # the statements before the solver's loop (a graph without grad), its block, then ours
+    assert compiled == ["forward", "forward", "forward", "backward"]
     got = torch.autograd.grad(jitted(b, k).sum(), [k, lin.weight])
     want = torch.autograd.grad(step(b, k).sum(), [k, lin.weight])
-    # and at the first backward, the block of the loop in the solver's gradient function
-    assert compiled == ["forward", "forward", "backward", "forward"]
+    # and at the first backward, the statements before the loop in the solver's gradient
+    # function, then its block
+    assert compiled == ["forward", "forward", "forward", "backward", "forward", "forward"]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
 

@@ -22,6 +22,7 @@ import torch
 from ._analysis import plan_function
 from ._block import BLOCK_CPU, BLOCK_CUDA, HELPERS, CapturedLoop, CaptureFailed
 from ._callees import MAX_DEPTH, Callee, called_functions
+from ._prologue import CapturedPrologue, python_prologue, with_prologues
 from ._rewrite import rewrite
 
 __all__ = ["Captured", "capture_loops", "CapturedLoop", "CaptureFailed", "BLOCK_CPU", "BLOCK_CUDA"]
@@ -41,10 +42,15 @@ class Captured:
     """Its own loops, then those of the functions it calls."""
     refused: tuple[str, ...]
     """Loops left as Python, each with its line and why."""
+    prologues: tuple[CapturedPrologue, ...] = ()
+    """The statements before its loops that run as graphs (``_prologue``), then those of the
+    functions it calls."""
 
     def describe(self) -> str:
         lines = ", ".join(f"{loop.owner} line {loop.line}" for loop in self.loops)
         text = f"loop at {lines} captured as blocks of predicated iterations"
+        if self.prologues:
+            text += ", the statements before it as a graph"
         if self.refused:
             text += f" (not captured: {'; '.join(self.refused)})"
         return text
@@ -74,6 +80,7 @@ def capture_loops(
         called = called_functions(fn, plan.tree) if depth < MAX_DEPTH else []
     callees: dict[str, Callee] = {}
     inner: list[CapturedLoop] = []
+    before: list[CapturedPrologue] = []
     refused = list(plan.refused)
     for call in called:
         captured = capture_loops(
@@ -82,13 +89,21 @@ def capture_loops(
         if isinstance(captured, Captured):
             callees[call.name] = Callee(call, captured.function)
             inner.extend(captured.loops)
+            before.extend(captured.prologues)
             refused.extend(f"in {call.name}, {why}" for why in captured.refused)
         elif captured.startswith("line "):  # it has loops, none capturable: say why
             refused.append(f"in {call.name}, {captured}")
     if not plan.loops and not callees:
         return "; ".join(refused) if refused else "it has no loop at its top level"
     with _AST_LOCK:
-        rewritten = rewrite(fn, plan, runtimes, HELPERS, callees)
+        plan, planned = with_prologues(fn, plan, set(callees))
+        prologues = {
+            name: CapturedPrologue(
+                f"{label} (line {p.line})", python_prologue(fn, p), compile_graph, lock
+            )
+            for name, p in planned.items()
+        }
+        rewritten = rewrite(fn, plan, runtimes, HELPERS, callees, prologues)
     for loop, (iterate, enter) in zip(plan.loops, rewritten.iterations):
         runtime = CapturedLoop(
             f"{label} (line {loop.line})",
@@ -103,4 +118,6 @@ def capture_loops(
             owner=fn.__name__,
         )
         runtimes.append(runtime)
-    return Captured(rewritten.function, (*runtimes, *inner), tuple(refused))
+    return Captured(
+        rewritten.function, (*runtimes, *inner), tuple(refused), (*prologues.values(), *before)
+    )

@@ -45,13 +45,16 @@ def rewrite(
     loops: list[Any],
     helpers: tuple[Any, ...],
     callees: Mapping[str, Any] | None = None,
+    cells: Mapping[str, Any] | None = None,
 ) -> Rewritten:
     """``loops``: a list the caller fills with one runtime object per planned loop (called as
     ``loop(carried_tuple, invariant_tuple)``, returning the new carried tuple). ``callees``:
     functions called by name outside the planned loops, each replaced by the given callable
     (``_callees.Callee``); calls inside a loop's body are left as they are (a block traces
-    them)."""
+    them). ``cells``: further names the function's statements read, with their values (the
+    runtimes of ``_prologue``)."""
     tree = plan.tree
+    cells = dict(cells or {})
     callees = dict(callees or {})
     renamed = _Renamed({name: _callee_name(name) for name in callees})
     body: list[ast.stmt] = []
@@ -80,7 +83,7 @@ def rewrite(
         "__ptj_factory__",
         ast.arguments(
             [],
-            [ast.arg(a) for a in ("__ptj_helpers__", "__ptj_loops__", *free, *calls)],
+            [ast.arg(a) for a in ("__ptj_helpers__", "__ptj_loops__", *free, *calls, *cells)],
             None,
             [],
             [],
@@ -95,17 +98,18 @@ def rewrite(
     module = ast.fix_missing_locations(ast.Module([factory], []))
     code = compile(module, fn.__code__.co_filename, "exec")
     factory_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
-    cells = {name: types.CellType(value) for name, value in zip(_HELPERS, helpers)}
-    cells["__ptj_loops__"] = types.CellType(loops)
-    cells.update(zip(free, fn.__closure__ or ()))  # the user's own cells: live values
-    cells.update((_callee_name(name), types.CellType(c)) for name, c in callees.items())
+    bound = {name: types.CellType(value) for name, value in zip(_HELPERS, helpers)}
+    bound["__ptj_loops__"] = types.CellType(loops)
+    bound.update(zip(free, fn.__closure__ or ()))  # the user's own cells: live values
+    bound.update((_callee_name(name), types.CellType(c)) for name, c in callees.items())
+    bound.update((name, types.CellType(value)) for name, value in cells.items())
 
     def make(code_name: str) -> types.FunctionType:
         found = next(
             c for c in factory_code.co_consts
             if isinstance(c, types.CodeType) and c.co_name == code_name
         )  # fmt: skip
-        closure = tuple(cells[name] for name in found.co_freevars)
+        closure = tuple(bound[name] for name in found.co_freevars)
         return types.FunctionType(found, fn.__globals__, code_name, None, closure)
 
     function_object = make(tree.name)
