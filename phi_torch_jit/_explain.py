@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from ._ambient import describe_ambient
 from ._custom_op import CompiledCall
 from ._reads._records import Read
-from ._signature import describe_spec, first_difference
+from ._spec_text import describe_spec, first_difference
 from ._specialization import Key, Specialization
 from ._warnings import describe_warning, reemit
 from .engines import CompiledModule, Engine

@@ -54,8 +54,9 @@ _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functo
 """Code held as a module's attribute (``self.act = torch.tanh``, ``net.forward = f``): which
 one, by identity."""
 
-_REGISTRIES = ("_parameters", "_buffers", "_modules")
-"""A module's own dicts of tensors and submodules, compared by identity (NOTE [module guards])."""
+_REGISTRIES = tuple(name for name, value in vars(nn.Module()).items() if isinstance(value, dict))
+"""A module's dicts of tensors, submodules and hooks, by identity (NOTE [module guards]): one
+replaced (``__setstate__``, ``m._forward_hooks = {}``) may hold equal entries, or none."""
 _TORCH_SLOTS = frozenset(vars(nn.Module())) | {"training"}
 """What ``nn.Module.__init__`` puts in every module's ``__dict__`` (hooks, parameters...):
 guarded by the rest of the guard, not as plain attributes."""
@@ -181,7 +182,8 @@ class ModuleGuard:
         ]  # fmt: skip
         attributes += [  # the registries themselves, by identity: m.__dict__.update(other's),
             (m.__dict__, name, owner)  # m.__setstate__(...) swaps in another module's tensors
-            for owner, m in zip(self.names, self.modules) for name in _REGISTRIES
+            for owner, m in zip(self.names, self.modules)
+            for name in _REGISTRIES if name in m.__dict__  # (a module pickled by an older torch)
         ]  # fmt: skip
         attributes += [  # Python attributes set on a parameter or buffer: m.weight.scale
             (t.__dict__, name, f"{owner}.{slot}")
@@ -393,7 +395,7 @@ class ModuleGuard:
                 continue
             if attr in _REGISTRIES:
                 return (f"module {owner} holds another {attr[1:]} dict (its __dict__ updated "
-                        "from another module's: __setstate__, __dict__.update?)")  # fmt: skip
+                        "from another module's, __setstate__, or the dict replaced)")  # fmt: skip
             return f"attribute {owner}.{attr}: {old!r} -> {value!r}"
         for owner, name, old_type, ident in self._child_names:
             module = next(m for n, m in zip(self.names, self.modules) if n == owner)
@@ -438,7 +440,7 @@ def _strictly_same(now: Any, was: Any) -> bool:
     """Same types and the same bits, nested ones included (``canonical``)."""
     if now is was:
         return True
-    if type(was) is dict:  # a module's registry: only itself (its tensors may be equal)
+    if isinstance(was, dict):  # a module's registry or hooks: only itself (equal ones differ)
         return False
     if type(now) is tuple and type(was) is tuple and len(now) == len(was):
         return all(map(_strictly_same, now, was))  # one module's attributes, read together

@@ -46,12 +46,12 @@ from ._signature import (
     classes_in,
     converts_natives,
     count_program_outputs,
-    describe_spec,
     flatten_outputs,
     merge_traced_numbers,
     modules_in,
     unflatten_arguments,
 )
+from ._spec_text import describe_spec
 from ._specialization import EagerCall, Key, Specialization, Timings
 from ._state import module_tensors, rng_restored, undone
 from ._trace import Traced, trace, trace_input

@@ -19,7 +19,8 @@ tag    node                                                 meaning
 ``M``  ``("M", module)``                                    nn.Module (identity)
 ``Q``  ``("Q", list | tuple, children)``                    sequence (a frozenset of objects too)
 ``N``  ``("N", namedtuple class, children)``                namedtuple
-``D``  ``("D", dict type, keys, children)``                 dict
+``D``  ``("D", dict type, keys, key forms, children)``      dict (the forms, None where every key
+                                                              is a str: each key's ``S`` node)
 ``C``  ``("C", dataclass, field names, children)``          dataclass, or a namespace
                                                               (``NAMESPACES``) by its attributes
 ``X``  ``("X", ValueType, key, n_tensors)``               a registered library's value
@@ -37,8 +38,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import decimal
 import enum
 import math
+import numbers
 import types
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -58,8 +61,8 @@ from .errors import OutputError, SignatureError
 from .extend import value_type_of
 
 __all__ = ["Spec", "flatten_arguments", "unflatten_arguments", "flatten_outputs", "unflatten",
-           "first_difference", "describe_spec", "modules_in", "callables_in", "classes_in",
-           "merge_traced_numbers", "count_program_outputs"]  # fmt: skip
+           "modules_in", "callables_in", "classes_in", "merge_traced_numbers",
+           "count_program_outputs"]  # fmt: skip
 
 NAMESPACES: tuple[type, ...] = (types.SimpleNamespace, argparse.Namespace)
 """Attribute bags users keep configuration in (``parser.parse_args()``); as arguments they
@@ -84,7 +87,7 @@ class _Unsupported(Exception):
 def _static_leaf(obj: Any) -> Spec:
     cls = type(obj)
     if cls in PRIMITIVES:
-        return ("S", cls, obj)
+        return _primitive(obj, cls)
     if isinstance(obj, enum.Enum):  # the member, and the attributes it holds (``.factor``)
         return ("S", cls, obj, enum_key(obj))
     if cls.__hash__ is None:
@@ -100,6 +103,8 @@ def _static_leaf(obj: Any) -> Spec:
         )
     if cls is frozenset:  # equal sets may iterate in other orders (a loop over the keys)
         return ("S", cls, obj, tuple(map(repr, obj)) if len(obj) <= 256 else ())
+    if (exact := _exact(obj)) is not None:  # np.float64(-0.0), Decimal("-0"), range(0, 3, 2)
+        return ("S", cls, obj, exact)
     if not isinstance(obj, NOT_STATEFUL):
         # a callable object (``forcing(x)`` with ``forcing.amp``): identity and its plain
         # attributes, so that ``forcing.amp = 5.0`` retraces; an object of yours with an
@@ -113,6 +118,31 @@ _NEGATIVE_ZERO = (("sign", -1.0),)
 """The key of ``-0.0`` differs from ``0.0``'s (they compare equal and hash alike)."""
 
 
+def _exact(obj: Any) -> tuple[tuple[str, Any], ...] | None:
+    """What ``==`` does not tell apart in a value keyed by value, where a program reading it
+    may differ (probe 43c): a zero's sign (``-0.0``, a NumPy float, a complex number's zero
+    parts), a Decimal's sign, digits and exponent (``Decimal("-0")``, ``Decimal("1.0")``), a
+    range's start, stop and step (``range(0, 4, 2) == range(0, 3, 2)``); None: nothing."""
+    if isinstance(obj, decimal.Decimal):
+        return (("digits", obj.as_tuple()),)
+    if isinstance(obj, range):
+        return (("range", (obj.start, obj.stop, obj.step)),)
+    if isinstance(obj, (numbers.Integral, enum.Enum)) or not isinstance(obj, numbers.Complex):
+        return None
+    parts = (obj,) if isinstance(obj, numbers.Real) else (obj.real, obj.imag)
+    signs = tuple(math.copysign(1.0, float(p)) if p == 0 else 0.0 for p in parts)
+    if -1.0 not in signs:
+        return None
+    return _NEGATIVE_ZERO if len(signs) == 1 else (("sign", signs),)
+
+
+def _primitive(obj: Any, cls: type) -> Spec:
+    if (cls is float and obj == 0.0) or cls is complex:  # -0.0 == 0.0, but 1 / -0.0 is -inf
+        if (exact := _exact(obj)) is not None:
+            return ("S", cls, obj, exact)
+    return ("S", cls, obj)
+
+
 def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
@@ -124,9 +154,7 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     if cls is tuple or cls is list:
         return ("Q", cls, _flatten_items(obj, tensors, meta, None))
     if cls in PRIMITIVES:
-        if cls is float and obj == 0.0 and math.copysign(1.0, obj) < 0:
-            return ("S", cls, obj, _NEGATIVE_ZERO)  # -0.0 == 0.0, but 1 / -0.0 is -inf
-        return ("S", cls, obj)
+        return _primitive(obj, cls)
     value_type = value_type_of(obj)
     if value_type is not None:
         start = len(tensors)
@@ -137,7 +165,8 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
         for key in keys:
             if type(key) not in PRIMITIVES and not isinstance(key, enum.Enum):
                 raise _Unsupported(key, f"dict key of type {type(key).__qualname__}")
-        return ("D", cls, keys, _flatten_items(obj.values(), tensors, meta, keys))
+        forms = None if all(type(k) is str for k in keys) else tuple(map(_static_leaf, keys))
+        return ("D", cls, keys, forms, _flatten_items(obj.values(), tensors, meta, keys))
     if isinstance(obj, tuple) and hasattr(cls, "_fields"):
         return ("N", cls, _flatten_items(obj, tensors, meta, cls._fields, attr=True))
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -262,7 +291,7 @@ def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
     if tag == "Q":
         return spec[1](unflatten(c, tensors) for c in spec[2])
     if tag == "D":
-        return spec[1](zip(spec[2], [unflatten(c, tensors) for c in spec[3]]))
+        return spec[1](zip(spec[2], [unflatten(c, tensors) for c in spec[4]]))
     if tag == "N":
         return spec[1](*[unflatten(c, tensors) for c in spec[2]])
     if tag == "C":
@@ -365,86 +394,3 @@ def converts_natives(spec: Spec) -> bool:
     natives of another backend): the record pass must then see the converted values, as the
     trace does."""
     return any(getattr(key, "converted", False) for key in _nodes(spec, "X", at=2))
-
-
-def describe_spec(spec: Spec) -> str:
-    """A short human-readable form of a spec, e.g. ``(Tensor[32, 32] float32 cpu, dt=0.1)``."""
-    tag = spec[0]
-    if tag == "A":
-        parts = [describe_spec(c) for c in spec[1]]
-        parts += [f"{n}={describe_spec(c)}" for n, c in zip(spec[2], spec[3])]
-        return "(" + ", ".join(parts) + ")"
-    if tag == "T":
-        if len(spec) == 1:
-            return "Tensor"
-        shape = ", ".join(map(str, spec[1]))
-        grad = " requires_grad" if spec[4] else ""
-        return f"Tensor[{shape}] {str(spec[2]).replace('torch.', '')} {spec[3]}{grad}"
-    if tag == "S":
-        return repr(spec[2])
-    if tag == "I":
-        return f"{spec[1].__name__} (computed)"
-    if tag == "M":
-        return f"<{type(spec[1]).__name__} module>"
-    if tag == "X":
-        return repr(spec[2])
-    children = spec[-1]
-    inner = ", ".join(describe_spec(c) for c in children)
-    if tag == "D":
-        inner = ", ".join(f"{k!r}: {describe_spec(c)}" for k, c in zip(spec[2], children))
-        return "{" + inner + "}"
-    if tag == "Q":
-        return f"[{inner}]" if spec[1] is list else f"{spec[1].__name__}({inner})"
-    return f"{spec[1].__name__}({inner})"
-
-
-def first_difference(old: Spec, new: Spec, arg_names: Sequence[str] = ()) -> str:
-    """Say where two argument specs first differ, e.g. ``dt: 0.1 -> 0.2``."""
-    _, old_pos, old_names, old_kw = old
-    _, new_pos, new_names, new_kw = new
-    if len(old_pos) != len(new_pos) or old_names != new_names:
-        return f"arguments: {describe_spec(old)} -> {describe_spec(new)}"
-    for i, (a, b) in enumerate(zip(old_pos, new_pos)):
-        found = _difference(a, b, arg_names[i] if i < len(arg_names) else f"args[{i}]")
-        if found:
-            return found
-    for name, a, b in zip(new_names, old_kw, new_kw):
-        found = _difference(a, b, name)
-        if found:
-            return found
-    return "nothing (same signature)"
-
-
-def _shown(key: Any) -> str:
-    """An attribute's key in :func:`plain_attributes` as the value it stands for (numbers
-    and lists are keyed by their ``repr()``)."""
-    return key if isinstance(key, str) else repr(key)
-
-
-def _difference(a: Spec, b: Spec, path: str) -> str | None:
-    if a == b:
-        return None
-    if a[0] != b[0] or a[0] in ("T", "S", "M", "X") or a[:-1] != b[:-1]:
-        if a[0] == b[0] == "T":
-            fields = ("shape", "dtype", "device", "requires_grad", "strides", "type", "inference")
-            changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
-            return f"{path}: " + ", ".join(changes)
-        if a[0] == b[0] == "S" and len(a) == len(b) == 4 and a[2] is b[2]:
-            now = dict(b[3])
-            changed = [f"{n} {_shown(v)} -> {_shown(now.get(n, '<deleted>'))}"
-                       for n, v in a[3] if now.get(n, object()) != v]  # fmt: skip
-            return f"{path}: attribute " + ", ".join(changed or ["added"])
-        if a[0] == b[0] == "X" and a[1] == b[1] and hasattr(a[2], "difference"):
-            return f"{path}: {a[2].difference(b[2])}"
-        return f"{path}: {describe_spec(a)} -> {describe_spec(b)}"
-    labels: Sequence[Any] = range(len(a[-1]))
-    if a[0] in ("D", "C"):
-        labels = a[2]
-    elif a[0] == "N":
-        labels = a[1]._fields
-    for label, x, y in zip(labels, a[-1], b[-1]):
-        step = f".{label}" if a[0] in ("C", "N") else f"[{label!r}]"
-        found = _difference(x, y, path + step)
-        if found:
-            return found
-    return None

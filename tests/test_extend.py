@@ -24,7 +24,8 @@ from helpers import Counter, engine_name
 
 import phi_torch_jit as ptj
 from phi_torch_jit import extend
-from phi_torch_jit._signature import first_difference, flatten_arguments
+from phi_torch_jit._signature import flatten_arguments
+from phi_torch_jit._spec_text import first_difference
 from phi_torch_jit.adapters.pytree import register_pytree_values
 from phi_torch_jit.errors import SignatureError
 

@@ -353,6 +353,35 @@ def test_a_hook_replaced_under_its_key_or_the_hooks_reordered_retraces() -> None
         global_second.remove()
 
 
+def test_a_modules_hook_dicts_replaced_retrace() -> None:
+    """A module's hook dicts replaced whole (``m._forward_hooks = OrderedDict()``, a new one
+    holding another hook, the pre-hooks' too, the dict of hooks taking keywords): no handle
+    is added or removed, and the old dicts, which the guard compared, stay as they were
+    (probe 43b). Each dict is compared by identity."""
+    from collections import OrderedDict
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 3)
+    model.register_forward_hook(_plus_one)
+    model.register_forward_pre_hook(lambda m, args: (args[0] * 2.0,))
+    jitted = ptj.jit(lambda x: model(x))
+    x = torch.randn(2, 3)
+    changes = [
+        lambda: None,
+        lambda: setattr(model, "_forward_hooks", OrderedDict()),
+        lambda: setattr(model, "_forward_hooks", OrderedDict({10**6: _tripled})),
+        lambda: setattr(model, "_forward_pre_hooks", OrderedDict()),
+        lambda: setattr(model, "_forward_hooks_with_kwargs", {}),
+    ]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for change in changes:
+            change()
+            for _ in range(2):
+                torch.testing.assert_close(jitted(x), model(x))
+    assert jitted.num_traces == 5, jitted.explain()
+
+
 class _GradScale:
     def __init__(self) -> None:
         self.k = 2.0

@@ -111,7 +111,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("records and services (leaves)",
      ("errors", "extend", "_compat", "_patches", "_sources", "_context", "_reads._records",
       "_reads._canonical", "_libraries", "_warnings")),
-    ("stage 0: signature", ("_signature", "_callable_state", "_ambient")),
+    ("stage 0: signature", ("_signature", "_spec_text", "_callable_state", "_ambient")),
     ("the phases' watches (what each phase patches)",
      ("_side_effects", "_param_writes", "_watched_calls", "_unguardable", "_fast_paths",
       "_modules_seen",

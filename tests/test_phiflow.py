@@ -203,7 +203,8 @@ def test_native_dtype_and_requires_grad_are_part_of_the_key() -> None:
 
 
 def test_retrace_reason_says_what_differs_in_a_phiml_value() -> None:
-    from phi_torch_jit._signature import first_difference, flatten_arguments
+    from phi_torch_jit._signature import flatten_arguments
+    from phi_torch_jit._spec_text import first_difference
     from phi_torch_jit.adapters.phiml._values import PhiKey
 
     def key(native: torch.Tensor) -> Any:

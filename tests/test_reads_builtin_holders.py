@@ -156,3 +156,104 @@ def test_the_command_line_parsed_by_argparse_is_read(monkeypatch: Any) -> None:
         return x * parser.parse_args().k
 
     like_eager_then_retraced(ptj.jit(step), step, _set(sys.argv, 1, "5.0"))
+
+
+REDUCE = max
+OPS = {"reduce": max}
+XP: Any = np
+CONF: contextvars.ContextVar[dict[str, float]] = contextvars.ContextVar(
+    "test_reads_builtin_holders_conf",
+    default={"k": 2.0},  # noqa: B039 (what the test reads)
+)
+
+
+class _Settings:
+    def __init__(self) -> None:
+        self.reduce = max
+
+
+@pytest.mark.parametrize("where", ["global", "closure", "dict", "attribute"])
+def test_a_variable_holding_one_of_pythons_builtins_rebound_retraces(where: str) -> None:
+    """``REDUCE = max`` then ``REDUCE = min``, in a global, a closure, a dict, an object's
+    attribute: Python's builtins are never rebound, but a variable holding one is; which one
+    it holds is compared (probe 43a). A name Python resolves in its builtins is not read."""
+    global REDUCE
+    reduce, settings = max, _Settings()
+    steps = {
+        "global": lambda x: x * REDUCE(x.shape[0], 2),
+        "closure": lambda x: x * reduce(x.shape[0], 2),
+        "dict": lambda x: x * OPS["reduce"](x.shape[0], 2),
+        "attribute": lambda x: x * settings.reduce(x.shape[0], 2),
+    }
+    step = steps[where]
+
+    def change() -> None:
+        global REDUCE
+        nonlocal reduce
+        if where == "global":
+            REDUCE = min
+        elif where == "closure":
+            reduce = min
+        elif where == "dict":
+            OPS["reduce"] = min
+        else:
+            settings.reduce = min
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        REDUCE = OPS["reduce"] = max
+
+
+def test_a_variable_holding_a_librarys_module_rebound_retraces() -> None:
+    """``XP = np`` then ``XP = torch``, a backend chosen at run time (probe 43a)."""
+    global XP
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * (2.0 if XP is np else 3.0) + float(XP.ones(1)[0])
+
+    def change() -> None:
+        global XP
+        XP = torch
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        XP = np
+
+
+def test_the_content_of_a_context_variables_default_is_read() -> None:
+    """A ``ContextVar`` never set, read for its default (a dict): the default's content,
+    changed in place, is compared like a held dict's (probe 43a)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * CONF.get()["k"]
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, _set(CONF.get(), "k", 5.0))
+    finally:
+        CONF.get()["k"] = 2.0
+
+
+SINGLE: dict[Any, Any] = {}
+
+
+@pytest.mark.parametrize(("key", "other"), [(2, 2.0), (1, True), (0.0, -0.0)],
+                         ids=["int-float", "int-bool", "zero-sign"])  # fmt: skip
+def test_a_dict_of_one_entry_re_keyed_by_an_equal_key_retraces(key: Any, other: Any) -> None:
+    """``{2: f}`` re-keyed ``{2.0: f}``: the entry is found under the old key, but a loop
+    over the keys sees another type or sign (probe 43c). Dicts of two keys or more compared
+    their keys already."""
+    entry = _Settings()
+    SINGLE.clear()
+    SINGLE[key] = entry
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        (k,) = SINGLE
+        return x * (2.0 if type(k) is float else 3.0) * np.copysign(1.0, k)
+
+    def change() -> None:
+        SINGLE.clear()
+        SINGLE[other] = entry
+
+    like_eager_then_retraced(ptj.jit(step), step, change)

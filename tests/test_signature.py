@@ -5,22 +5,24 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import namedtuple
+from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import phi_torch_jit as ptj
 from phi_torch_jit import OutputError, SignatureError
 from phi_torch_jit._signature import (
-    describe_spec,
-    first_difference,
     flatten_arguments,
     flatten_outputs,
     modules_in,
     unflatten,
     unflatten_arguments,
 )
+from phi_torch_jit._spec_text import describe_spec, first_difference
 
 Point = namedtuple("Point", ["x", "y"])
 
@@ -90,6 +92,51 @@ def test_negative_zero_is_keyed_apart_from_zero() -> None:
     assert key(-0.0) != key(0.0) and key(0.0) == key(0.0) and key(-0.0) == key(-0.0)
     args, _ = unflatten_arguments(key(-0.0), [])
     assert str(args[0]) == "-0.0"
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ({0: 1.0}, {0.0: 1.0}),
+        ({1: 1.0}, {True: 1.0}),
+        ({0.0: 1.0}, {-0.0: 1.0}),
+        (np.float64(0.0), np.float64(-0.0)),
+        (Decimal("0"), Decimal("-0")),
+        (Decimal("1"), Decimal("1.0")),
+        (0j, complex(-0.0, 0.0)),
+        (complex(1.0, 0.0), complex(1.0, -0.0)),
+        (range(0, 4, 2), range(0, 3, 2)),
+    ],
+    ids=[
+        "int-float-key",
+        "int-bool-key",
+        "zero-key-sign",
+        "numpy-zero",
+        "decimal-zero",
+        "decimal-digits",
+        "complex-zero",
+        "complex-imag-zero",
+        "range",
+    ],
+)
+def test_values_equal_by_eq_but_read_apart_are_keyed_apart(one: Any, other: Any) -> None:
+    """``==`` calls these equal, and they hash alike; a program reading them may differ
+    (``1 / x``, ``type(k)``, ``str(d)``, ``r.stop``): each its own specialization (probe 43c).
+    Each still round-trips as itself."""
+    assert one == other and key(one) != key(other) and key(one) == key(one)
+    args, _ = unflatten_arguments(key(other), [])
+    assert repr(args[0]) == repr(other)
+
+
+def test_a_dict_argument_keyed_apart_by_its_key_types_retraces() -> None:
+    def step(x: torch.Tensor, table: dict[Any, float]) -> torch.Tensor:
+        (k,) = table
+        return x * table[k] if isinstance(k, float) else x + table[k]
+
+    jitted, x = ptj.jit(step), torch.ones(3)
+    for table in ({1: 2.0}, {1.0: 2.0}, {True: 2.0}):
+        torch.testing.assert_close(jitted(x, table), step(x, table))
+    assert jitted.num_traces == 3
 
 
 def test_static_values_keyed_by_type_and_value() -> None:

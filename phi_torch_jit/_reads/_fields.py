@@ -78,7 +78,7 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if type(value) in _MAPPINGS or (yours and isinstance(value, dict)):
         keys = list(value)  # entries by name or number; objects used as keys, by position
         objects = [(_KEYS, LISTED, Step(False, i)) for i, k in enumerate(keys) if _object_key(k)]
-        order = [(_KEYS, LISTED)] if len(keys) > 1 and not objects else []  # keys in order:
+        order = [(_KEYS, LISTED)] if _ordered(keys) and not objects else []  # keys in order:
         named = [Step(False, k) for k in keys if type(k) in (str, int)]  # (a loop over the
         placed = [(_VALUES, LISTED, Step(False, i))  # values sees TERMS["a"] = TERMS.pop("a"))
                   for i, k in enumerate(keys) if type(k) not in (str, int)]  # fmt: skip
@@ -129,7 +129,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if isinstance(value, enum.Enum):  # a member whose value holds a list, or with attributes
         return [Step(True, "value"), *(Step(True, n) for n in enum_attributes(value))]
     if isinstance(value, contextvars.ContextVar):  # what it holds in the caller's context,
-        return [Step(True, "get", call=True, argument=UNSET)]  # or that it holds nothing
+        now: list[Step | tuple[Step, ...]] = [Step(True, "get", call=True, argument=UNSET)]
+        default = [Step(True, "get", call=True)] if _has_default(value) else []  # or holds
+        return [*now, *default]  # nothing; and its default (var.get() where never set)
     if isinstance(value, weakref.WeakMethod):  # a new bound method on each call: its parts
         return [(_DEREFERENCED, Step(True, "__self__")), (_DEREFERENCED, Step(True, "__func__"))]
     if isinstance(value, weakref.ref):  # the object it refers to (None once that is gone)
@@ -423,3 +425,20 @@ def _class_data(klasses: list[type]) -> list[str]:
                 continue  # methods, properties, cached properties: reading them runs code
             names.append(name)
     return names
+
+
+def _has_default(var: contextvars.ContextVar[Any]) -> bool:
+    """Whether ``var`` was made with a default: what ``var.get()`` returns where it was never
+    set, whose content (a dict, an object's fields) a step may read (probe 43a)."""
+    try:
+        contextvars.Context().run(var.get)
+    except LookupError:
+        return False
+    return True
+
+
+def _ordered(keys: list[Any]) -> bool:
+    """Whether a dict's keys are compared as a tuple (in canonical form: types and signs): two
+    or more (their order), or one that is not a string (``{2: f}`` re-keyed ``{2.0: f}``,
+    ``{True: f}`` or ``{0.0: f}`` to ``{-0.0: f}`` finds the same entry under the old key)."""
+    return len(keys) > 1 or (len(keys) == 1 and type(keys[0]) is not str)

@@ -115,20 +115,24 @@ def drawn_through(value: Any, names: Collection[str]) -> list[tuple[str, ...]]:
     return found
 
 
-def kind_of(value: Any) -> Kind | None:
-    """How to guard ``value``; None: not worth guarding (libraries' modules, Python's builtins).
-    Other builtin functions (``torch.tanh`` held in a dict or a global) by identity."""
+def kind_of(value: Any) -> Kind:
+    """How to guard ``value``. A user's module, and builtin functions other than Python's
+    own (``torch.tanh`` held in a dict or a global), by identity, walked; a library's module
+    and Python's builtins (``max``) held in a variable (``xp = np``, ``REDUCE = max``), by
+    value (equal only to themselves), not walked: a variable rebound to another (``xp =
+    torch``, ``REDUCE = min``) retraces (probe 43a). A name Python resolves in its builtins
+    is never read here (``_python``: only names the module or ``builtins`` were given)."""
     if isinstance(value, torch.Tensor):
         return Kind.TENSOR
     if isinstance(value, types.ModuleType):
-        return Kind.IDENTITY if user_module(value) else None
+        return Kind.IDENTITY if user_module(value) else Kind.VALUE
     if draws(value):
         return Kind.DRAWS
     if isinstance(value, _BOUND) and getattr(value, "__name__", None) in ("__next__", "send"):
         if isinstance(value.__self__, collections.abc.Iterator):
             return Kind.ITERATOR
-    if isinstance(value, types.BuiltinFunctionType):  # Python's own (len, min): never rebound
-        return None if value.__self__ is builtins else Kind.IDENTITY  # torch.tanh in a dict
+    if isinstance(value, types.BuiltinFunctionType):  # Python's own (max) held: which one
+        return Kind.VALUE if value.__self__ is builtins else Kind.IDENTITY  # torch.tanh
     if isinstance(value, weakref.ProxyTypes):  # forwards __next__ whatever its object is
         return Kind.IDENTITY
     if isinstance(value, collections.abc.Iterator):

@@ -145,7 +145,7 @@ class Overflow:
                     seen = self._same(where, value) and seen
                 continue
             if kind is not Kind.IDENTITY:
-                if held and kind is not None:
+                if held:
                     seen = self._leaf(where) and seen  # a value in a list, a namespace's field
                 continue
             if len(self._index) >= MAX_INDEXED:

@@ -350,8 +350,6 @@ def _add(
     except GONE:  # an empty cell: not read after all
         return
     kind = kind_of(value)
-    if kind is None:
-        return
     if isinstance(value, types.FunctionType) and "registry" in value.__dict__:  # dispatch
         _add(reads, ("abc",), _ABC_TOKEN)  # by type: ABC.register() changes where
     if strict(kind, value):  # in canonical form: types, signs and order count
