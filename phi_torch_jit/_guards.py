@@ -29,10 +29,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ._attribute_values import GONE, changed, strictly_same
 from ._compat import MODULE_HOOK_DICTS, global_module_hooks
 from ._phases import MODULE_HOOK
 from ._reads._code_walk import user_class
-from ._reads._records import PYTHONS_OWN, canonical, immutable
+from ._reads._records import PYTHONS_OWN, immutable
+from ._scripted_modules import ScriptedState, scripted
 
 __all__ = ["ModuleGuard", "has_backward_hooks"]
 
@@ -117,6 +119,9 @@ class ModuleGuard:
         for root in roots:
             for name, module in root.named_modules(prefix=type(root).__name__):
                 named.setdefault(id(module), (name, module))
+        self.scripted = ScriptedState([n for n in named.values() if scripted(n[1])])
+        """TorchScript modules: their state lives in C++, read through torch's wrappers."""
+        named = {k: n for k, n in named.items() if not scripted(n[1])}
         self.names = tuple(name for name, _ in named.values())
         """Names of the guarded modules, e.g. ``Sequential.0``."""
         self.modules = tuple(module for _, module in named.values())
@@ -289,9 +294,9 @@ class ModuleGuard:
         expected = self._attribute_values
         if len(now) != len(expected):
             return False
-        if all(map(_identical, now, expected)):
+        if all(map(identical, now, expected)):
             return True
-        if not all(map(_strictly_same, now, expected)):
+        if not all(map(strictly_same, now, expected)):
             return False
         self._attribute_values = now
         return True
@@ -321,6 +326,8 @@ class ModuleGuard:
     def holds(self) -> bool:
         """Whether the modules are still as they were traced."""
         if self._training_flags() != self._trainings:
+            return False
+        if self.scripted.named and not self.scripted.holds():
             return False
         if self.grads_read and self._requires_grads() != self._grads:
             return False
@@ -353,7 +360,7 @@ class ModuleGuard:
             (modules[id(d)], attr)
             for d, attr, _ in self._attributes
             if id(d) in modules and attr not in _REGISTRIES
-            and _changed(self._initial[id(d), attr], d.get(attr, _GONE))
+            and changed(self._initial[id(d), attr], d.get(attr, GONE))
         ]  # fmt: skip
 
     def describe_change(self) -> str:
@@ -361,6 +368,8 @@ class ModuleGuard:
         for name, was, now_training in zip(self.names, self._trainings, self._training_flags()):
             if was != now_training:
                 return f"module {name} training {was} -> {now_training}"
+        if (script_change := self.scripted.describe_change()) is not None:
+            return script_change
         if self.grads_read and self._requires_grads() != self._grads:
             return (
                 "a parameter's requires_grad changed, and the function's Python reads "
@@ -391,7 +400,7 @@ class ModuleGuard:
             )
         for d, attr, owner in self._attributes:
             old, value = self._initial[id(d), attr], d.get(attr, "<deleted>")
-            if not _changed(old, value):
+            if not changed(old, value):
                 continue
             if attr in _REGISTRIES:
                 return (f"module {owner} holds another {attr[1:]} dict (its __dict__ updated "
@@ -422,29 +431,8 @@ class ModuleGuard:
         return "nothing"
 
 
-_GONE = object()
-
-
-def _changed(old: Any, value: Any) -> bool:
-    return not _strictly_same(value, old)
-
-
-def _identical(now: Any, was: Any) -> bool:
+def identical(now: Any, was: Any) -> bool:
     """The same object, or (the attributes of one module, read together) the same objects."""
     if now is was:
         return True
     return type(now) is tuple and type(was) is tuple and all(map(operator.is_, now, was))
-
-
-def _strictly_same(now: Any, was: Any) -> bool:
-    """Same types and the same bits, nested ones included (``canonical``)."""
-    if now is was:
-        return True
-    if isinstance(was, dict):  # a module's registry or hooks: only itself (equal ones differ)
-        return False
-    if type(now) is tuple and type(was) is tuple and len(now) == len(was):
-        return all(map(_strictly_same, now, was))  # one module's attributes, read together
-    try:
-        return type(now) is type(was) and canonical(now)[1] == canonical(was)[1]
-    except Exception:  # a value that cannot be written or compared: a change
-        return False

@@ -125,7 +125,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stage 3: wrapper", ("_wrapper", "_rebinding")),
     ("stage 4: trace", ("_replay", "_trace")),
     ("stage 5: serve",
-     ("_meter", "_guards", "_specialization", "_path_meter", "_cache", "_explain")),
+     ("_meter", "_attribute_values", "_scripted_modules", "_guards", "_specialization",
+      "_path_meter", "_cache", "_explain")),
     ("the driver", ("_options", "_pipeline", "_jit")),
     ("public surface and library adapters", ("", "phiflow", "adapters")),
 )  # fmt: skip
