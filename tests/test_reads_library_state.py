@@ -540,7 +540,31 @@ def _library_method_cases() -> dict[str, tuple[Callable[..., Any], Callable[[], 
         lambda x: x * 2 if compared > 1 else x * 3,
         lambda: setattr(compared, "_numerator", 3),
     )
+    cases.update(_distribution_cases())
     return cases
+
+
+def _distribution_cases() -> dict[str, tuple[Any, Any]]:
+    """A distribution whose method reads a list of the library's (callable) objects, each read
+    by that method's code in turn (probe 43b): a float changed, a transform added."""
+    from torch.distributions import Normal, TransformedDistribution
+    from torch.distributions.transforms import AffineTransform
+
+    def prior(scale: Any) -> TransformedDistribution:
+        return TransformedDistribution(Normal(torch.zeros(3), torch.ones(3)),
+                                       [AffineTransform(0.0, scale)])  # fmt: skip
+
+    scaled, grown = prior(2.0), prior(2.0)
+    return {
+        "a transform's scale in a distribution": (
+            lambda x: scaled.log_prob(x),
+            lambda: setattr(scaled.transforms[0], "scale", 3.0),
+        ),
+        "a transform added to a distribution": (
+            lambda x: grown.log_prob(x),
+            lambda: grown.transforms.append(AffineTransform(1.0, 1.0)),
+        ),
+    }
 
 
 def _if_set(event: Any, x: torch.Tensor) -> torch.Tensor:
@@ -559,6 +583,21 @@ def test_what_a_library_method_reads_of_its_object_is_guarded(case: str) -> None
     between calls retraces, however the step reaches the scheduler."""
     step, change = _library_method_cases()[case]
     like_eager_then_retraced(ptj.jit(step), step, change)
+
+
+def test_a_tensor_a_library_objects_method_reads_is_an_input_of_the_program() -> None:
+    """A transform's ``scale`` tensor changed in place (probe 43b): read by the method's code
+    through the distribution's list of transforms, it is an input, no retrace."""
+    from torch.distributions import Normal, TransformedDistribution
+    from torch.distributions.transforms import AffineTransform
+
+    scale = torch.full((3,), 2.0)
+    prior = TransformedDistribution(Normal(torch.zeros(3), torch.ones(3)),
+                                    [AffineTransform(torch.zeros(3), scale)])  # fmt: skip
+    step = lambda x: prior.log_prob(x)  # noqa: E731
+    jitted = ptj.jit(step)
+    like_eager_then_retraced(jitted, step, lambda: scale.mul_(1.5), traces=1)
+    assert "transforms[0].scale" in jitted.explain() and "input of the program" in jitted.explain()
 
 
 def test_a_library_objects_state_its_methods_do_not_read_is_not_guarded() -> None:

@@ -10,13 +10,16 @@ attribute of a module of yours) and each method or property of its class whose n
 code spells, and for a bound method of a library object held (``get = sched.get_last_lr``),
 the plain values the method's code reads from ``self`` (or a local it stored ``self`` under;
 and in the methods it calls on ``self``, one level further) are guarded by value: numbers,
-strings, small containers of them. Tensors are the wrapper's (held tensors become inputs);
-objects are not descended into. See NOTE [libraries' settings] in docs/design.md.
+strings, small containers of them; tensors it reads become inputs of the program (a
+transform's ``scale`` changed in place). A library's objects it reads, alone or in a list
+(``self.transforms``), are read in turn, for the methods the reading method's code spells.
+See NOTE [libraries' settings] in docs/design.md.
 """
 
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import types
 from collections.abc import Iterable, Mapping
@@ -86,23 +89,49 @@ def library_objects_read(
     if "vars" in spelled:  # vars(sched)[...]: which object is not known
         spelled.add(_WHOLE)
     found: list[tuple[Any, Source]] = []
-    pending = [(key, r.source, r.expected) for key, r in reads.items() if _object_read(r)]
+    pending = [(key, r.source, r.expected, frozenset(spelled))
+               for key, r in reads.items() if _object_read(r)]  # fmt: skip
     for _ in range(_ROUNDS):
         below = []
-        for key, source, value in pending:
+        for key, source, value, names in pending:
             if isinstance(value, types.MethodType):  # held bound: its object, what it reads
                 owner, source, methods = value.__self__, source.child(_SELF), [value.__func__]
                 named: Iterable[str] = ()
             else:  # the methods the code spells, and attributes it spells
-                owner, named = value, spelled
+                owner, named = value, names
                 klass = type(value)
-                methods = [m for n in sorted(spelled) if (m := _member(klass, n)) is not None]
+                methods = [m for n in sorted(names) if (m := _member(klass, n)) is not None]
+            deeper = names | _spelled_by(methods)  # what the methods call on what they read
             for name, held in _state_read(owner, methods, named):
-                found.append(((key, "self", name), source.child(Step(True, name))))
-                if not _plain(held):
-                    below.append(((key, "self", name), source.child(Step(True, name)), held))
+                child = source.child(Step(True, name))
+                found.append(((key, "self", name), child))
+                below += [(k, s, v, deeper) for k, s, v in _objects_in((key, "self", name),
+                                                                       child, held)]  # fmt: skip
         pending = below
     return found
+
+
+def _spelled_by(methods: Iterable[Any]) -> frozenset[str]:
+    """The names the code of ``methods`` spells: what they call on the objects they read
+    (``transform.log_abs_det_jacobian`` in ``TransformedDistribution.log_prob``)."""
+    codes_of = (getattr(m, "__code__", None) for m in methods)
+    return frozenset().union(*(names_used(c) for c in codes_of if isinstance(c, types.CodeType)))
+
+
+def _objects_in(key: Any, source: Source, held: Any) -> list[tuple[Any, Source, Any]]:
+    """The library objects below an attribute a method read, to read in turn: the object
+    itself, or those a list or tuple holds (``self.transforms`` of a distribution, each
+    transform's ``scale``: probe 43b), by position."""
+    if _library_object(held):
+        return [(key, source, held)]
+    if type(held) in (list, tuple) and len(held) <= _MAX_LISTED:
+        return [((key, i), source.child(Step(False, i)), v)
+                for i, v in enumerate(held) if _library_object(v)]  # fmt: skip
+    return []
+
+
+_MAX_LISTED = 64
+"""A list or tuple of a library's objects longer than this is read by length and identity."""
 
 
 def _implied(code: types.CodeType) -> frozenset[str]:
@@ -159,8 +188,17 @@ def _state_read(
     return [
         (n, state[n])
         for n in sorted(names)
-        if n in state and (_plain(state[n]) or _library_object(state[n]))
-    ]
+        if n in state and (_plain(state[n]) or _library_object(state[n]) or _listed(state[n])
+                           or isinstance(state[n], torch.Tensor))  # an input of the program
+    ]  # fmt: skip
+
+
+def _listed(value: Any) -> bool:
+    """A list or tuple of plain values and a library's objects (``self.transforms``): by
+    identity, length and item (``_python``), each object read in turn (:func:`_objects_in`)."""
+    return type(value) in (list, tuple) and all(
+        _plain(v) or _library_object(v) for v in value[:_MAX_LISTED]
+    )
 
 
 _MISSING = object()
@@ -184,10 +222,14 @@ def _walked_otherwise(value: Any) -> bool:
 
 
 def _library_object(value: Any) -> bool:
-    """An object of a library's class with attributes (not a container, tensor or code)."""
-    if _walked_otherwise(value) or isinstance(value, (torch.Tensor, *CONTAINERS)):
+    """An object of a library's class with attributes (not a container, tensor or code; a
+    callable object, a distribution's transform, is one)."""
+    if _walked_otherwise(value) or isinstance(value, (torch.Tensor, *CONTAINERS, *_CODE)):
         return False
-    return not callable(value) and type(probe(value, "__dict__")) is dict
+    return type(probe(value, "__dict__")) is dict
+
+
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 
 
 def _plain(value: Any) -> bool:
