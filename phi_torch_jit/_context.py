@@ -153,8 +153,10 @@ class UnguardableNotes(Protocol):
     per_call_functions: list[str]
     imports: dict[str, str]
     random: list[str]
-    layout_reads: dict[int, str]
     state_dicts: dict[int, str]
+
+    @property
+    def layout_reads(self) -> dict[int, str]: ...  # a LayoutReads (with its strides)
 
 
 class Recorder(Protocol):

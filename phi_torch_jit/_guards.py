@@ -144,8 +144,11 @@ class ModuleGuard:
         depend on the parameters' (``if net.weight.requires_grad:``), so these are checked on
         every call (else only after a program fails, :meth:`moved`)."""
         self._grads = self._requires_grads() if self.grads_read else ()
-        read = layouts_read or {}  # (name, dict, key, where Python read it) of each parameter
-        self.laid_out = tuple(  # or buffer whose layout each call checks (probe 39c)
+        read = dict(layouts_read or {})  # (name, dict, key, where Python read it) of each
+        held = {id(t) for t in chain.from_iterable(d.values() for d in self._tensor_dicts)}
+        others = [w for i, w in getattr(layouts_read, "strides", {}).items() if i not in held]
+        read.update(dict.fromkeys(held - read.keys(), others[0]) if others else {})  # LayoutReads
+        self.laid_out = tuple(  # parameter or buffer whose layout each call checks (39c)
             (f"{owner}.{key}", d, key, read[id(t)]) for owner, m in zip(self.names, self.modules)
             for d in (m.__dict__["_parameters"], m.__dict__["_buffers"])
             for key, t in d.items() if t is not None and id(t) in read

@@ -88,10 +88,11 @@ class Unguardable:
     grad_reads: list[str] = field(default_factory=list)
     """Places where Python read a tensor's ``requires_grad`` (:class:`RecordMode`): not a
     reason to run eagerly; the module guard checks the parameters' ``requires_grad``."""
-    layout_reads: dict[int, str] = field(default_factory=dict)
+    layout_reads: LayoutReads = field(default_factory=lambda: LayoutReads())
     """id of each tensor whose layout Python read (``stride()``, ``is_contiguous()``,
     ``shape``, ``dtype``...; :class:`RecordMode`) -> the first place: not a reason to run
-    eagerly; the module guard checks the layout of those among the parameters and buffers."""
+    eagerly; the module guard checks the layout of those among the parameters and buffers
+    (of all of them where Python read the strides of another tensor: ``LayoutReads``)."""
     state_dicts: dict[int, str] = field(default_factory=dict)
     """id of each module whose ``state_dict()`` ran (a child's too) -> where: not a reason to
     run eagerly; which buffers it leaves out and its state-dict hooks are guarded (``_reads``)."""
@@ -231,7 +232,7 @@ class RecordMode(TorchFunctionMode):
         elif args and (func in _LAYOUT_METHODS or getattr(func, "__self__", None) in _LAYOUTS):
             caller = sys._getframe(1)
             if not caller.f_code.co_filename.startswith((TORCH_DIR, OWN_DIR)):
-                _note_layout(args[0], caller)
+                _note_layout(args[0], caller, func)
         result = func(*args, **(kwargs or {}))
         note_made(args, kwargs, result)
         return result
@@ -249,11 +250,31 @@ _LAYOUTS = frozenset(
 property read as its descriptor's ``__get__``)."""
 
 
-def _note_layout(tensor: Any, caller: types.FrameType) -> None:
-    if (notes := recording_notes()) is not None:
+_STRIDE_METHODS = frozenset(
+    getattr(torch.Tensor, n) for n in ("stride", "is_contiguous", "storage_offset")
+)  # fmt: skip
+
+
+class LayoutReads(dict[int, str]):
+    """id of each tensor whose layout Python read -> the first place; :attr:`strides`, of
+    those whose strides it read. An intermediate's strides follow the parameters' (a
+    convolution's output is channels-last where its weight is: ``conv.to(memory_format=...)``
+    made ``y.is_contiguous()`` answer otherwise, probe 43b): the module guard then checks
+    the layout of every parameter and buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.strides: dict[int, str] = {}
+
+
+def _note_layout(tensor: Any, caller: types.FrameType, func: Any) -> None:
+    if (notes := recording_notes()) is not None and isinstance(tensor, torch.Tensor):
         reads = notes.layout_reads
-        if isinstance(tensor, torch.Tensor) and id(tensor) not in reads:
+        if id(tensor) not in reads:
             reads[id(tensor)] = user_line(caller) if from_user(caller) else _at(caller)
+        strides = getattr(reads, "strides", None)
+        if func in _STRIDE_METHODS and strides is not None:
+            strides.setdefault(id(tensor), reads[id(tensor)])
 
 
 def _at(frame: types.FrameType) -> str:

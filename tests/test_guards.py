@@ -429,3 +429,36 @@ def test_a_parameters_layout_read_by_python_is_checked_on_every_call() -> None:
     assert "layout (shape, dtype, strides) checked on every call: _LayoutBranch.w" in (
         jitted.explain()
     )
+
+
+@pytest.mark.all_engines
+def test_an_intermediates_strides_read_by_python_check_every_parameters_layout() -> None:
+    """Probe 43b: a convolution's output is channels-last where its weight is, so a branch on
+    ``y.is_contiguous()`` of that output followed ``conv.to(memory_format=channels_last)``,
+    which keeps the parameter objects. Python read no parameter's layout; it read the strides
+    of another tensor, and then the guard checks every parameter's and buffer's layout. A
+    read of an intermediate's shape alone does not: the parameters' shapes are checked where
+    a program fails on them (``moved``)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(2, 2, 3, padding=1)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = conv(x)
+        return y * 2.0 if y.is_contiguous() else y * 3.0
+
+    jitted, x = ptj.jit(step), torch.randn(1, 2, 5, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for change in [lambda: None, lambda: conv.to(memory_format=torch.channels_last)]:
+            change()
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), step(x))
+                jitted.wait_compiled()
+    assert jitted.num_traces == 2
+    assert [n for n, *_ in jitted.specializations[-1].guard.laid_out] == [
+        "Conv2d.weight",
+        "Conv2d.bias",
+    ]
+    shaped = ptj.jit(lambda x: conv(x) * conv(x).shape[1])
+    shaped(x)
+    assert shaped.specializations[-1].guard.laid_out == ()
