@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from helpers import like_eager_then_retraced
@@ -546,7 +547,9 @@ def _library_method_cases() -> dict[str, tuple[Callable[..., Any], Callable[[], 
 
 def _distribution_cases() -> dict[str, tuple[Any, Any]]:
     """A distribution whose method reads a list of the library's (callable) objects, each read
-    by that method's code in turn (probe 43b): a float changed, a transform added."""
+    by that method's code in turn (probe 43b): a float changed, a transform added. NumPy's
+    polynomials called: what ``__call__`` reads, through a property, an array by content
+    (probe 43a)."""
     from torch.distributions import Normal, TransformedDistribution
     from torch.distributions.transforms import AffineTransform
 
@@ -555,7 +558,16 @@ def _distribution_cases() -> dict[str, tuple[Any, Any]]:
                                        [AffineTransform(0.0, scale)])  # fmt: skip
 
     scaled, grown = prior(2.0), prior(2.0)
+    poly, series = np.poly1d([1.0, 2.0]), np.polynomial.Polynomial([1.0, 2.0])
     return {
+        "a NumPy poly1d called (__call__, its coeffs property, an array)": (
+            lambda x: x * float(poly(2.0)),
+            lambda: poly.coeffs.__setitem__(0, 5.0),
+        ),
+        "a NumPy Polynomial called": (
+            lambda x: x * float(series(2.0)),
+            lambda: series.coef.__setitem__(0, 5.0),
+        ),
         "a transform's scale in a distribution": (
             lambda x: scaled.log_prob(x),
             lambda: setattr(scaled.transforms[0], "scale", 3.0),

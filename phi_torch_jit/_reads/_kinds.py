@@ -34,8 +34,8 @@ from ._content import plain_container
 from ._fields import has_attribute, masked
 from ._records import PRIMITIVES, Kind, immutable
 
-__all__ = ["kind_of", "big_array", "MAX_ARRAY", "draws", "drawn_through", "generator_of",
-           "generator_state"]  # fmt: skip
+__all__ = ["kind_of", "big_array", "numbers_array", "MAX_ARRAY", "draws", "drawn_through",
+           "generator_of", "generator_state"]  # fmt: skip
 
 MAX_ARRAY = 4096
 """NumPy arrays up to this many elements are guarded by content, larger ones by identity."""
@@ -145,7 +145,7 @@ def kind_of(value: Any) -> Kind:
         return Kind.IDENTITY
     if plain_container(value):
         return Kind.CONTENT
-    if _numbers_array(value) and getattr(value, "size", MAX_ARRAY + 1) <= MAX_ARRAY:
+    if numbers_array(value) and getattr(value, "size", MAX_ARRAY + 1) <= MAX_ARRAY:
         return Kind.ARRAY
     return Kind.IDENTITY
 
@@ -168,7 +168,7 @@ def _tuple_of_plain_or_code(value: Any) -> bool:
     )
 
 
-def _numbers_array(value: Any) -> bool:
+def numbers_array(value: Any) -> bool:
     """A NumPy-like array of numbers (one of objects is by identity, each walked: fields)."""
     return has_attribute(value, "__array_interface__") and not getattr(
         getattr(value, "dtype", None), "hasobject", True
@@ -177,4 +177,4 @@ def _numbers_array(value: Any) -> bool:
 
 def big_array(value: Any) -> bool:
     """An array of numbers too big to compare at every call (by identity only)."""
-    return _numbers_array(value) and getattr(value, "size", 0) > MAX_ARRAY
+    return numbers_array(value) and getattr(value, "size", 0) > MAX_ARRAY

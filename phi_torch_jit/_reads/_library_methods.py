@@ -30,6 +30,7 @@ from torch import nn
 
 from ._code_walk import codes, names_used, user_class
 from ._content import plain_container
+from ._kinds import numbers_array
 from ._reachable import CONTAINERS
 from ._records import Kind, Read, Source, Step, immutable, probe
 
@@ -39,8 +40,9 @@ _DEPTH = 2
 """The method, and the methods of the object it calls (``get_last_lr`` -> ``_get_lr``)."""
 _ROUNDS = 3
 """Objects a method reads (``self.optimizer``, ``logger.parent``) are read in turn, so deep."""
-_SYNTAX = frozenset(("__len__", "__bool__"))
-"""Methods that syntax calls without the code spelling them (``len(subset)``, ``if d:``)."""
+_SYNTAX = frozenset(("__len__", "__bool__", "__call__"))
+"""Methods that syntax calls without the code spelling them (``len(subset)``, ``if d:``,
+``poly(2.0)``)."""
 _CONVERSIONS = {
     "float": ("__float__", "__index__"),
     "int": ("__int__", "__index__", "__trunc__"),
@@ -189,7 +191,8 @@ def _state_read(
         (n, state[n])
         for n in sorted(names)
         if n in state and (_plain(state[n]) or _library_object(state[n]) or _listed(state[n])
-                           or isinstance(state[n], torch.Tensor))  # an input of the program
+                           or isinstance(state[n], torch.Tensor)  # an input of the program
+                           or numbers_array(state[n]))  # by content (a polynomial's coef)
     ]  # fmt: skip
 
 
@@ -244,10 +247,17 @@ def _read_from_self(function: Any, klass: type, depth: int, seen: set[types.Code
     attributes, called = _self_names(code)
     found = set(attributes)
     if depth > 1:
-        for name in called:
-            member = getattr(klass, name, None)
+        for name in called | {a for a in attributes if _is_property(klass, a)}:
+            member = getattr(klass, name, None)  # a method, or a property's getter
+            member = member.fget if isinstance(member, property) else member
             found |= _read_from_self(member, klass, depth - 1, seen)
     return found
+
+
+def _is_property(klass: type, name: str) -> bool:
+    """Whether ``self.<name>`` runs a property of ``klass`` (``poly1d.coeffs`` reads
+    ``self._coeffs``)."""
+    return isinstance(getattr(klass, name, None), property)
 
 
 def _self_names(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
