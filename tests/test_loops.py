@@ -219,10 +219,11 @@ def _step(v: torch.Tensor) -> torch.Tensor:
     return cg_solve(v * 2)
 
 
-def _like_eager_with_gradients(step: Any, backend: str, n: int) -> Any:
-    """``step`` jitted (engine compile, ``backend``) on three right-hand sides: values and
-    gradients equal eager's, one trace; the jitted function."""
-    jitted = ptj.jit(step, engine="compile", backend=backend, fallback="off")
+def _like_eager_with_gradients(step: Any, backend: str, n: int, **options: Any) -> Any:
+    """``step`` jitted (engine compile unless ``options`` say, ``backend``) on three
+    right-hand sides: values and gradients equal eager's, one trace; the jitted function."""
+    options.setdefault("engine", "compile")
+    jitted = ptj.jit(step, backend=backend, fallback="off", **options)
     for seed in range(3):
         v = _rhs(n, seed).requires_grad_(True)
         v_eager = v.detach().clone().requires_grad_(True)

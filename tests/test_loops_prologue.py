@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import Counter
+from test_loops import _like_eager_with_gradients
 
 import phi_torch_jit as ptj
 from phi_torch_jit._loops import Captured, capture_loops
@@ -202,14 +203,5 @@ def step(v: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_jitted_cg_step_serves_its_prologue_as_a_graph_and_equals_eager() -> None:
-    jitted = ptj.jit(step, engine="auto", backend="aot_eager", compile_on="caller", fallback="off")
-    for seed in range(3):
-        v = _rhs(10, seed).requires_grad_(True)
-        v_eager = v.detach().clone().requires_grad_(True)
-        out, out_eager = jitted(v), step(v_eager)
-        torch.testing.assert_close(out, out_eager, rtol=1e-6, atol=1e-9)
-        out.square().sum().backward()
-        out_eager.square().sum().backward()
-        torch.testing.assert_close(v.grad, v_eager.grad, rtol=1e-6, atol=1e-9)
-    assert jitted.num_traces == 1
+    jitted = _like_eager_with_gradients(step, "aot_eager", 10, engine="auto", compile_on="caller")
     assert "the statements before it as a graph" in jitted.explain()
