@@ -421,9 +421,9 @@ def _eager_reason(
              if r.kind is Kind.DRAWS and id(generator_of(r.expected)) not in quiet]  # fmt: skip
     if drawn:
         reasons.append(
-            f"it reads a random generator or a clock ({', '.join(drawn[:3])}), whose next "
-            "values a compiled program would repeat; pass random values and times as tensor "
-            "arguments, or draw from torch's global RNG (torch.rand without generator=)"
+            f"it reads a random generator or a clock, or a stream ({', '.join(drawn[:3])}), "
+            "whose next values a compiled program would repeat; pass random values, times and "
+            "loaded data as tensor arguments, or draw from torch's RNG (no generator=)"
         )
     if written is not None and written.aliased and target.options.engine.captures_graph:
         reasons.append(

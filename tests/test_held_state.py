@@ -14,7 +14,11 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import io
+import mmap
+import pickle
 import queue
+import struct
 import types
 import warnings
 from collections.abc import Callable
@@ -1000,6 +1004,12 @@ def test_a_step_writing_a_numpy_array_it_reads_runs_eagerly_once_per_call(step: 
 SIMPLE_QUEUE: queue.SimpleQueue[int] = queue.SimpleQueue()
 HASH = hashlib.sha256()
 COUNT = ctypes.c_double(0.0)
+MAPPED = mmap.mmap(-1, 8 * 6)
+MAPPED.write(struct.pack("6d", 1.0, 2.0, 3.0, 4.0, 5.0, 6.0))
+PICKLED = io.BytesIO()
+for _value in (1.0, 2.0, 3.0, 4.0):
+    pickle.dump(_value, PICKLED)
+UNPICKLER = pickle.Unpickler(PICKLED)
 
 
 def _puts(x: torch.Tensor) -> torch.Tensor:
@@ -1015,6 +1025,30 @@ def _hashes(x: torch.Tensor) -> torch.Tensor:
 def _counts(x: torch.Tensor) -> torch.Tensor:
     COUNT.value += 1.0
     return x * COUNT.value
+
+
+def _reads_on(x: torch.Tensor) -> torch.Tensor:
+    return x * struct.unpack("d", MAPPED.read(8))[0]
+
+
+def _loads(x: torch.Tensor) -> torch.Tensor:
+    return x * UNPICKLER.load()
+
+
+@pytest.mark.parametrize("step", [_reads_on, _loads], ids=["mmap", "Unpickler"])
+def test_a_step_reading_a_stream_a_library_keeps_in_c_runs_eagerly_once_per_call(
+    step: Any,
+) -> None:
+    """An ``mmap`` read from (its bytes stay, its position moves) and a ``pickle.Unpickler``
+    loaded from (its stream is in C): each call reads the next value (probe 44b); the
+    compiled calls repeated the trace's, without a warning."""
+    MAPPED.seek(0)
+    PICKLED.seek(0)
+    UNPICKLER.__init__(PICKLED)  # type: ignore[misc]  # (anew: reads from the start)
+    jitted = ptj.jit(step)
+    with pytest.warns(ptj.JitWarning, match="runs eagerly"):
+        got = [jitted(torch.ones(2))[0].item() for _ in range(4)]
+    assert got == [1.0, 2.0, 3.0, 4.0]
 
 
 @pytest.mark.parametrize("step", [_puts, _hashes, _counts], ids=["SimpleQueue", "hash", "ctypes"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import like_eager_then_retraced
-from torch import get_num_threads
+from torch import get_num_threads, nn
 from torch.backends import mkldnn
 
 import phi_torch_jit as ptj
@@ -427,6 +428,61 @@ def test_code_and_data_of_yours_kept_on_torch_are_guarded(case: str) -> None:
         del _LOGGER.probe_hooks  # type: ignore[attr-defined]
         del torch.probe_ops, json.probe_callbacks, torch.probe_solver  # type: ignore[attr-defined]
         del json.JSONEncoder.probe_registry  # type: ignore[attr-defined]
+
+
+class _Gained(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.probe_gain  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("how", ["self of a subclass", "an instance", "a list", "an object"])
+def test_data_of_yours_kept_on_a_torch_module_class_is_guarded(how: str) -> None:
+    """``nn.Linear.GAIN = 2.0`` read as ``self.GAIN`` in a subclass's forward or as
+    ``lin.GAIN`` of a torch module, a list or an object of yours kept there (probe 44b): the
+    module guard compares the class attributes of your classes only, and the walk did not
+    read torch's classes. Their data the walked code spells is guarded."""
+    torch.manual_seed(0)
+    net, lin = _Gained(2, 2), nn.Linear(2, 2)
+    nn.Linear.probe_gain = 2.0  # type: ignore[attr-defined]
+    nn.Linear.probe_gains = [2.0]  # type: ignore[attr-defined]
+    nn.Linear.probe_knob = _Euler()  # type: ignore[attr-defined]
+    steps = {
+        "self of a subclass": (lambda x: net(x), lambda: setattr(nn.Linear, "probe_gain", 3.0)),
+        "an instance": (lambda x: lin(x) * lin.probe_gain,
+                        lambda: setattr(nn.Linear, "probe_gain", 3.0)),
+        "a list": (lambda x: lin(x) * sum(lin.probe_gains),
+                   lambda: nn.Linear.probe_gains.append(1.0)),
+        "an object": (lambda x: lin(x) * lin.probe_knob.k,
+                      lambda: setattr(nn.Linear.probe_knob, "k", 0.25)),
+    }  # fmt: skip
+    step, change = steps[how]
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change, x=torch.linspace(0.5, 1.5, 2))
+    finally:
+        del nn.Linear.probe_gain, nn.Linear.probe_gains  # type: ignore[attr-defined]
+        del nn.Linear.probe_knob  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("where", ["a module", "a dict on a module", "a class"])
+def test_an_iterator_kept_on_a_librarys_module_or_class_runs_eagerly(where: str) -> None:
+    """``json.STREAM = itertools.cycle(...)``, ``torch.CFG = {"it": ...}``,
+    ``nn.Linear.NOISE``: ``next()`` of it at every call, baked by every engine (probe 44b);
+    now it runs eagerly, warned, as an iterator held anywhere else does."""
+    json.probe_stream = itertools.cycle([1.0, 2.0, 3.0])  # type: ignore[attr-defined]
+    torch.probe_cfg = {"it": itertools.cycle([1.0, 2.0, 3.0])}  # type: ignore[attr-defined]
+    nn.Linear.probe_noise = itertools.cycle([1.0, 2.0, 3.0])  # type: ignore[attr-defined]
+    steps = {
+        "a module": lambda x: x * next(json.probe_stream),  # type: ignore[attr-defined]
+        "a dict on a module": lambda x: x * next(torch.probe_cfg["it"]),  # type: ignore[attr-defined]
+        "a class": lambda x: x * next(nn.Linear.probe_noise),  # type: ignore[attr-defined]
+    }
+    jitted = ptj.jit(steps[where])
+    try:
+        with pytest.warns(ptj.JitWarning, match="iterator"):
+            got = [jitted(torch.ones(1)).item() for _ in range(5)]
+        assert got == [1.0, 2.0, 3.0, 1.0, 2.0]
+    finally:
+        del json.probe_stream, torch.probe_cfg, nn.Linear.probe_noise  # type: ignore[attr-defined]
 
 
 # What a library's method reads of its own object (probe round 27): a library's objects are

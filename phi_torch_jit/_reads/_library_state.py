@@ -34,6 +34,7 @@ through a local name (``for b in BACKENDS: b.enabled``, ``self.backend.enabled``
 from __future__ import annotations
 
 import collections
+import collections.abc
 import itertools
 import types
 import warnings
@@ -218,9 +219,17 @@ def _yours(value: Any) -> bool:
     loop's every call retrace."""
     if isinstance(value, (type, types.ModuleType)):
         return False
+    if isinstance(value, collections.abc.Iterator):  # json.STREAM = cycle(...): its draws
+        return True  # (a step calling next() on it runs eagerly: probe 44b)
     if isinstance(value, CONTAINERS):
-        return holds_users_code(value) or plain_container(value)
+        return holds_users_code(value) or plain_container(value) or _holds_iterator(value)
     return holds_users_code(value)
+
+
+def _holds_iterator(container: Any) -> bool:
+    """A container kept on a library's module holding an iterator (``torch.CFG["it"]``)."""
+    items = container.values() if isinstance(container, dict) else container
+    return any(isinstance(v, collections.abc.Iterator) for v in itertools.islice(items, _MAX_ITEMS))
 
 
 def _reader(fn: Any, name: str) -> bool:

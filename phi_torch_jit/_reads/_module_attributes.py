@@ -15,7 +15,7 @@ from torch import nn
 from ._code_walk import names_in_user_code, user_class
 from ._records import PYTHONS_OWN, Source, Step, immutable
 
-__all__ = ["module_sources"]
+__all__ = ["module_sources", "library_class_sources"]
 
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, type)
 """What a module attribute holds that is code, not data (a class: its data is walked where
@@ -100,3 +100,30 @@ def _slots(module: nn.Module, where: str) -> Iterator[tuple[Any, Source]]:
             label = f"slot {type(module).__name__}.{name}"
             path = (Step(True, name),)
             yield (id(module), "slot", name), Source(label, where, holder=module, path=path)
+
+
+def library_class_sources(
+    modules: Iterator[nn.Module], names: frozenset[str]
+) -> Iterator[tuple[Any, Source]]:
+    """Data kept on torch's (or another library's) module classes and read as ``self.NAME``
+    or ``lin.NAME`` (``names``: what the walked code spells): ``nn.Linear.GAIN = 2.0``,
+    ``nn.Module.EPS_SCALE``, a list or an object of yours set there (probe 44b). The module
+    guard compares the class attributes of your classes only; a library's class holds its own
+    constants too, guarded where the code spells them (they do not change)."""
+    seen: set[tuple[int, str]] = set()
+    for klass in {id(type(m)): type(m) for m in modules}.values():
+        for base in klass.__mro__:
+            if base is object or user_class(base):
+                continue
+            for name in names & vars(base).keys():
+                value = vars(base)[name]
+                if name in PYTHONS_OWN or _is_code(value) or (id(base), name) in seen:
+                    continue
+                if isinstance(value, (property, staticmethod, classmethod, types.ModuleType)):
+                    continue  # descriptors and code: read through their own paths
+                seen.add((id(base), name))
+                label = f"class {base.__qualname__}.{name}"
+                yield (
+                    ("library class", id(base), name),
+                    Source(label, base.__module__, holder=base, path=(Step(True, name),)),
+                )

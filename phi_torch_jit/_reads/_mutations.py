@@ -67,7 +67,8 @@ def _held_in_c(value: Any) -> Any:
         return None
     try:
         with memoryview(value) as view:
-            return view.tobytes() if view.nbytes <= _MAX_VIEWED else None
+            shown = view.tobytes() if view.nbytes <= _MAX_VIEWED else None
+        return (shown, _position(value)) if shown is not None else None
     except TypeError:
         pass
     try:
@@ -81,6 +82,18 @@ def _held_in_c(value: Any) -> Any:
 
 
 _MAX_VIEWED = 1 << 16
+
+
+def _position(value: Any) -> Any:
+    """Where a stream over the bytes reads next (an ``mmap``'s ``tell()``: ``MM.read(8)``
+    moves it and leaves the bytes, probe 44b); None for what has none."""
+    tell = getattr(value, "tell", None)
+    if not callable(tell) or not callable(getattr(value, "seek", None)):
+        return None
+    try:
+        return tell()
+    except Exception:  # closed
+        return None
 
 
 _MAX_COPIED = 1 << 20

@@ -39,6 +39,7 @@ from ._code_walk import (
     names_environment,
     names_looked_up,
     names_read,
+    names_used,
     user_class,
     user_module,
 )
@@ -61,7 +62,7 @@ from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
 from ._library_methods import library_objects_read
 from ._library_state import answer_of, library_held, library_sources, settings_of_held
-from ._module_attributes import module_sources
+from ._module_attributes import library_class_sources, module_sources
 from ._overflow import Overflow, overflowed
 from ._reachable import reach
 from ._records import (
@@ -217,6 +218,10 @@ def collect_reads(
     for key, source in settings_of_held(held, walked):  # for mod in BACKENDS: mod.enabled
         _add(reads, key, source)
     for key, source in library_objects_read(reads, walked):  # sched.get_last_lr()
+        _add(reads, key, source)
+    spelled = frozenset().union(*(names_used(f.__code__) for f in walked))  # self.GAIN on
+    nets = (m for m in held if isinstance(m, nn.Module))  # nn.Linear, LIN.SCALE
+    for key, source in library_class_sources(nets, spelled):
         _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
