@@ -36,10 +36,11 @@ where they are called: the Python guards)."""
 
 def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
     """(name, key) of the state a callable object holds: numbers, strings, enums and tuples of
-    them by value (their ``repr()``), lists and dicts of those by content, tensors and other
-    objects by identity (a rebound ``self.w``; two objects equal by their ``__eq__`` holding
-    different dicts); its ``__slots__`` too, and the class attributes it reads through
-    ``self`` (the user's classes: not a library's; their names looked up once per class)."""
+    them by value (their ``repr()``), lists and dicts of those by content, tensors, functions,
+    classes and other objects by identity (a rebound ``self.w``; two objects equal by their
+    ``__eq__`` holding different dicts or functions); its ``__slots__`` too, and the class
+    attributes it reads through ``self`` (the user's classes: not a library's; their names
+    looked up once per class)."""
     found = {name: getattr(obj, name) for name in _class_names(type(obj)) if hasattr(obj, name)}
     found.update(getattr(obj, "__dict__", {}))
     keyed: list[tuple[str, Any]] = []
@@ -53,9 +54,10 @@ def plain_attributes(obj: Any) -> tuple[tuple[str, Any], ...]:
             and (type(value) is list or all(map(_plain, value.values())))
         ):  # by repr(): 2 and 2.0, -0.0 and 0.0, 1 and True are == alike
             keyed.append((name, repr(value)))
-        elif not callable(value) or isinstance(value, (types.MethodType, functools.partial)):
-            keyed.append((name, ("object", id(value))))  # another object: which one (its
-            # state is guarded where the step reads it, rooted at the first object keyed)
+        else:  # another object, a function, a class, a module: which one (its state, and
+            keyed.append((name, ("object", id(value))))  # the code it holds, are guarded
+            # where the step reads them, rooted at the first object keyed: probe 44a found a
+            # function held by an argument equal by its __eq__ unkeyed and unwalked)
     return tuple(keyed)
 
 

@@ -174,6 +174,76 @@ def test_arguments_equal_by_their_eq_holding_other_dicts_are_keyed_apart() -> No
     torch.testing.assert_close(jitted(x, a), step(x, a))
 
 
+_G = [1.0]
+
+
+def _flux(x: torch.Tensor) -> torch.Tensor:
+    return x * _G[0]
+
+
+def _other_flux(x: torch.Tensor) -> torch.Tensor:
+    return x * 5.0
+
+
+class _Scheme:
+    """Equal by name only; holds the function its step calls (or a class, a module)."""
+
+    def __init__(self, name: str, flux: Any) -> None:
+        self.name, self.flux = name, flux
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Scheme) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+class _SlottedScheme:
+    __slots__ = ("flux", "name")
+
+    def __init__(self, name: str, flux: Any) -> None:
+        self.name, self.flux = name, flux
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SlottedScheme) and (other.name, other.flux) == (
+            self.name, self.flux)  # fmt: skip
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+@pytest.mark.parametrize("kind", [_Scheme, _SlottedScheme])
+@pytest.mark.parametrize("change", ["replaced", "an equal one", "its global", "in a dict"])
+def test_an_argument_equal_by_its_eq_holding_a_function_is_keyed_and_walked(
+    kind: type, change: str
+) -> None:
+    """An argument keyed by its ``__eq__`` and its plain attributes held a function the step
+    calls: neither keyed (a function is callable, and only methods and partials were) nor
+    walked (in slots too), so ``s.flux = other``, an equal object holding another function, or
+    the function's global changed kept the first trace (probe 44a, every engine)."""
+    _G[0] = 1.0
+    scheme = kind("upwind", _flux)
+
+    def step(x: torch.Tensor, s: Any) -> torch.Tensor:
+        return (s["s"] if isinstance(s, dict) else s).flux(x)  # type: ignore[no-any-return]
+
+    jitted, x = ptj.jit(step), torch.linspace(0.5, 1.5, 3)
+    arguments = {"replaced": scheme, "an equal one": scheme, "its global": scheme,
+                 "in a dict": {"s": scheme}}  # fmt: skip
+    argument = arguments[change]
+    for _ in range(3):
+        torch.testing.assert_close(jitted(x, argument), step(x, argument))
+    if change == "replaced":
+        scheme.flux = _other_flux
+    elif change == "an equal one" and kind is _Scheme:
+        argument = kind("upwind", _other_flux)
+    else:
+        _G[0] = 3.0
+    for _ in range(3):
+        torch.testing.assert_close(jitted(x, argument), step(x, argument))
+    _G[0] = 1.0
+
+
 class _Counting:
     """A callable object a module holds, whose ``__call__`` changes its own state."""
 

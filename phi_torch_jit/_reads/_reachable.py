@@ -248,10 +248,26 @@ def _parts(obj: Any) -> list[Any]:
     if not isinstance(obj, type) and not user_class(cls):  # a library's object: the code of
         for held in callbacks_held(obj).values():  # yours it holds (an integrator's ``rhs``)
             parts += list(held) if type(held) in (list, tuple, collections.deque) else [held]
-    elif not isinstance(obj, type) and isinstance(getattr(obj, "__dict__", None), dict):
-        held = list(vars(obj).values())[:64]  # an object of yours: functions it holds
-        parts += [value for value in held if _may_hold_code(value)]  # (H.fn = helper)
+    elif not isinstance(obj, type):  # an object of yours: functions it holds (H.fn =
+        held = list(vars(obj).values())[:64] if isinstance(probe(obj, "__dict__"), dict) else []
+        held += _slot_values(cls, obj)  # helper), in its __dict__ or its slots (probe 44a)
+        parts += [value for value in held if _may_hold_code(value)]
     return parts
+
+
+def _slot_values(cls: type, obj: Any) -> list[Any]:
+    """What the slots of ``obj``'s classes of yours hold (unset ones left out)."""
+    found = []
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ()) if user_class(klass) else ()
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__"):
+                value = probe(obj, name, _UNSET)
+                found += [] if value is _UNSET else [value]
+    return found[:64]
+
+
+_UNSET = object()
 
 
 _HOLDERS: tuple[type, ...] = (weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
