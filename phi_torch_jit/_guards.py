@@ -223,7 +223,9 @@ class ModuleGuard:
             d for m in self.modules
             for d in (m.__dict__, m.__dict__["_parameters"], m.__dict__["_buffers"],
                       m.__dict__["_modules"])
-        )  # fmt: skip
+        ) + tuple(  # then each parameter's and buffer's Python attributes: one set later
+            t.__dict__ for d in self._tensor_dicts for t in d.values() if t is not None
+        )  # (lin.weight.gain, read as getattr(w, "gain", 1.0)) retraces (probe 45b)  # fmt: skip
         self._instance_sizes = self._sizes_of_instance_dicts()
 
     def _sizes_of_instance_dicts(self) -> tuple[int, ...]:
@@ -389,6 +391,8 @@ class ModuleGuard:
         kinds = ("attributes", "parameters", "buffers", "submodules")
         sizes = zip(self._instance_sizes, self._sizes_of_instance_dicts(), strict=True)
         for i, (traced, now) in enumerate(sizes):
+            if traced != now and i >= 4 * len(self.modules):
+                return "a parameter or buffer gained or lost a Python attribute (w.gain = 3.0?)"
             if traced != now:
                 module_name, kind = self.names[i // 4], kinds[i % 4]
                 return f"module {module_name} holds {now} {kind}, {traced} when traced"

@@ -421,7 +421,7 @@ def _eager_reason(
              if r.kind is Kind.DRAWS and id(generator_of(r.expected)) not in quiet]  # fmt: skip
     if drawn:
         reasons.append(
-            f"it reads a random generator or a clock, or a stream ({', '.join(drawn[:3])}), "
+            f"it reads a random generator or a clock or a stream ({', '.join(drawn[:3])}), "
             "whose next values a compiled program would repeat; pass random values, times and "
             "loaded data as tensor arguments, or draw from torch's RNG (no generator=)"
         )

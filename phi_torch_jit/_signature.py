@@ -12,8 +12,9 @@ Spec nodes are plain tuples whose first item is a tag (fast to hash and compare)
 =====  ===================================================  ==================
 tag    node                                                 meaning
 =====  ===================================================  ==================
-``T``  ``("T", shape, dtype, device, requires_grad,        tensor leaf
-       strides, type, is_inference)``
+``T``  ``("T", shape, dtype, device, requires_grad,        tensor leaf (arguments';
+       strides, type, is_inference, is_leaf, conj and       an output's: ``("T",)``)
+       neg bits of a complex one, its Python attributes)``
 ``S``  ``("S", type, value[, attributes])``                 static leaf (a callable object:
                                                               with its plain attributes)
 ``M``  ``("M", module)``                                    nn.Module (identity)
@@ -114,6 +115,32 @@ def _static_leaf(obj: Any) -> Spec:
     return ("S", cls, obj)
 
 
+class _Attributes:
+    """The Python attributes set on a tensor argument (``x.scale = 2.0``), keyed like a
+    callable object's (:func:`plain_attributes`: plain values by ``repr()``, others by
+    identity), and held to be set on the tensors a trace runs with: a read with a default
+    (``getattr(x, "scale", 1.0)``) baked the default (probe 45b)."""
+
+    def __init__(self, own: dict[str, Any]) -> None:
+        self.values = dict(own)
+        self.key = plain_attributes(types.SimpleNamespace(**self.values))
+
+    def set_on(self, tensor: torch.Tensor) -> None:
+        held = tensor.__dict__
+        for name, value in self.values.items():
+            if held.get(name, _Attributes) is not value:
+                held[name] = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Attributes) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in self.key)
+
+
 _NEGATIVE_ZERO = (("sign", -1.0),)
 """The key of ``-0.0`` differs from ``0.0``'s (they compare equal and hash alike)."""
 
@@ -146,9 +173,12 @@ def _primitive(obj: Any, cls: type) -> Spec:
 def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        if meta:  # strides: traced Python may read them (stride(), is_contiguous())
+        if meta:  # strides: traced Python may read them (stride(), is_contiguous()); so
+            own = obj.__dict__  # may it read is_leaf, a complex view's bits, x.scale
+            bits = (obj.is_conj(), obj.is_neg()) if obj.is_complex() else None
             return ("T", tuple(obj.shape), obj.dtype, obj.device, obj.requires_grad,
-                    obj.stride(), type(obj), obj.is_inference())  # fmt: skip
+                    obj.stride(), type(obj), obj.is_inference(), obj.is_leaf, bits,
+                    _Attributes(own) if own else None)  # fmt: skip
         return ("T",)
     cls = type(obj)
     if cls is tuple or cls is list:
@@ -283,7 +313,10 @@ def unflatten(spec: Spec, tensors: Iterator[torch.Tensor]) -> Any:
     """Rebuild one value from its spec, taking tensor leaves from ``tensors`` in order."""
     tag = spec[0]
     if tag == "T":
-        return next(tensors)
+        tensor = next(tensors)
+        if len(spec) > 10 and spec[10] is not None:  # the trace's tensor: the caller's
+            spec[10].set_on(tensor)  # attributes (x.scale), which the key holds
+        return tensor
     if tag == "S":
         return spec[2]
     if tag == "I":  # a Python number the program computes (a traced size, a count)

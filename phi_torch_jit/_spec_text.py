@@ -70,7 +70,8 @@ def _difference(a: Spec, b: Spec, path: str) -> str | None:
         return None
     if a[0] != b[0] or a[0] in ("T", "S", "M", "X") or a[:-1] != b[:-1]:
         if a[0] == b[0] == "T":
-            fields = ("shape", "dtype", "device", "requires_grad", "strides", "type", "inference")
+            fields = ("shape", "dtype", "device", "requires_grad", "strides", "type", "inference",
+                      "is_leaf", "conj and neg bits", "attributes")  # fmt: skip
             changes = [f"{f} {x} -> {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y]
             return f"{path}: " + ", ".join(changes)
         if a[0] == b[0] == "S" and len(a) == len(b) == 4 and a[2] is b[2]:

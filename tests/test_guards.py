@@ -432,6 +432,29 @@ def test_a_parameters_layout_read_by_python_is_checked_on_every_call() -> None:
 
 
 @pytest.mark.all_engines
+def test_a_python_attribute_set_later_on_a_parameter_retraces() -> None:
+    """``lin.weight.gain = 3.0`` after the trace, read as ``getattr(w, "gain", 1.0)``: the
+    guard compared the attributes the parameter held, not how many (probe 45b)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(2, 2)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return lin(x) * getattr(lin.weight, "gain", 1.0)
+
+    jitted, x = ptj.jit(step), torch.ones(1, 2)
+    with torch.no_grad():
+        for change in [lambda: None, lambda: setattr(lin.weight, "gain", 3.0)]:
+            change()
+            for _ in range(3):
+                torch.testing.assert_close(jitted(x), step(x))
+                jitted.wait_compiled()
+    assert jitted.num_traces == 2
+    guard = ModuleGuard([lin])
+    del lin.weight.gain
+    assert guard.describe_change().startswith("a parameter or buffer gained or lost")
+
+
+@pytest.mark.all_engines
 def test_an_intermediates_strides_read_by_python_check_every_parameters_layout() -> None:
     """Probe 43b: a convolution's output is channels-last where its weight is, so a branch on
     ``y.is_contiguous()`` of that output followed ``conv.to(memory_format=channels_last)``,

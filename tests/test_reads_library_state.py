@@ -604,8 +604,7 @@ def _library_method_cases() -> dict[str, tuple[Callable[..., Any], Callable[[], 
 def _distribution_cases() -> dict[str, tuple[Any, Any]]:
     """A distribution whose method reads a list of the library's (callable) objects, each read
     by that method's code in turn (probe 43b): a float changed, a transform added. NumPy's
-    polynomials called: what ``__call__`` reads, through a property, an array by content
-    (probe 43a)."""
+    polynomials' coefficients: what a property reads, an array by content (probe 43a)."""
     from torch.distributions import Normal, TransformedDistribution
     from torch.distributions.transforms import AffineTransform
 
@@ -616,12 +615,12 @@ def _distribution_cases() -> dict[str, tuple[Any, Any]]:
     scaled, grown = prior(2.0), prior(2.0)
     poly, series = np.poly1d([1.0, 2.0]), np.polynomial.Polynomial([1.0, 2.0])
     return {
-        "a NumPy poly1d called (__call__, its coeffs property, an array)": (
-            lambda x: x * float(poly(2.0)),
+        "a NumPy poly1d's coefficients (a property reading an array)": (
+            lambda x: x * float(np.polyval(poly.coeffs, 2.0)),
             lambda: poly.coeffs.__setitem__(0, 5.0),
         ),
-        "a NumPy Polynomial called": (
-            lambda x: x * float(series(2.0)),
+        "a NumPy Polynomial's coefficients": (
+            lambda x: x * float(np.polynomial.polynomial.polyval(2.0, series.coef)),
             lambda: series.coef.__setitem__(0, 5.0),
         ),
         "a transform's scale in a distribution": (

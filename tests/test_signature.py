@@ -128,6 +128,44 @@ def test_values_equal_by_eq_but_read_apart_are_keyed_apart(one: Any, other: Any)
     assert repr(args[0]) == repr(other)
 
 
+def test_what_python_may_read_of_a_tensor_argument_is_keyed() -> None:
+    """Its autograd status (``is_leaf``, ``grad_fn is None``), a complex view's conj and neg
+    bits, and the Python attributes set on it: a branch on each was baked (probe 45b)."""
+    leaf = torch.ones(2, requires_grad=True)
+    assert key(leaf) != key(leaf * 1)
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert key(z) != key(z.conj()) and key(z) != key(torch._neg_view(z)) and key(z) == key(z)
+    x, y = torch.ones(2), torch.ones(2)
+    x.scale = 2.0  # type: ignore[attr-defined]
+    assert key(x) != key(y)
+    y.scale = 2.0  # type: ignore[attr-defined]
+    assert key(x) == key(y)
+    y.scale = 5  # type: ignore[attr-defined]
+    assert key(x) != key(y)
+    assert first_difference(key(x), key(y)).startswith("args[0]: attributes")
+
+
+@pytest.mark.parametrize("read", ["getattr with a default", "hasattr", "is_leaf", "is_conj"])
+def test_a_tensor_arguments_python_state_read_in_the_step_is_like_eager(read: str) -> None:
+    steps = {
+        "getattr with a default": lambda x: x * getattr(x, "scale", 1.0),
+        "hasattr": lambda x: x * (2.0 if hasattr(x, "flag") else 3.0),
+        "is_leaf": lambda x: x * (2.0 if x.is_leaf else 3.0),
+        "is_conj": lambda x: x * (2.0 if x.is_conj() else 3.0),
+    }
+    step = steps[read]
+    jitted = ptj.jit(step)
+    base = torch.tensor([1 + 2j, 3 - 1j]) if read == "is_conj" else torch.ones(2)
+    x = base.clone().requires_grad_(read == "is_leaf")
+    for _ in range(3):
+        torch.testing.assert_close(jitted(x), step(x))
+    jitted.wait_compiled()
+    x.scale = 5.0  # type: ignore[attr-defined]
+    x.flag = True  # type: ignore[attr-defined]
+    for other in (x, x * 1 if read == "is_leaf" else base.conj()):
+        torch.testing.assert_close(jitted(other), step(other))
+
+
 def test_a_dict_argument_keyed_apart_by_its_key_types_retraces() -> None:
     def step(x: torch.Tensor, table: dict[Any, float]) -> torch.Tensor:
         (k,) = table

@@ -40,9 +40,10 @@ _DEPTH = 2
 """The method, and the methods of the object it calls (``get_last_lr`` -> ``_get_lr``)."""
 _ROUNDS = 3
 """Objects a method reads (``self.optimizer``, ``logger.parent``) are read in turn, so deep."""
-_SYNTAX = frozenset(("__len__", "__bool__", "__call__"))
-"""Methods that syntax calls without the code spelling them (``len(subset)``, ``if d:``,
-``poly(2.0)``)."""
+_SYNTAX = frozenset(("__len__", "__bool__"))
+"""Methods that syntax calls without the code spelling them (``len(subset)``, ``if d:``).
+Not ``__call__``: which read object the code calls is not known here, and every library
+object holding one (a jitted function's call counter, a clock) would be read through it."""
 _CONVERSIONS = {
     "float": ("__float__", "__index__"),
     "int": ("__int__", "__index__", "__trunc__"),
