@@ -28,7 +28,7 @@ class _Scaled(nn.Module):
 def _scripted() -> torch.jit.ScriptModule:
     torch.manual_seed(0)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script, torch 2.11+
+        warnings.filterwarnings("ignore", ".*torch.jit.script")  # deprecated: torch 2.11+
         return torch.jit.script(_Scaled())
 
 
