@@ -424,6 +424,50 @@ def test_exit_stops_a_compile_running_python_and_torch_ops() -> None:
     assert done.stdout.splitlines() == ["done", "stopped after running"], done.stdout
 
 
+class _Hooks:
+    """A backend that runs Python and allocates, as a compile does, and notes each change of
+    the compile thread's profile hook (the one that yields the GIL) until it is released."""
+
+    def __init__(self) -> None:
+        self.changes: list[bool] = []
+        self.off, self.on_again, self.release = (threading.Event() for _ in range(3))
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        kept: list[list[list[int]]] = []
+        while not self.release.is_set():
+            hooked = sys.getprofile() is not None
+            if not self.changes or self.changes[-1] != hooked:
+                self.changes.append(hooked)
+                if self.changes == [True, False]:
+                    self.off.set()
+                elif self.changes == [True, False, True]:
+                    self.on_again.set()
+            kept.append([[i] for i in range(64)])  # a graph growing: garbage collections
+        return gm.forward
+
+
+def test_the_compile_yields_to_the_caller_unless_the_caller_waits_for_it() -> None:
+    """The compile thread hands the GIL to the caller every 1000 Python calls through a
+    profile hook, which doubled a warm start's loads while the caller only waited for them:
+    while a caller waits for loads, the hook is off, and it is on again once the wait is over
+    (at the thread's next garbage collection), so that a load that turned out to be a compile
+    still yields, and still stops at exit."""
+    hooks = _Hooks()
+    f = ptj.jit(lambda x: x * 3, engine="auto", backend=hooks)
+    x = torch.randn(5)
+    for _ in range(3):  # the third call queues the compile
+        torch.testing.assert_close(f(x), x * 3)
+    try:
+        with _background.awaited():  # a caller waiting, as for a warm start's loads
+            assert hooks.off.wait(60), hooks.changes
+        assert hooks.on_again.wait(60), hooks.changes
+    finally:
+        hooks.release.set()
+    assert f.wait_compiled(SETTLE_S)
+    assert hooks.changes == [True, False, True]
+    torch.testing.assert_close(f(x), x * 3)
+
+
 def test_disable_and_autocast_keep_the_fast_tier() -> None:
     disabled = ptj.jit(lambda x: x.exp(), engine="auto", backend="aot_eager", disable=True)
     x = torch.randn(4)

@@ -48,9 +48,12 @@ class _Backend:
         self.calls = 0
         self.gate = gate
         self.__name__ = "counting"
+        self.awaited: list[int] = []
+        """How many callers waited for the compile thread during each compile."""
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         self.compiles += 1
+        self.awaited.append(_background._WORKER.awaited)
         if self.gate is not None:
             assert self.gate.wait(60)
 
@@ -80,6 +83,7 @@ def test_a_remembered_program_is_loaded_after_the_first_call_and_serves_the_seco
     torch.testing.assert_close(jitted(x), step(x))
     if remembered:  # queued by the first call, awaited by the second, which it served
         assert backend.compiles == 1 and backend.calls == 1
+        assert backend.awaited == [1]  # it ran without yielding to the caller, who waited
         assert program.tier == "counting" and program.switched_after_calls == 0
         assert "expected in inductor's caches (a warm start)" in jitted.explain()
     else:  # the fast tier served it; the compile is queued at the next call, as before

@@ -12,18 +12,21 @@ exit] in docs/design.md.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import queue
 import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
 
 from ._spare_core import own_threads, taken
 
-__all__ = ["Upgradable", "submit", "wait_idle", "worker_alive", "exiting"]
+__all__ = ["Upgradable", "submit", "wait_idle", "awaited", "worker_alive", "exiting"]
 
 
 class Upgradable(Protocol):
@@ -56,7 +59,18 @@ def _yield_now_and_then(frame: Any, event: str, arg: Any) -> None:
 
     Once the interpreter exits, the next of those points raises :class:`Abandoned` into the
     compile (Python then removes the hook): the compile unwinds in milliseconds instead of
-    being left running inside torch while the interpreter shuts down."""
+    being left running inside torch while the interpreter shuts down.
+
+    While the caller waits for a warm start's loads (:func:`awaited`), there is nothing to hand
+    the GIL to, and the hook itself is the cost (Python runs its slow, traced path while one is
+    set: (b)'s three loads took 0.30-0.36 s with it, 0.15-0.18 s without, and as much with a
+    trace function in its place): the next of those points removes it, and :func:`rehooked`
+    puts it back once the wait is over: at the next job, or at the compile thread's next
+    garbage collection (a callback of Python's collector, :func:`_rehook_on_collection`: a
+    compile builds graphs, and Python collects every 700 objects it keeps), so that a load
+    that turned out to be a compile, and outlasted the wait, yields again and stops at exit.
+    ``wait_compiled()`` does not take the hook off: a compile that keeps no objects would not
+    get it back before the interpreter exits."""
     global _calls_since_yield
     if event != "call":
         return
@@ -65,7 +79,29 @@ def _yield_now_and_then(frame: Any, event: str, arg: Any) -> None:
         _calls_since_yield = 0
         if _WORKER.closing:
             raise Abandoned("the interpreter is exiting: the compile is stopped")
+        if _WORKER.awaited:
+            if _rehook_on_collection not in gc.callbacks:
+                gc.callbacks.append(_rehook_on_collection)
+            sys.setprofile(None)
+            return
         time.sleep(_YIELD_S)
+
+
+def _rehook_on_collection(phase: str, info: dict[str, int]) -> None:
+    """A callback of Python's garbage collector, which runs on the thread that allocated: on
+    the compile thread, the hook comes back once the caller no longer waits."""
+    rehooked()
+
+
+def rehooked() -> None:
+    """On the compile thread, unless the caller waits for it: the yielding hook of
+    :func:`_yield_now_and_then` is on (it was removed while the caller waited)."""
+    if (
+        threading.current_thread() is _WORKER.thread
+        and not _WORKER.awaited
+        and sys.getprofile() is not _yield_now_and_then
+    ):
+        sys.setprofile(_yield_now_and_then)
 
 
 class _Worker:
@@ -78,6 +114,8 @@ class _Worker:
         self.closing = False
         self.threads = 1
         """The intra-op thread count of the caller that submitted last."""
+        self.awaited = 0
+        """How many callers wait for the compile thread now (:func:`awaited`)."""
 
     def submit(self, program: Upgradable) -> bool:
         threads = own_threads()
@@ -94,8 +132,11 @@ class _Worker:
                 self._thread.start()
         return True
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
     def _run(self) -> None:
-        sys.setprofile(_yield_now_and_then)  # this thread only
         while True:
             try:
                 ref = self._queue.get(timeout=_IDLE_EXIT_S)
@@ -110,6 +151,7 @@ class _Worker:
                 if program is not None and not self.closing:
                     if torch.get_num_threads() != self.threads:  # NOTE [a core for the compile]
                         torch.set_num_threads(self.threads)
+                    rehooked()  # this thread only
                     with taken():
                         program.upgrade()
             except Abandoned:  # at exit: the program stays on its fast tier
@@ -141,6 +183,19 @@ class _Worker:
 
 _WORKER = _Worker()
 atexit.register(_WORKER.close)
+
+
+@contextlib.contextmanager
+def awaited() -> Iterator[None]:
+    """Around a wait of the caller for a warm start's loads on the compile thread: they run
+    without handing the GIL back meanwhile (:func:`_yield_now_and_then`)."""
+    with _WORKER._lock:
+        _WORKER.awaited += 1
+    try:
+        yield
+    finally:
+        with _WORKER._lock:
+            _WORKER.awaited -= 1
 
 
 def submit(program: Upgradable) -> bool:

@@ -32,7 +32,7 @@ from torch import nn
 from .._compat import any_autocast
 from .._state import capture_rng, restore_rng
 from ..errors import ConfigurationError, JitError, NotNow, describe_error
-from ._background import exiting, wait_idle
+from ._background import awaited, exiting, wait_idle
 from ._background import submit as submit_compile
 from ._block_tiers import BackgroundBlock, submit_pending
 from ._capture import CAPTURE_LOCK as _CAPTURE_LOCK
@@ -228,9 +228,10 @@ class TieredProgram:
         if not self.warm_start or self._load_awaited or _CAPTURE_LOCK.reserved_here():
             return False
         self._load_awaited = True
-        blocks = submit_pending()  # first: the program's first calls run them
-        self._submit()
-        await_loads(self._settled, blocks)
+        with awaited():  # the loads run without yielding to this thread, which waits
+            blocks = submit_pending()  # first: the program's first calls run them
+            self._submit()
+            await_loads(self._settled, blocks)
         return self.tier != self.fast_tier
 
     def _serve_first_compiled(self, *inputs: torch.Tensor) -> Any:
@@ -271,7 +272,8 @@ class TieredProgram:
         compiled program."""
         blocks = [] if self.on_caller else submit_pending()  # compiled in their first call
         if self.warm_start and not _CAPTURE_LOCK.reserved_here():
-            await_loads(self._settled, blocks)
+            with awaited():
+                await_loads(self._settled, blocks)
         self.serve = self._serve_compiled if self.state else self._compiled
         return self.serve(*inputs)
 
