@@ -21,7 +21,7 @@ import torch
 from ._reads._records import enum_attributes
 
 __all__ = ["PRIMITIVES", "NOT_STATEFUL", "plain_attributes", "enum_key", "random_generator",
-           "left_to_guards", "holds_objects"]  # fmt: skip
+           "left_to_guards", "holds_objects", "TensorAttributes"]  # fmt: skip
 
 PRIMITIVES = frozenset(
     {type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout}
@@ -127,3 +127,40 @@ def left_to_guards(value: Any) -> bool:
     return isinstance(value, (types.ModuleType, Iterator, torch.Generator)) or random_generator(
         value
     )
+
+
+class TensorAttributes:
+    """The Python attributes set on a tensor argument (``x.scale = 2.0``), keyed like a
+    callable object's (:func:`plain_attributes`: plain values by ``repr()``, others by
+    identity), and held to be set on the tensors a trace runs with: a read with a default
+    (``getattr(x, "scale", 1.0)``) baked the default (probe 45b)."""
+
+    def __init__(self, own: dict[str, Any]) -> None:
+        self.values = dict(own)
+        self.key = plain_attributes(types.SimpleNamespace(**self.values))
+        if any(isinstance(value, torch.Tensor) for value in own.values()):
+            # a tensor set on it is a constant of the program: written in place, it retraces
+            # (probe 46a: ``x.w.fill_(3.0)`` kept the first value)
+            self.key += tuple((name, _version(value)) for name, value in own.items()
+                              if isinstance(value, torch.Tensor))  # fmt: skip
+
+    def set_on(self, tensor: torch.Tensor) -> None:
+        held = tensor.__dict__
+        for name, value in self.values.items():
+            if held.get(name, TensorAttributes) is not value:
+                held[name] = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorAttributes) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in self.key)
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """How often ``tensor`` was written in place; -1 for an inference tensor, which does not
+    count (its writes are not seen, as for any inference tensor: docs/guarded.md)."""
+    return -1 if tensor.is_inference() else tensor._version

@@ -31,7 +31,7 @@ from ._specialization import Key, Miss, Scanned, Specialization, retrace_reason
 from ._specialization import run_first_valid as serve
 from .engines import Engine, wait_all_compiled
 from .engines.compile import Backend
-from .errors import describe_function
+from .errors import WalkFailed, describe_function
 
 __all__ = [
     "jit",
@@ -178,7 +178,14 @@ class JitFunction(Generic[P, R]):
             reason = retrace_reason(list(seen), miss if seen else None)
             self._target.unread.note_failed(seen)  # counters: watched in the record pass
             with session:
-                value, specialization = specialize(self._target, key, args, kwargs, tensors)
+                try:
+                    value, specialization = specialize(self._target, key, args, kwargs, tensors)
+                except WalkFailed as failed:
+                    if not failed.before_record:  # (after it: _pipeline returns its result)
+                        raise
+                    self._report.cannot_compile([failed.reason])
+                    specialization = eager_specialization(self._target, key, failed.reason)
+                    value = self._fn(*args, **kwargs)
             if specialization is None:  # engine "auto" is compiling: this call ran eagerly
                 return value
             for dropped in self._cache.insert(specialization):

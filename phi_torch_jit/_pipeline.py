@@ -6,9 +6,8 @@
 4. :func:`._trace.trace` -- the engine traces the wrapper while the recording replays;
 5. a :class:`._specialization.Specialization`, guarded by a :class:`._guards.ModuleGuard`.
 
-A specialization that cannot be compiled faithfully (backward hooks, an autograd.Function
-that cannot be captured, a per-call closure passed to a custom function) runs the Python
-function instead: :class:`~.errors.RunEagerly` carries the reason, logged once.
+A specialization that cannot be compiled faithfully (backward hooks, an uncapturable autograd
+Function) runs the Python function instead: :class:`~.errors.RunEagerly` says why, logged once.
 """
 
 from __future__ import annotations
@@ -58,15 +57,15 @@ from ._trace import Traced, trace, trace_input
 from ._unguardable import Unguardable
 from ._wrapper import WrapperModule, make_wrapper, module_names
 from .engines import CompiledModule, Engine, get_engine
-from .errors import NotNow, ReplayError, RunEagerly, TraceError, describe_error
+from .errors import NotNow, ReplayError, RunEagerly, TraceError, WalkFailed, describe_error
 
 __all__ = ["Target", "specialize", "eager_specialization", "VALUE_SPECIALIZATIONS"]
 
 VALUE_SPECIALIZATIONS = 4
-"""Specializations one argument signature may have for tensor values its Python branched on
-(``while float(t) < t1``, ``bool(err < tol)``). A signature whose values change the path on
-every call would otherwise compile per call, and a call would run each cached program before
-missing; past this many, the signature runs eagerly: NOTE [values that never repeat]."""
+"""Specializations one signature may have for tensor values its Python branched on (``while
+float(t) < t1``): a signature whose values change the path on every call would compile per call
+and run each cached program before missing; past this many, it runs eagerly: NOTE [values that
+never repeat]."""
 
 
 @dataclass(frozen=True)
@@ -118,9 +117,13 @@ def specialize(
     imported = notes.imports, notes.module_reads, notes.state_dicts  # (what collect_reads takes)
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
                for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip
-    with target.overflow.walking():
-        reads = collect_reads(target.fn, list(recording.modules.values()), callables, *imported,
-                              customs=customs, overflow=target.overflow)  # fmt: skip
+    try:
+        with target.overflow.walking():
+            reads = collect_reads(target.fn, list(recording.modules.values()), callables,
+                                  *imported, customs=customs, overflow=target.overflow)  # fmt: skip
+    except WalkFailed as walk_failed:  # after the record pass, which ran: its result
+        target.report.cannot_compile([walk_failed.reason])
+        return result, eager_specialization(target, key, walk_failed.reason)
     if target.overflow.look_again():  # past the walk's limits: the next call watches them
         return result, None
     hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
@@ -216,15 +219,12 @@ class _Parts:
     """Tensors the record pass wrote besides arguments (``StateSnapshot.written``)."""
 
 
-def _module_guard(target: Target, parts: _Parts) -> ModuleGuard:
-    hooks, unread, reads = target.options.guard_hooks, target.unread.unread, parts.reads
-    return ModuleGuard(parts.modules, hooks, reads.grad_reads, unread, reads.layout_reads)
-
-
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
     """Stage 5: the specialization and its guards."""
-    traced, modules = parts.traced, parts.modules
+    traced, modules, reads = parts.traced, parts.modules, parts.reads
     live = not parts.eager_reason  # eager code reads every state live: nothing to guard
+    module_guard = ModuleGuard(modules, target.options.guard_hooks, reads.grad_reads,
+        target.unread.unread, reads.layout_reads) if modules and live else None  # fmt: skip
     measured = target.options.fallback == "measure"
     if traced.module.keep_alive is not None:  # engine "auto" compiles after this call
         traced.module.keep_alive(parts.calls)
@@ -236,7 +236,7 @@ def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specializatio
         calls=parts.calls,
         timings=parts.timings,
         tracer_warnings=target.report.tracer_warnings(traced.module),
-        guard=_module_guard(target, parts) if modules and live else None,
+        guard=module_guard,
         eager_reason=parts.eager_reason,
         value_guards=traced.value_guards,
         n_outputs=parts.n_outputs,

@@ -53,6 +53,7 @@ from torch import nn
 from ._callable_state import (
     NOT_STATEFUL,
     PRIMITIVES,
+    TensorAttributes,
     enum_key,
     holds_objects,
     left_to_guards,
@@ -115,32 +116,6 @@ def _static_leaf(obj: Any) -> Spec:
     return ("S", cls, obj)
 
 
-class _Attributes:
-    """The Python attributes set on a tensor argument (``x.scale = 2.0``), keyed like a
-    callable object's (:func:`plain_attributes`: plain values by ``repr()``, others by
-    identity), and held to be set on the tensors a trace runs with: a read with a default
-    (``getattr(x, "scale", 1.0)``) baked the default (probe 45b)."""
-
-    def __init__(self, own: dict[str, Any]) -> None:
-        self.values = dict(own)
-        self.key = plain_attributes(types.SimpleNamespace(**self.values))
-
-    def set_on(self, tensor: torch.Tensor) -> None:
-        held = tensor.__dict__
-        for name, value in self.values.items():
-            if held.get(name, _Attributes) is not value:
-                held[name] = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Attributes) and other.key == self.key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __repr__(self) -> str:
-        return ", ".join(f"{name}={value}" for name, value in self.key)
-
-
 _NEGATIVE_ZERO = (("sign", -1.0),)
 """The key of ``-0.0`` differs from ``0.0``'s (they compare equal and hash alike)."""
 
@@ -178,7 +153,7 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], meta: bool) -> Spec:
             bits = (obj.is_conj(), obj.is_neg()) if obj.is_complex() else None
             return ("T", tuple(obj.shape), obj.dtype, obj.device, obj.requires_grad,
                     obj.stride(), type(obj), obj.is_inference(), obj.is_leaf, bits,
-                    _Attributes(own) if own else None)  # fmt: skip
+                    TensorAttributes(own) if own else None)  # fmt: skip
         return ("T",)
     cls = type(obj)
     if cls is tuple or cls is list:
@@ -403,11 +378,24 @@ def callables_in(spec: Spec) -> list[Any]:
     keyed by value that hold other objects (:func:`holds_objects`), in argument order:
     the Python guards walk the code they run and the state they hold (a module's data; an
     iterator makes the call run eagerly)."""
-    return [
+    found = [
         value for value in _nodes(spec, "S", at=2)
         if (callable(value) and not isinstance(value, _BY_CODE)
             and type(value) not in PRIMITIVES) or left_to_guards(value) or holds_objects(value)
     ]  # fmt: skip
+    return found + _held_by_tensors(spec)
+
+
+def _held_by_tensors(spec: Spec) -> list[Any]:
+    """The objects set on tensor arguments that their key holds by identity (``x.cfg = ns``,
+    ``x.op = fn``): what the step reads of them is guarded, rooted at them (probe 46a:
+    ``x.cfg.k`` changed in place, or a global the function ``x.op`` reads, was stale)."""
+    found = []
+    for attributes in _nodes(spec, "T", at=-1):  # (a tensor keyed without metadata: "T")
+        if isinstance(attributes, TensorAttributes):
+            found += [attributes.values[name] for name, key in attributes.key
+                      if type(key) is tuple and key[0] == "object"]  # fmt: skip
+    return found
 
 
 def classes_in(spec: Spec) -> list[type]:

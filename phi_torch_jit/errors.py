@@ -8,8 +8,10 @@ function as ``name (file:line)``, say what went wrong and end with a fix.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
     "JitError",
@@ -28,6 +30,7 @@ __all__ = [
     "JitWarning",
     "describe_function",
     "describe_error",
+    "eager_if_it_raises",
 ]
 
 
@@ -88,6 +91,17 @@ class RunEagerly(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class WalkFailed(RunEagerly):
+    """Internal signal: the static walk of the state a step reads raised (an object of the
+    user's whose attribute lookups raise, such as a ``__getattribute__`` answering from a
+    table): that signature runs eagerly, warned, never a crash (probe 46). ``before_record``:
+    raised before the record pass ran the function (the caller runs it)."""
+
+    def __init__(self, reason: str, before_record: bool = False) -> None:
+        super().__init__(reason)
+        self.before_record = before_record
 
 
 class NotNow(Exception):
@@ -164,3 +178,25 @@ def _interpreted(lines: list[str]) -> str:
     message = text.strip()[:200] or f"{kind} raised without a message"
     where = f" [{files[-1]}: {operation}]" if files else ""
     return f"{message}{where}"
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def eager_if_it_raises(walk: Callable[P, T]) -> Callable[P, T]:
+    """``walk`` (the static walk of the state a step reads), raising :class:`WalkFailed` where
+    it raised: code of the user's that an attribute lookup ran (a ``__getattribute__``
+    answering from a table); the step then runs eagerly, warned."""
+
+    @functools.wraps(walk)
+    def walked(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return walk(*args, **kwargs)
+        except (RunEagerly, JitError):
+            raise
+        except Exception as error:
+            why = f"the walk of the state it reads raised {describe_error(error)}"
+            raise WalkFailed(f"{why} (an object of yours whose lookups raise?)") from error
+
+    return walked

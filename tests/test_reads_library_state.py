@@ -705,3 +705,29 @@ def test_data_of_yours_on_a_library_module_passed_to_a_helper_is_guarded() -> No
         like_eager_then_retraced(ptj.jit(step), step, change)
     finally:
         del torch.probe_cfg  # type: ignore[attr-defined]
+
+
+_HELD_DEEPER = {
+    "a parameter's attribute": lambda lin, opt: lambda x: lin(x) * lin.weight.probe_fn(x),
+    "a buffer's attribute": lambda bn, opt: lambda x: x * bn.running_mean.probe_fn(x),
+    "an optimizer's param group": lambda lin, opt: lambda x: x * opt.param_groups[0]["probe_fn"](x),
+}
+
+
+@pytest.mark.parametrize("where", list(_HELD_DEEPER))
+def test_code_of_yours_held_by_a_librarys_tensors_and_containers_is_walked(where: str) -> None:
+    """A function of yours set on a module's parameter or buffer (``lin.weight.sched``), or
+    kept in a dict in a list of a library's object (``opt.param_groups[0]["gain"]``): only its
+    identity was guarded, not what its code reads, on every engine (probe 46b); a bound
+    method, a partial or an object there was walked. Now its code is walked too."""
+    torch.manual_seed(0)
+    module = nn.BatchNorm1d(3) if where == "a buffer's attribute" else nn.Linear(3, 3)
+    holder = module.running_mean if where == "a buffer's attribute" else module.weight
+    holder.probe_fn = _scaled  # type: ignore[union-attr]
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    opt.param_groups[0]["probe_fn"] = _scaled
+    step = _HELD_DEEPER[where](module, opt)
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, lambda: _K.__setitem__(0, 3.0))
+    finally:
+        _K[0] = 1.0

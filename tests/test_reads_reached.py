@@ -295,6 +295,40 @@ def test_a_config_whose_getattr_raises_key_error_is_guarded_not_a_crash() -> Non
     assert jitted.num_traces == 2
 
 
+_TABLE = {"k": 2.0}
+
+
+class _FromTable:
+    """Every attribute from a table: ``__class__`` too, which it does not have."""
+
+    def __getattribute__(self, name: str) -> Any:
+        return _TABLE[name]
+
+
+_ANSWERING = _FromTable()
+
+
+def _from_the_table(x: torch.Tensor) -> torch.Tensor:
+    return x * _ANSWERING.k
+
+
+@pytest.mark.all_engines
+def test_an_object_whose_every_lookup_may_raise_runs_the_step_eagerly_not_a_crash() -> None:
+    """``isinstance`` asks an object for its ``__class__`` when its type does not answer; a
+    ``__getattribute__`` answering from a table raised KeyError there, and the jitted call
+    raised where eager code ran (probe 46). The walk's failure now runs the step eagerly,
+    warned once, with eager's values after a change."""
+    jitted, x = ptj.jit(_from_the_table), torch.ones(2)
+    try:
+        with pytest.warns(ptj.JitWarning, match="the walk of the state it reads raised KeyError"):
+            torch.testing.assert_close(jitted(x), _from_the_table(x))
+        _TABLE["k"] = 3.0
+        torch.testing.assert_close(jitted(x), _from_the_table(x))
+    finally:
+        _TABLE["k"] = 2.0
+    assert "runs eagerly" in jitted.explain()
+
+
 SIMULATION = SimpleNamespace(
     physics=SimpleNamespace(terms=[SimpleNamespace(params=SimpleNamespace(c=2.0))])
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 from collections import namedtuple
 from decimal import Decimal
 from typing import Any
@@ -164,6 +165,60 @@ def test_a_tensor_arguments_python_state_read_in_the_step_is_like_eager(read: st
     x.flag = True  # type: ignore[attr-defined]
     for other in (x, x * 1 if read == "is_leaf" else base.conj()):
         torch.testing.assert_close(jitted(other), step(other))
+
+
+_FACTOR = [2.0]
+
+
+def _times_factor(t: torch.Tensor) -> torch.Tensor:
+    return t * _FACTOR[0]
+
+
+class _Knob:
+    def __init__(self) -> None:
+        self.k = 2.0
+
+
+_HELD_ON_A_TENSOR: dict[str, tuple[Any, Any, Any]] = {  # (set on x, step, change)
+    "a namespace": (lambda: types.SimpleNamespace(k=2.0), lambda x: x * x.held.k,
+                    lambda held: setattr(held, "k", 3.0)),
+    "a dict of a list": (lambda: {"k": [2.0]}, lambda x: x * x.held["k"][0],
+                         lambda held: held["k"].__setitem__(0, 3.0)),
+    "an object of yours": (_Knob, lambda x: x * x.held.k, lambda held: setattr(held, "k", 3.0)),
+    "an array": (lambda: np.array([2.0]), lambda x: x * float(x.held[0]),
+                 lambda held: held.__setitem__(0, 3.0)),
+    "a function reading a global": (lambda: _times_factor, lambda x: x.held(x),
+                                    lambda held: _FACTOR.__setitem__(0, 3.0)),
+    "a tensor written in place": (lambda: torch.tensor(2.0), lambda x: x * x.held,
+                                  lambda held: held.fill_(3.0)),
+    "in a tuple argument": (lambda: types.SimpleNamespace(k=2.0),
+                            lambda pair: pair[0] * pair[0].held.k,
+                            lambda held: setattr(held, "k", 3.0)),
+}  # fmt: skip
+
+
+@pytest.mark.all_engines
+@pytest.mark.parametrize("held", list(_HELD_ON_A_TENSOR))
+def test_what_a_tensor_arguments_python_attributes_hold_is_guarded(held: str) -> None:
+    """An object set on a tensor argument (``x.cfg = SimpleNamespace(k=2.0)``, a function, an
+    array, a tensor) was keyed by identity only: ``x.cfg.k = 3.0``, a global the function
+    reads, or the tensor written in place kept the first value, on every engine (probe 46a).
+    What the step reads of it is now guarded, rooted at it; a tensor by its writes."""
+    make, step, change = _HELD_ON_A_TENSOR[held]
+    try:
+        x = torch.arange(1.0, 4.0)
+        x.held = make()  # type: ignore[attr-defined]
+        args: tuple[Any, ...] = ((x, 1),) if held == "in a tuple argument" else (x,)
+        jitted = ptj.jit(step)
+        for _ in range(3):
+            torch.testing.assert_close(jitted(*args), step(*args))
+        change(x.held)  # type: ignore[attr-defined]
+        torch.testing.assert_close(jitted(*args), step(*args))
+        jitted.wait_compiled()
+        torch.testing.assert_close(jitted(*args), step(*args))
+        assert jitted.num_traces == 2
+    finally:
+        _FACTOR[0] = 2.0
 
 
 def test_a_dict_argument_keyed_apart_by_its_key_types_retraces() -> None:

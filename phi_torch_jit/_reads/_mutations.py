@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import WalkFailed
 from ._code_walk import user_class
 from ._content import SIZED
 from ._hooks import hook_reads
@@ -201,7 +202,10 @@ def snapshot(
     """The user state ``fn`` may change, before it runs (a static walk: no Python of ``fn``);
     ``callables``: objects passed as arguments whose state its call may change too (a loader
     object's counter)."""
-    reads = tuple(collect_reads(fn, modules, callables))
+    try:
+        reads = tuple(collect_reads(fn, modules, callables))
+    except WalkFailed as failed:  # nothing ran yet: the caller runs the function eagerly
+        raise WalkFailed(failed.reason, before_record=True) from failed
     modules = tuple(modules_known_before(fn, reads, modules))
     reads += tuple(hook_reads([m for root in modules for m in root.modules()]))  # theirs too
     return Snapshot(reads, tuple(map(_safe_fingerprint, reads)), modules,

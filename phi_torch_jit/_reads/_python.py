@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import eager_if_it_raises
 from ._code_walk import (
     MAX_DEPTH,
     Shadowing,
@@ -136,6 +137,7 @@ def _add_chains(
             _add(reads, parent, child, budget=[-1])  # -1: not descended
 
 
+@eager_if_it_raises
 def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,

@@ -95,7 +95,7 @@ def reach(roots: list[Any]) -> Reach:
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if not isinstance(obj, types.FunctionType):
+        if type(obj) is not types.FunctionType:  # (an object may not answer __class__)
             try:
                 pending.extend(_parts(obj))
             except Exception:  # a user __getattr__ raising KeyError: no code found there
@@ -176,20 +176,27 @@ def _through_modules(function: types.FunctionType) -> list[Any]:
     a library's module, only code of the user's set on it (``F.my_act = my_act``)."""
     found = []
     for (is_cell, name), chains in chains_spelled(function.__code__).items():
-        if is_cell or not isinstance(function.__globals__.get(name), types.ModuleType):
+        if is_cell or not _is_module(function.__globals__.get(name)):
             continue
         for chain in chains:
             value, yours = function.__globals__[name], True
             for step in chain:
-                if not isinstance(value, types.ModuleType):
+                if not _is_module(value):
                     break
                 yours = yours and user_module(value)
                 value = getattr(value, step.key, None) if step.attribute else None
-            if value is None or isinstance(value, types.ModuleType):
+            if value is None or _is_module(value):
                 continue
             if yours or holds_users_code(value):  # F.my_act = my_act, torch.OPS = {...}: code
                 found.append(value)  # of yours kept on a library's module
     return found
+
+
+def _is_module(value: Any) -> bool:
+    """``isinstance(value, ModuleType)`` without asking ``value`` for its ``__class__``, which
+    an object of yours answering every attribute from a table may not have (probe 46:
+    ``__getattribute__`` raising KeyError crashed the walk)."""
+    return issubclass(type(value), types.ModuleType)
 
 
 def holds_users_code(value: Any) -> bool:
@@ -314,7 +321,12 @@ def _referred(holder: Any) -> list[Any]:
 def _may_hold_code(value: Any) -> bool:
     """Whether the walk looks into ``value`` for code: a callable, an object of a user class,
     a container (a registry of registries), a holder (:data:`_HOLDERS`)."""
-    return callable(value) or isinstance(value, (*CONTAINERS, *_HOLDERS)) or _users_code(value)
+    return (
+        callable(value)
+        or isinstance(value, (*CONTAINERS, *_HOLDERS))
+        or _users_code(value)
+        or (isinstance(value, torch.Tensor) and bool(getattr(value, "__dict__", None)))
+    )  # (a tensor with attributes of its own: a function set on a parameter)
 
 
 CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
@@ -352,21 +364,35 @@ MAX_VISITS = 4000
 def callbacks_held(obj: Any) -> dict[str, Any]:
     """The attributes of a library's object that hold code of the user's: functions, bound
     methods and partials of them, instances of user classes, or a list, tuple or dict with
-    one (an integrator's right-hand side, a scheduler's ``lr_lambdas``), by name; the first
-    64 attributes (and 32 items) are looked at."""
+    one (an integrator's right-hand side, a scheduler's ``lr_lambdas``), or a container of
+    those, or tensors with one set on them (an optimizer's ``param_groups[0]["gain"]``, a
+    module's ``_parameters`` holding ``weight.sched``: probe 46b), by name; the first 64
+    attributes (and 32 items per container) are looked at."""
     try:
         namespace = vars(obj)
     except TypeError:  # no __dict__ (slots, builtins)
         return {}
-    found = {}
-    for name, value in list(namespace.items())[:64]:  # LambdaLR's list, a Queue's deque,
-        sequence = type(value) in (list, tuple, collections.deque)
-        items = list(itertools.islice(value, 32)) if sequence else (value,)
-        if type(value) is dict:  # a dict of yours kept on a logger (LOG.hooks["scale"])
-            items = list(itertools.islice(value.values(), 32))
-        if any(_users_code(item) for item in items):
-            found[name] = value
-    return found
+    return {n: v for n, v in list(namespace.items())[:64] if _holds_code(v, _NESTING)}
+
+
+_NESTING = 2
+"""How many containers (or tensors' attributes) deep :func:`callbacks_held` looks."""
+
+
+def _holds_code(value: Any, depth: int) -> bool:
+    if _users_code(value):
+        return True
+    if not depth:
+        return False
+    if type(value) in (list, tuple, collections.deque):  # LambdaLR's list, a Queue's deque
+        items: Iterable[Any] = itertools.islice(value, 32)
+    elif type(value) is dict:  # a dict of yours kept on a logger (LOG.hooks["scale"])
+        items = itertools.islice(value.values(), 32)
+    elif isinstance(value, torch.Tensor) and getattr(value, "__dict__", None):
+        items = list(value.__dict__.values())[:32]  # lin.weight.sched = sched
+    else:
+        return False
+    return any(_holds_code(item, depth - 1) for item in items)
 
 
 def tensors_held(obj: Any, depth: int = 2) -> list[str]:
