@@ -207,10 +207,9 @@ class TieredProgram:
         returns: the compile of its program kept the next signature from being traced, and
         the demo's steps ran eagerly for the 20 s of that compile). The blocks of its captured
         loops wait for the same call: their compile holds the lock too (queued at the second
-        call, a cold inductor's block compile kept the demo's next signature eager for 30 s,
-        whenever the compile thread took the lock before that signature's first call). A
-        compile on the caller's thread is done in the call. A warm start's load
-        (:mod:`._warm_starts`) is awaited in the first call of the program, once."""
+        call, a cold block compile kept the demo's next signature eager for 30 s). A compile on
+        the caller's thread is done in the call. A warm start's load (:mod:`._warm_starts`) is
+        awaited in the program's first call, once."""
         if self._awaits_load():
             return self.serve(*inputs)
         if self._unsubmitted and (self.calls or self.on_caller):
@@ -266,13 +265,12 @@ class TieredProgram:
 
     def _serve_second_compiled(self, *inputs: torch.Tensor) -> Any:
         """The second call on the compiled tier queues the loops the first one's backward
-        captured (a custom function's first backward) and, on a warm start, awaits those
-        inductor's caches hold. Then the compiled autograd graph fixed which parameters get
-        gradients; without state there is nothing to check, and nothing runs in front of the
-        compiled program."""
+        captured and, on a warm start, awaits those inductor's caches hold. Then the compiled
+        autograd graph fixed which parameters get gradients; without state nothing runs in
+        front of the compiled program."""
         blocks = [] if self.on_caller else submit_pending()  # compiled in their first call
         if self.warm_start and not _CAPTURE_LOCK.reserved_here():
-            with awaited():
+            with awaited():  # the loads run without yielding to this thread, which waits
                 await_loads(self._settled, blocks)
         self.serve = self._serve_compiled if self.state else self._compiled
         return self.serve(*inputs)
