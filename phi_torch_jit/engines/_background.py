@@ -97,7 +97,7 @@ def rehooked() -> None:
     """On the compile thread, unless the caller waits for it: the yielding hook of
     :func:`_yield_now_and_then` is on (it was removed while the caller waited)."""
     if (
-        threading.current_thread() is _WORKER.thread
+        threading.current_thread() is _WORKER._thread
         and not _WORKER.awaited
         and sys.getprofile() is not _yield_now_and_then
     ):
@@ -131,10 +131,6 @@ class _Worker:
                 )
                 self._thread.start()
         return True
-
-    @property
-    def thread(self) -> threading.Thread | None:
-        return self._thread
 
     def _run(self) -> None:
         while True:
