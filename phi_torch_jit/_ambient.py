@@ -1,20 +1,29 @@
 """Stage 0, the ambient part of the cache key: the torch state around a call that its program
 bakes in (autocast, the default dtype and device, torch-function modes, a registered
 library's settings, torch's global switches), how it reads in ``explain()``, and which of it
-makes the calls run eagerly (saved-tensor hooks, ``parametrize.cached()``, modes of yours).
+makes the calls run eagerly (saved-tensor hooks, ``parametrize.cached()``, modes of yours,
+a tensor subclass with a ``__torch_function__`` of its own among the inputs).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn.utils import parametrize
 
 from ._compat import any_autocast, function_mode_at, function_modes, top_saved_tensor_hooks
 from .extend import REGISTERED
 
-__all__ = ["ambient_state", "eager_around", "modes_around", "describe_ambient"]
+__all__ = [
+    "ambient_state",
+    "eager_around",
+    "modes_around",
+    "overrides_torch_function",
+    "describe_ambient",
+]
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -117,3 +126,24 @@ def _described(what: str, value: Any) -> str:
 
 
 _DEFAULTS = ("default dtype", "default device")
+
+
+def overrides_torch_function(tensors: Sequence[torch.Tensor]) -> str:
+    """Why a tensor subclass among the inputs makes the call run eagerly: its own
+    ``__torch_function__`` is Python that runs around every op on it (a capture would keep
+    the ops and lose what it adds); empty if none does (``nn.Parameter`` has none)."""
+    for tensor in tensors:
+        klass = type(tensor)
+        if klass is torch.Tensor:
+            continue
+        function = getattr(klass.__torch_function__, "__func__", klass.__torch_function__)
+        if function not in _PLAIN_TORCH_FUNCTIONS:
+            return (f"a tensor of class {klass.__qualname__} has a __torch_function__ of its own, "
+                    "which a captured program would not run")  # fmt: skip
+    return ""
+
+
+_PLAIN_TORCH_FUNCTIONS = tuple(
+    getattr(klass.__torch_function__, "__func__", klass.__torch_function__)
+    for klass in (torch.Tensor, nn.Parameter)  # a parameter's: disabled
+)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._ambient import eager_around, modes_around
+from ._ambient import eager_around, modes_around, overrides_torch_function
 from ._compat import torchscript_available
 from ._custom_op import CompiledCall, compile_calls
 from ._explain import Reporter
@@ -92,7 +92,27 @@ def specialize(
     target: Target, key: Key, args: Any, kwargs: Any, tensors: list[torch.Tensor]
 ) -> tuple[Any, Specialization | None]:
     """The stages for a cache miss; return (the eager result, the specialization), or
-    (the eager result, None) when the engine cannot compile without making the caller wait."""
+    (the eager result, None) when the engine cannot compile without making the caller wait.
+    A walk of the state it reads that fails after the record pass (any of them: the step's,
+    its hooks', its cached functions' results) keeps that pass's result, eager from then."""
+    recorded: list[Any] = []
+    try:
+        return _specialize(target, key, args, kwargs, tensors, recorded)
+    except WalkFailed as failed:  # before the record pass: the caller runs the function
+        if not recorded:
+            raise
+        target.report.cannot_compile([failed.reason])
+        return recorded[0], eager_specialization(target, key, failed.reason)
+
+
+def _specialize(
+    target: Target,
+    key: Key,
+    args: Any,
+    kwargs: Any,
+    tensors: list[torch.Tensor],
+    recorded: list[Any],
+) -> tuple[Any, Specialization | None]:
     if converts_natives(key[0]):  # the record pass must see what the trace sees
         args, kwargs = unflatten_arguments(key[0], tensors)
     callables = [*callables_in(key[0]), *filter(user_class, classes_in(key[0]))]
@@ -103,6 +123,7 @@ def specialize(
     with target.unread.watching(), target.overflow.watching(), CachedCalls(before.reads) as cached:
         result, recording = record(target.fn, args, kwargs, target.owner, modules_in(key[0]),
                                    before.modules)  # fmt: skip
+    recorded.append(result)
     written = written_inputs(tensors, written_before)
     output_spec, outputs = flatten_outputs(result, target.owner)
     record_s = time.perf_counter() - start
@@ -117,13 +138,9 @@ def specialize(
     imported = notes.imports, notes.module_reads, notes.state_dicts  # (what collect_reads takes)
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
                for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip
-    try:
-        with target.overflow.walking():
-            reads = collect_reads(target.fn, list(recording.modules.values()), callables,
-                                  *imported, customs=customs, overflow=target.overflow)  # fmt: skip
-    except WalkFailed as walk_failed:  # after the record pass, which ran: its result
-        target.report.cannot_compile([walk_failed.reason])
-        return result, eager_specialization(target, key, walk_failed.reason)
+    with target.overflow.walking():
+        reads = collect_reads(target.fn, list(recording.modules.values()), callables,
+                              *imported, customs=customs, overflow=target.overflow)  # fmt: skip
     if target.overflow.look_again():  # past the walk's limits: the next call watches them
         return result, None
     hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
@@ -139,7 +156,7 @@ def specialize(
     wrapper = make_wrapper(target.fn, key[0], modules, target.owner, captured)
     quiet = held - drawn  # generators held but not drawn from in the record pass
     eager_reason = _eager_reason(target, recording, changed, written, reads, quiet)
-    overriding = _overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
+    overriding = overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
     state_written = tuple(recording.state.written())
     inputs = [*tensors, *(guard.captured() if guard else ()), *module_tensors(modules)]
     if target.options.engine.captures_graph and aliased(state_written, inputs):
@@ -293,27 +310,6 @@ def eager_run(target: Target, key: Key) -> Callable[[list[torch.Tensor]], Any]:
 
 def _no_program(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     raise AssertionError("an eager specialization has no program")  # never called: eager=
-
-
-def _overrides_torch_function(tensors: Sequence[torch.Tensor]) -> str:
-    """Why a tensor subclass among the inputs makes the call run eagerly: its own
-    ``__torch_function__`` is Python that runs around every op on it (a capture would keep
-    the ops and lose what it adds); empty if none does (``nn.Parameter`` has none)."""
-    for tensor in tensors:
-        klass = type(tensor)
-        if klass is torch.Tensor:
-            continue
-        function = getattr(klass.__torch_function__, "__func__", klass.__torch_function__)
-        if function not in _PLAIN_TORCH_FUNCTIONS:
-            return (f"a tensor of class {klass.__qualname__} has a __torch_function__ of its own, "
-                    "which a captured program would not run")  # fmt: skip
-    return ""
-
-
-_PLAIN_TORCH_FUNCTIONS = tuple(
-    getattr(klass.__torch_function__, "__func__", klass.__torch_function__)
-    for klass in (torch.Tensor, nn.Parameter)  # a parameter's: disabled
-)
 
 
 def _as_called(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -329,6 +329,68 @@ def test_an_object_whose_every_lookup_may_raise_runs_the_step_eagerly_not_a_cras
     assert "runs eagerly" in jitted.explain()
 
 
+_HOOKED = nn.Linear(2, 2)
+_HOOKED.register_forward_hook(lambda module, args, out: out * _ANSWERING.k)
+
+
+def _hooked(x: torch.Tensor) -> torch.Tensor:
+    return _HOOKED(x)
+
+
+@pytest.mark.all_engines
+def test_a_hook_holding_an_object_whose_lookups_raise_runs_the_step_eagerly() -> None:
+    """The walk of the hooks of the modules known before the call (a global's) raised out of
+    the snapshot before the record pass, and the call crashed (session 41)."""
+    jitted, x = ptj.jit(_hooked), torch.ones(2)
+    try:
+        with pytest.warns(ptj.JitWarning, match="the walk of the state it reads raised KeyError"):
+            torch.testing.assert_close(jitted(x), _hooked(x))
+        _TABLE["k"] = 3.0
+        torch.testing.assert_close(jitted(x), _hooked(x))
+    finally:
+        _TABLE["k"] = 2.0
+    assert "runs eagerly" in jitted.explain()
+
+
+def _failing_walk(*args: Any, **kwargs: Any) -> Any:
+    raise ptj.errors.WalkFailed("the walk of the state it reads raised KeyError: 'k'")
+
+
+_LINEAR = nn.Linear(2, 2)
+
+
+def _counted_linear(x: torch.Tensor, calls: list[int]) -> torch.Tensor:
+    calls.append(1)
+    return _LINEAR(x) * _TABLE["k"]
+
+
+@pytest.mark.all_engines
+@pytest.mark.parametrize(
+    "walk", ["hook_reads", "CachedCalls.guarded", "collect_reads"], ids=lambda w: w.split(".")[-1]
+)
+def test_a_walk_failing_after_the_record_pass_keeps_its_result_and_runs_eagerly(
+    monkeypatch: pytest.MonkeyPatch, walk: str
+) -> None:
+    """Each walk after the record pass (the step's, its modules' hooks', what its cached
+    functions returned) may fail as the one before it does (probe 46); the record pass's
+    result is the call's, the function runs once per call, eagerly from then, warned once
+    (before session 41 only the step's walk was caught: the others crashed the call)."""
+    import phi_torch_jit._pipeline as pipeline
+
+    holder, _, name = walk.rpartition(".")
+    monkeypatch.setattr(getattr(pipeline, holder) if holder else pipeline, name, _failing_walk)
+    jitted, x, calls = ptj.jit(_counted_linear), torch.ones(2), []
+    try:
+        with pytest.warns(ptj.JitWarning, match="runs eagerly: the walk of the state it reads"):
+            torch.testing.assert_close(jitted(x, calls), _LINEAR(x) * 2.0)
+        assert len(calls) == 1  # the record pass only
+        _TABLE["k"] = 3.0
+        torch.testing.assert_close(jitted(x, calls), _LINEAR(x) * 3.0)
+        assert len(calls) == 2 and "runs eagerly" in jitted.explain()
+    finally:
+        _TABLE["k"] = 2.0
+
+
 SIMULATION = SimpleNamespace(
     physics=SimpleNamespace(terms=[SimpleNamespace(params=SimpleNamespace(c=2.0))])
 )

@@ -204,10 +204,10 @@ def snapshot(
     object's counter)."""
     try:
         reads = tuple(collect_reads(fn, modules, callables))
+        modules = tuple(modules_known_before(fn, reads, modules))
+        reads += tuple(hook_reads([m for root in modules for m in root.modules()]))  # theirs too
     except WalkFailed as failed:  # nothing ran yet: the caller runs the function eagerly
         raise WalkFailed(failed.reason, before_record=True) from failed
-    modules = tuple(modules_known_before(fn, reads, modules))
-    reads += tuple(hook_reads([m for root in modules for m in root.modules()]))  # theirs too
     return Snapshot(reads, tuple(map(_safe_fingerprint, reads)), modules,
                     _module_attributes(modules))  # fmt: skip
 
