@@ -18,6 +18,7 @@ import functools
 import gc
 import glob
 import importlib
+import inspect
 import json
 import math
 import os
@@ -2419,3 +2420,99 @@ def test_a_folder_listed_or_a_files_metadata_read_in_the_step_runs_eagerly_warne
     torch.testing.assert_close(first, torch.ones(2))
     torch.testing.assert_close(second, step(torch.ones(2)))
     assert sum(issubclass(w.category, ptj.JitWarning) for w in caught) == 1
+
+
+BIG_TABLE = {f"k{i}": float(i) for i in range(300)}
+BIG_INTS = list(range(3000))
+
+
+def _over_big_contents(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    weighted = sum(w * 0.5 ** (i % 8) for i, w in enumerate(BIG_TABLE.values()))  # its order
+    return x * weighted, torch.full((3,), BIG_INTS[0])  # an int64 tensor, or a float one
+
+
+@pytest.mark.all_engines
+def test_contents_of_thousands_of_items_equal_by_eq_but_read_otherwise_retrace() -> None:
+    """Probe 47: contents of more than 256 items were compared by ``==``; a dict of 300
+    entries reordered (one popped and put back) and ``L[0] = 0.0`` in a list of 3000 ints
+    kept the first program, on every engine. All contents guarded by content (up to 4096
+    items) are now compared in canonical form."""
+    saved_table, saved_ints = dict(BIG_TABLE), list(BIG_INTS)
+
+    def reorder() -> None:
+        BIG_TABLE["k0"] = BIG_TABLE.pop("k0")
+
+    try:
+        like_eager_after_each(ptj.jit(_over_big_contents), lambda f: f(torch.ones(2)),
+                              _over_big_contents,
+                              [reorder, lambda: BIG_INTS.__setitem__(0, 0.0)])  # fmt: skip
+    finally:
+        BIG_TABLE.clear(), BIG_TABLE.update(saved_table)
+        BIG_INTS[:] = saved_ints
+
+
+UNITS = {"scale": 2.0}
+
+
+@dataclasses.dataclass
+class _Material:
+    stiffness: float = 2.0
+    density: float = dataclasses.field(default=1.0, metadata=UNITS)
+
+
+MATERIAL = _Material()
+
+
+def _scaled_by_field_metadata(x: torch.Tensor) -> torch.Tensor:
+    for field in dataclasses.fields(MATERIAL):  # through Python's library, not a spelled path
+        x = x * getattr(MATERIAL, field.name) * field.metadata.get("scale", 1.0)
+    return x + dataclasses.fields(_Material)[0].default
+
+
+@pytest.mark.all_engines
+def test_a_dataclass_fields_defaults_and_metadata_read_through_fields_are_guarded() -> None:
+    """Probe 47: ``dataclasses.fields()`` returns the ``Field`` objects a dataclass keeps in
+    ``__dataclass_fields__``, which the walk took for Python's own; a metadata dict of yours
+    changed in place, or a field's default replaced, kept the first value on every engine."""
+    field = _Material.__dataclass_fields__["stiffness"]
+
+    def restore() -> None:
+        UNITS["scale"], field.default = 2.0, 2.0
+
+    try:
+        like_eager_after_each(ptj.jit(_scaled_by_field_metadata),
+                              lambda f: f(torch.ones(2)), _scaled_by_field_metadata,
+                              [lambda: UNITS.__setitem__("scale", 3.0),
+                               lambda: setattr(field, "default", 5.0)])  # fmt: skip
+    finally:
+        restore()
+
+
+FRAME_K = 2.0
+
+
+def _by_own_frame(x: torch.Tensor) -> torch.Tensor:
+    return x * sys._getframe(0).f_globals["FRAME_K"]
+
+
+def _by_inspected_frame(x: torch.Tensor) -> torch.Tensor:
+    frame = inspect.currentframe()
+    assert frame is not None
+    return x * frame.f_globals["FRAME_K"]
+
+
+def _through_frames(x: torch.Tensor) -> torch.Tensor:
+    return _by_own_frame(x) + _by_inspected_frame(x)
+
+
+@pytest.mark.all_engines
+def test_a_global_read_through_the_helpers_own_frame_is_guarded() -> None:
+    """Probe 47: ``sys._getframe(0).f_globals["K"]`` and ``inspect.currentframe().f_globals``
+    in a helper read its module's globals by name, as ``globals()["K"]`` does; they kept the
+    first value on every engine."""
+    try:
+        like_eager_after_each(ptj.jit(_through_frames), lambda f: f(torch.ones(2)),
+                              _through_frames,
+                              [lambda: globals().__setitem__("FRAME_K", 3.0)])  # fmt: skip
+    finally:
+        globals()["FRAME_K"] = 2.0

@@ -78,7 +78,8 @@ reach; ``_module_attributes`` what the modules a call ran hold that the module g
 compare; ``_held`` what a jitted callable holds besides code (a partial's arguments, a method's
 ``self`` or ``cls``); ``_python`` turns those reads into ``Read`` records and checks them
 (``PythonGuard``); ``_kinds`` how each value is guarded (and which values draw anew);
-``_content`` how a container of plain values is compared; ``_cached_calls`` the caches of
+``_content`` how a container of plain values is compared; ``_class_fields`` what a class of
+yours holds as data (a dataclass's fields too); ``_cached_calls`` the caches of
 cached functions and what they returned; ``_library_methods`` what a
 library's methods read of their own objects; ``_unread`` the attributes that changed
 and the retrace did not read; ``_overflow`` what the step reads past the walk's limits;

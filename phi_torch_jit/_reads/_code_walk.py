@@ -81,9 +81,11 @@ _BY_NAME = frozenset(("vars", "__dict__", "getattr", "setattr", "delattr", "hasa
 def _looks_up(code: types.CodeType) -> bool:
     """Whether ``code`` itself looks globals up by name: ``globals()``, ``builtins.globals()``,
     ``vars(sys.modules[__name__])``, ``sys.modules[__name__].__dict__``,
-    ``setattr(sys.modules[__name__], "LAST", y)``."""
+    ``setattr(sys.modules[__name__], "LAST", y)``, through its own frame
+    (``sys._getframe(0).f_globals["K"]``, ``inspect.currentframe().f_globals``: probe 47)."""
     names = code.co_names
-    return "globals" in names or ("modules" in names and not _BY_NAME.isdisjoint(names))
+    by_frame = "f_globals" in names
+    return "globals" in names or by_frame or ("modules" in names and not _BY_NAME.isdisjoint(names))
 
 
 def _values_read(function: types.FunctionType) -> list[Any]:

@@ -26,6 +26,7 @@ from torch import nn
 
 from .._libraries import configuration_classes
 from .._signature import NAMESPACES
+from ._class_fields import class_data, dataclass_fields, shadowed_bases
 from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
 from ._reading_code import reads_only
@@ -145,10 +146,11 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         listed: list[tuple[Step, ...]] = [(INSTANCE_DICT, _KEYS, LISTED)] if ordered else []
         if issubclass(value, tuple) and hasattr(value, "_fields"):  # a namedtuple's defaults,
             listed.append((Step(True, "__new__"), Step(True, "__defaults__")))  # set there too
-        data = (Step(True, n) for n in _class_data(klasses))
+        data = (Step(True, n) for n in class_data(klasses))
         named = [Step(True, "__name__"), Step(True, "__qualname__")] if ordered else []
-        hidden = _shadowed_bases(value)  # super().K, where a subclass defines K too
-        return [*listed, *named, *data, *_methods(value), *meta, *hidden]  # type(S).__name__
+        hidden = shadowed_bases(value)  # super().K, where a subclass defines K too
+        fields = dataclass_fields(value) if ordered else []
+        return [*listed, *named, *data, *_methods(value), *meta, *hidden, *fields]
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
     if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
@@ -178,7 +180,7 @@ def _object_fields(value: Any) -> list[Step | tuple[Step, ...]]:
             in_order = [(INSTANCE_DICT, _KEYS, LISTED)]
     else:  # a class with __slots__ (a dataclass with slots=True): its set slots
         names = [n for n in _slots(klass) if has_attribute(value, n)]
-    names += [n for n in _class_data([k for k in klass.__mro__ if user_class(k)])
+    names += [n for n in class_data([k for k in klass.__mro__ if user_class(k)])
               if n not in names]  # fmt: skip
     steps: list[Step | tuple[Step, ...]] = [*in_order, *(Step(True, n) for n in names)]
     if isinstance(value, dict):  # a dict or list subclass of yours: its entries too
@@ -398,33 +400,6 @@ def computed(owner: Any, step: Step) -> bool:
 
 
 _MISSING = object()
-
-
-def _shadowed_bases(klass: type) -> list[tuple[Step, ...]]:
-    """The user's base classes of ``klass`` holding data that a class before them in its MRO
-    defines again (``super().K``, ``type(s).__mro__[1].K``: the base's value is read, and
-    the class's own walk sees only the override), each to walk as a class of its own."""
-    mro = klass.__mro__
-    return [
-        (Step(True, "__mro__"), Step(False, i))
-        for i, base in enumerate(mro)
-        if i
-        and user_class(base)
-        and any(n in vars(k) for k in mro[:i] for n in _class_data([base]))
-    ]
-
-
-def _class_data(klasses: list[type]) -> list[str]:
-    """Data attributes defined on these classes (no methods, properties, classes)."""
-    names: list[str] = []
-    for klass in klasses:
-        for name, member in vars(klass).items():
-            if name in PYTHONS_OWN or name in names or not name.isidentifier():
-                continue
-            if callable(member) or hasattr(type(member), "__get__"):
-                continue  # methods, properties, cached properties: reading them runs code
-            names.append(name)
-    return names
 
 
 def _has_default(var: contextvars.ContextVar[Any]) -> bool:

@@ -1,0 +1,60 @@
+"""Stage 1 (reads): what a class of yours holds as data, for the walk's steps under it
+(:mod:`._fields`): its data attributes (not methods, properties, classes), the data of a base
+class that a subclass defines again (``super().K``), and the fields a dataclass keeps in
+``__dataclass_fields__`` (as ``dataclasses.fields()`` returns them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from ._code_walk import user_class
+from ._records import PYTHONS_OWN, Step, probe
+
+__all__ = ["class_data", "shadowed_bases", "dataclass_fields"]
+
+
+def shadowed_bases(klass: type) -> list[tuple[Step, ...]]:
+    """The user's base classes of ``klass`` holding data that a class before them in its MRO
+    defines again (``super().K``, ``type(s).__mro__[1].K``: the base's value is read, and
+    the class's own walk sees only the override), each to walk as a class of its own."""
+    mro = klass.__mro__
+    return [
+        (Step(True, "__mro__"), Step(False, i))
+        for i, base in enumerate(mro)
+        if i and user_class(base) and any(n in vars(k) for k in mro[:i] for n in class_data([base]))
+    ]
+
+
+_FIELDS = Step(True, "__dataclass_fields__")
+
+
+def dataclass_fields(klass: type) -> list[tuple[Step, ...]]:
+    """A dataclass's fields as ``dataclasses.fields(Cfg)`` returns them: each one's default,
+    default factory and metadata (``f.metadata["unit"]``, a view of a dict of yours), which
+    the step may read there (probe 47: ``Python's own`` ``__dataclass_fields__`` was not
+    walked, and a default or a metadata dict changed later kept the first value)."""
+    table = vars(klass).get("__dataclass_fields__")
+    if not isinstance(table, dict):
+        return []
+    paths: list[tuple[Step, ...]] = []
+    for name, field in list(table.items())[:64]:
+        for attribute in ("default", "default_factory", "metadata"):  # those it was given:
+            held = probe(field, attribute)  # one guard read each, on every call
+            empty = attribute == "metadata" and isinstance(held, Mapping) and not held
+            if isinstance(name, str) and held is not dataclasses.MISSING and not empty:
+                paths.append((_FIELDS, Step(False, name), Step(True, attribute)))
+    return paths
+
+
+def class_data(klasses: list[type]) -> list[str]:
+    """Data attributes defined on these classes (no methods, properties, classes)."""
+    names: list[str] = []
+    for klass in klasses:
+        for name, member in vars(klass).items():
+            if name in PYTHONS_OWN or name in names or not name.isidentifier():
+                continue
+            if callable(member) or hasattr(type(member), "__get__"):
+                continue  # methods, properties, cached properties: reading them runs code
+            names.append(name)
+    return names
