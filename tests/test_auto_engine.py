@@ -401,8 +401,10 @@ def test_exit_stops_a_compile_running_python_and_torch_ops() -> None:
     script running a few steps of bench-peers (c) did so 3 times in 5)."""
     script = textwrap.dedent(
         """
-        import torch, phi_torch_jit as ptj
+        import threading, torch, phi_torch_jit as ptj
+        started = threading.Event()
         def busy(gm, example_inputs):
+            started.set()
             def lower(t):
                 return torch.ops.aten.mul.Tensor(t, 1.0000001)
             t, rounds = torch.ones(2048), 0
@@ -414,6 +416,8 @@ def test_exit_stops_a_compile_running_python_and_torch_ops() -> None:
                 print("stopped", "after" if rounds > 1 else "before", "running", flush=True)
         f = ptj.jit(lambda x: x + 1, engine="auto", backend=busy)
         f(torch.ones(2)); f(torch.ones(2))
+        assert not f.wait_compiled(0.01)  # queues the compile
+        assert started.wait(600)  # (the compile thread may import torch's compilers first)
         assert not f.wait_compiled(0.5)
         print("done", flush=True)
         """

@@ -43,7 +43,6 @@ from torch import nn
 from .._compat import (
     backend_exists,
     compile_captured,
-    import_inductor,
     inductor_has_setting,
     mode_options,
     torchscript_available,
@@ -69,6 +68,9 @@ __all__ = ["CompileEngine", "Backend", "Compilable", "check_backend"]
 
 logger = logging.getLogger("phi_torch_jit")
 
+BUILT_IN_BACKENDS = frozenset(("inductor", "eager", "aot_eager", "aot_eager_decomp_partition"))
+"""torch.compile backends every supported torch has: no lookup checks them."""
+
 Backend = str | Callable[..., Any]
 """A torch.compile backend: a registered name or a callable ``(gm, example_inputs) -> callable``."""
 
@@ -79,7 +81,7 @@ def check_backend(backend: Backend) -> None:
     Names are looked up like torch.compile does: built-in backends, those registered with
     ``torch._dynamo.register_backend`` and those of the ``torch_dynamo_backends`` entry point.
     """
-    if callable(backend):
+    if callable(backend) or backend in BUILT_IN_BACKENDS:  # (a lookup imports dynamo: 1-2 s)
         return
     if not isinstance(backend, str):
         raise UsageError(
@@ -133,7 +135,7 @@ class CompileEngine(Engine):
         **options: Any,
     ) -> None:
         check_backend(backend)
-        _import_inductor_quietly()
+        _quiet_import_notice()
         unknown = set(options) - {"mode", "options", "fullgraph", "dynamic", "disable", "loops"}
         if unknown:
             raise UsageError(
@@ -155,8 +157,6 @@ class CompileEngine(Engine):
             else (TorchScriptEngine() if torchscript else GraphBodies(CAPTURE_LOCK))
         )
         options.setdefault("dynamic", False)
-        if backend == "inductor":
-            options["options"] = {**_fidelity(), **(options.get("options") or {})}
         self.options: Mapping[str, Any] = options
 
     def backend_settings(self) -> dict[str, Any]:
@@ -167,7 +167,8 @@ class CompileEngine(Engine):
             # custom ops that read values on the host split the graph, instead of failing
             # the capture (phi_torch_jit._graph_safety)
             settings["graph_partition"] = True
-        return {**settings, **(self.options.get("options") or {})}
+        fidelity = _fidelity() if self.backend == "inductor" else {}  # (imports inductor)
+        return {**settings, **fidelity, **(self.options.get("options") or {})}
 
     def compile_function(self, target: FunctionTarget) -> CompiledFunction:
         functions = self.functions
@@ -439,9 +440,10 @@ UNROLLED = 16
 """More value guards than this: a loop unrolled by tensor values, never compiled."""
 
 
-def _import_inductor_quietly() -> None:
-    """Import inductor now, without the notice torch.jit gives while inductor imports
-    ``torch.utils.mkldnn`` (a deprecation of torch's own code, not the user's)."""
+def _quiet_import_notice() -> None:
+    """Import ``torch.utils.mkldnn`` without torch.jit's notice (torch's own deprecation), so
+    that inductor's import, at the first compile, maybe on the compile thread, gives none.
+    Not inductor itself: 1-2 s of a process's first ``jit()`` (session 41)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", TORCHSCRIPT_NOTICE, Warning)
-        import_inductor()
+        import torch.utils.mkldnn  # noqa: F401
