@@ -83,7 +83,8 @@ yours holds as data (a dataclass's fields too); ``_cached_calls`` the caches of
 cached functions and what they returned; ``_library_methods`` what a
 library's methods read of their own objects; ``_unread`` the attributes that changed
 and the retrace did not read; ``_overflow`` what the step reads past the walk's limits;
-``_hooks`` what the modules' hooks read; ``_custom_bodies`` tensors a custom function's
+``_hooks`` what the modules' hooks read; ``_environment`` the process's environment, command
+line and ``abc`` registrations that code names; ``_custom_bodies`` tensors a custom function's
 compiled body holds as constants (guarded by identity too);
 ``_mutations`` the side effects of the step; ``_written_inputs`` arguments written in place.
 docs/guarded.md is the user's version of this table (NOTE [Python reads], NOTE [attribute

@@ -8,6 +8,7 @@ level of :data:`TREE_DEPTH`."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import configparser
 import contextvars
@@ -163,6 +164,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "func")]
     if isinstance(value, torch.optim.Optimizer):  # its settings (a scheduler changes lr),
         return _settings(value)  # read however the step reaches them (for g in param_groups)
+    if isinstance(value, argparse.ArgumentParser):  # what parse_args() reads of it
+        return _parsed_from(value)
     return _object_fields(value)
 
 
@@ -202,6 +205,21 @@ def _settings(optimizer: torch.optim.Optimizer) -> list[Step | tuple[Step, ...]]
     for i, group in enumerate(optimizer.param_groups):
         paths += [(groups, Step(False, i), Step(False, k)) for k in group if k != "params"]
     return paths
+
+
+def _parsed_from(parser: argparse.ArgumentParser) -> list[Step | tuple[Step, ...]]:
+    """Paths to what ``parse_args()`` reads of a parser: its ``set_defaults``, how many
+    arguments it has and each one's settings (``ACT = P.add_argument(...)``, then
+    ``ACT.default = 3.0``: the parser itself is a library's object, guarded by identity, and
+    the new default was not seen: probe 48)."""
+    actions = Step(True, "_actions")
+    paths: list[Step | tuple[Step, ...]] = [Step(True, "_defaults"), (actions, LENGTH)]
+    for i in range(min(len(parser._actions), 64)):
+        paths += [(actions, Step(False, i), Step(True, n)) for n in _PARSED]
+    return paths
+
+
+_PARSED = ("dest", "option_strings", "default", "const", "type", "nargs", "choices", "required")
 
 
 _VALUES = Step(True, "values", call=True)

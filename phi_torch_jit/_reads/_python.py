@@ -15,10 +15,8 @@ What no compiled program can repeat is noted while the record pass runs by
 
 from __future__ import annotations
 
-import abc
 import builtins
 import functools
-import os
 import sys
 import types
 from collections.abc import Collection, Mapping, Sequence
@@ -37,7 +35,6 @@ from ._code_walk import (
     holds_environment_reader,
     iterates_globals,
     modules_imported,
-    names_environment,
     names_looked_up,
     names_read,
     names_used,
@@ -46,6 +43,7 @@ from ._code_walk import (
 )
 from ._content import SIZED, buffer_read, plain_container, snapshot, strict
 from ._custom_bodies import held_by_identity, roots_read_by
+from ._environment import ABC_TOKEN, environment_sources
 from ._fields import (
     INSTANCE_DICT,
     TREE_DEPTH,
@@ -124,11 +122,8 @@ def _add_chains(
                 break
             if isinstance(value, torch.Tensor) and computed(above.expected, step):
                 break  # normal.mean: made from what the object holds (its inputs), each call
-            if step == _SUBCLASSES:  # Term.__subclasses__(): a registry of plugins (a new
-                listed = owner.child(_LISTED_SUBCLASSES)  # list each time): how many, each
-                _add(reads, (parent, LENGTH), listed.child(LENGTH))  # walked
-                for i in range(len(listed.get())):
-                    _add(reads, (parent, i), listed.child(Step(False, i)), [_MAX_FIELDS])
+            if step == _SUBCLASSES:  # Term.__subclasses__(): a registry of plugins
+                _add_subclasses(reads, parent, owner, [_MAX_CLASSES])
                 break
             if callable(value) and not isinstance(value, (nn.Module, torch.Tensor)):
                 if (answer := answer_of(value, child)) is not None:  # Cfg.threads()
@@ -201,7 +196,8 @@ def collect_reads(
                     _add(reads, ((id(space), name), path), below)
         found = modules_imported(code).items()
         _add_imported(reads, {name: f"{code.co_filename}:{line}" for name, line in found})
-        _add_environment(reads, code, holds_environment_reader(function))
+        for key, source in environment_sources(code, holds_environment_reader(function)):
+            _add(reads, key, source)
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             if name in cells_read:
                 location = f"{code.co_filename}:{cells_read[name]}"
@@ -225,11 +221,32 @@ def collect_reads(
     nets = (m for m in held if isinstance(m, nn.Module))  # nn.Linear, LIN.SCALE
     for key, source in library_class_sources(nets, spelled):
         _add(reads, key, source)
+    if "__subclasses__" in spelled:  # c.__subclasses__() of a class in a variable (a walk
+        for key, read in [(k, r) for k, r in reads.items() if r.kind is Kind.IDENTITY]:
+            if isinstance(read.expected, type) and user_class(read.expected):  # of the tree)
+                _add_subclasses(reads, (key, _SUBCLASSES), read.source, [_MAX_CLASSES])
     if customs:
         held_by_identity(reads, roots_read_by(customs))
     if overflow is not None:  # past the walk's limits: what the record pass saw read there
         overflow.add_to(reads, _add)
     return list(reads.values())
+
+
+def _add_subclasses(reads: dict[Any, Read], key: Any, source: Source, left: list[int]) -> None:
+    """How many subclasses the class at ``source`` has (a new list on each call), each walked,
+    and theirs where they are the user's (``for s in c.__subclasses__()`` walked recursively:
+    a grandchild defined later, probe 48), ``left[0]`` classes in all."""
+    listed = source.child(_LISTED_SUBCLASSES)
+    _add(reads, (key, LENGTH), listed.child(LENGTH))
+    for i, klass in enumerate(listed.get()[: max(left[0], 0)]):
+        left[0] -= 1
+        _add(reads, (key, i), listed.child(Step(False, i)), [_MAX_FIELDS])
+        if user_class(klass):
+            _add_subclasses(reads, (key, i), listed.child(Step(False, i)), left)
+
+
+_MAX_CLASSES = 64
+"""Classes of one subclass tree guarded (``Base.__subclasses__()``, theirs...)."""
 
 
 def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
@@ -293,33 +310,6 @@ def _add_module_reads(
     return reached
 
 
-def _add_environment(reads: dict[Any, Read], code: types.CodeType, held: bool) -> None:
-    """The process environment, where a function's code names it: its whole content (a dict
-    of a few dozen byte strings: copied and compared in about a microsecond), so a variable
-    exported between calls (``os.environ["SIM_SCALE"] = "3"``) retraces. Shown shortened in
-    logs (``<dict object>``), never with its values. Likewise ``sys.argv``, where the code
-    names ``argv``. ``held``: the function holds an environment reader under another name."""
-    where = f"{code.co_filename}:{code.co_firstlineno}"
-    if names_environment(code, _ARGV):  # sys.argv, changed in place (a list of strings)
-        _add(reads, ("argv",), Source("sys.argv", where, vars(sys), "argv"))
-    if names_environment(code, _TYPE_TESTS):
-        _add(reads, ("abc",), _ABC_TOKEN)
-    if not (held or names_environment(code)):
-        return
-    source = Source("the environment (os.environ)", where, vars(os.environ), "_data")
-    _add(reads, ("environment",), source)
-
-
-_ARGV = frozenset(("argv", "parse_args", "parse_known_args", "parse_intermixed_args",
-                   "parse_known_intermixed_args"))  # fmt: skip
-"""Names through which code reads the command line: ``sys.argv``, ``argparse``'s parsing."""
-_TYPE_TESTS = frozenset(("isinstance", "issubclass"))
-_ABC_TOKEN = Source("abc.get_cache_token()", "abc", holder=abc,
-                    path=(Step(True, "get_cache_token", call=True),))  # fmt: skip
-"""Changes at every ``ABC.register()``: what an ``isinstance`` test or a single-dispatch
-function answers (``numbers.Real.register(Q)``) may change with it (probe 41a)."""
-
-
 def _bound_anew(value: Any) -> bool:
     """A bound method of a Python function, not of a tensor: ``s.go`` is a new object at each
     read, equal to the last while its object and function are the same (both walked)."""
@@ -358,7 +348,7 @@ def _add(
         return
     kind = kind_of(value)
     if isinstance(value, types.FunctionType) and "registry" in value.__dict__:  # dispatch
-        _add(reads, ("abc",), _ABC_TOKEN)  # by type: ABC.register() changes where
+        _add(reads, ("abc",), ABC_TOKEN)  # by type: ABC.register() changes where
     if strict(kind, value):  # in canonical form: types, signs and order count
         form, expected = canonical(value)
         source = source.child(form)

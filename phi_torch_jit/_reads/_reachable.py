@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextvars
+import datetime
 import functools
 import gc
 import itertools
@@ -107,7 +108,8 @@ def reach(roots: list[Any]) -> Reach:
         found.append(obj)
         pending.extend(obj.__defaults__ or ())  # def f(x, op=lambda t: t * K): its code
         pending.extend((obj.__kwdefaults__ or {}).values())
-        for cell in obj.__closure__ or ():
+        pending.extend(list(obj.__dict__.values())[:64])  # f.__wrapped__ = g: what a library
+        for cell in obj.__closure__ or ():  # reaches through it (inspect.unwrap: probe 48)
             try:
                 pending.append(cell.cell_contents)
             except ValueError:  # an empty cell
@@ -224,6 +226,8 @@ def _parts(obj: Any) -> list[Any]:
         return _referred(obj)
     if type(obj).__module__ in _OPAQUE and not isinstance(obj, type) and callable(obj):
         return [p for p in gc.get_referents(obj) if not isinstance(p, type)]
+    if isinstance(obj, _TIMES):  # C calls its tzinfo's utcoffset() (probe 48)
+        return [obj.tzinfo] if obj.tzinfo is not None else []
     parts: list[Any] = ctypes_held(obj)  # a callback C calls, a structure's callbacks
     if isinstance(obj, type) and user_class(obj):  # code a library keeps for your class
         parts += registered_for(obj)  # (a pytree node's flatten, a KL divergence)
@@ -368,11 +372,18 @@ def callbacks_held(obj: Any) -> dict[str, Any]:
     those, or tensors with one set on them (an optimizer's ``param_groups[0]["gain"]``, a
     module's ``_parameters`` holding ``weight.sched``: probe 46b), by name; the first 64
     attributes (and 32 items per container) are looked at."""
+    if isinstance(obj, _TIMES) and _users_code(obj.tzinfo):  # DT.utcoffset() runs it
+        return {"tzinfo": obj.tzinfo}
     try:
         namespace = vars(obj)
     except TypeError:  # no __dict__ (slots, builtins)
         return {}
     return {n: v for n, v in list(namespace.items())[:64] if _holds_code(v, _NESTING)}
+
+
+_TIMES = (datetime.datetime, datetime.time)
+"""A library's values holding a ``tzinfo``, whose methods C calls (a user's class: code and
+state of theirs, walked and guarded)."""
 
 
 _NESTING = 2
