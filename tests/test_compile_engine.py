@@ -448,3 +448,33 @@ def test_inductor_rounds_where_the_step_casts_to_a_narrower_dtype_as_eager_does(
         x = torch.linspace(-1, 1, 8).reshape(2, 4) * n
         torch.testing.assert_close(jitted(x), step(x), rtol=0, atol=0)
     assert "called on the captured graph: compiled in" in jitted.explain()
+
+
+def test_making_a_jitted_function_imports_no_compiler() -> None:
+    """``jit(f)`` with the default engine, or engine "compile" with inductor, imported
+    inductor (with dynamo, 1-2 s of every process's first ``jit()``), which engine
+    "torchscript" never paid; the first compile imports it now (session 41). In a fresh
+    process, so that no other test imported it first."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys, warnings
+        warnings.simplefilter("error")  # torch.jit's notice at inductor's import: none
+        import torch, phi_torch_jit as ptj
+        made = [ptj.jit(lambda x: x * 2), ptj.jit(lambda x: x * 3, engine="compile"),
+                ptj.jit(lambda x: x * 4, engine="compile", backend="aot_eager")]
+        print("torch._inductor.compile_fx" in sys.modules)
+        f = ptj.jit(lambda x: x + 1, engine="compile")  # inductor, in the first call
+        assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+        print("torch._inductor.compile_fx" in sys.modules)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PHI_TORCH_JIT_ENGINE"}  # the default
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]

@@ -81,14 +81,14 @@ def check_backend(backend: Backend) -> None:
     Names are looked up like torch.compile does: built-in backends, those registered with
     ``torch._dynamo.register_backend`` and those of the ``torch_dynamo_backends`` entry point.
     """
-    if callable(backend) or backend in BUILT_IN_BACKENDS:  # (a lookup imports dynamo: 1-2 s)
+    if callable(backend):
         return
     if not isinstance(backend, str):
         raise UsageError(
             "phi_torch_jit: backend must be a torch.compile backend name or a callable "
             f"(gm, example_inputs) -> callable, got {type(backend).__name__}."
         )
-    if not backend_exists(backend):
+    if backend not in BUILT_IN_BACKENDS and not backend_exists(backend):  # (imports dynamo)
         raise ConfigurationError(
             f"phi_torch_jit: unknown torch.compile backend {backend!r}; registered backends "
             f"are {torch.compiler.list_backends(exclude_tags=())}. Register yours with "
