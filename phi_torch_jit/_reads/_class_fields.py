@@ -39,10 +39,12 @@ def dataclass_fields(klass: type) -> list[tuple[Step, ...]]:
         return []
     paths: list[tuple[Step, ...]] = []
     for name, field in list(table.items())[:64]:
+        if not isinstance(name, str):
+            continue
         for attribute in ("default", "default_factory", "metadata"):  # those it was given:
             held = probe(field, attribute)  # one guard read each, on every call
             empty = attribute == "metadata" and isinstance(held, Mapping) and not held
-            if isinstance(name, str) and held is not dataclasses.MISSING and not empty:
+            if held is not dataclasses.MISSING and not empty:
                 paths.append((_FIELDS, Step(False, name), Step(True, attribute)))
     return paths
 

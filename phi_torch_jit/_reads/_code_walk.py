@@ -84,8 +84,9 @@ def _looks_up(code: types.CodeType) -> bool:
     ``setattr(sys.modules[__name__], "LAST", y)``, through its own frame
     (``sys._getframe(0).f_globals["K"]``, ``inspect.currentframe().f_globals``: probe 47)."""
     names = code.co_names
-    by_frame = "f_globals" in names
-    return "globals" in names or by_frame or ("modules" in names and not _BY_NAME.isdisjoint(names))
+    if "globals" in names or "f_globals" in names:
+        return True
+    return "modules" in names and not _BY_NAME.isdisjoint(names)
 
 
 def _values_read(function: types.FunctionType) -> list[Any]:

@@ -19,19 +19,15 @@ from typing import Any
 
 from ._records import Kind, Step, immutable
 
-__all__ = ["MAX_CONTENT", "MAX_STRICT", "plain_container", "snapshot", "strict", "buffer_read",
+__all__ = ["MAX_CONTENT", "plain_container", "snapshot", "strict", "buffer_read",
            "SIZED"]  # fmt: skip
 
 MAX_CONTENT = 4096
 """Containers of immutable values up to this many items (recursively, keys counted) are
-guarded by content (one ``==`` in C: 5 us for 4096 floats here), larger ones by identity
-and their entries."""
-MAX_STRICT = MAX_CONTENT
-"""Contents up to this many items are compared in canonical form (``marshal``): all that are
-guarded by content. ``marshal`` costs more than ``==`` (44 us against 3 us for 4096 floats
-here), but until session 41 contents of more than 256 items were compared by ``==``, and a
+guarded by content, in canonical form (``marshal``: 44 us for 4096 floats here, against 3 us
+for ``==``; until session 41 contents of more than 256 items were compared by ``==``, and a
 dict of 300 entries reordered, or ``L[0] = 0.0`` in a list of 300 ints, kept the first
-program (probe 47)."""
+program: probe 47); larger ones by identity and their entries."""
 
 SIZED = (list, dict, set, collections.deque, types.MappingProxyType)
 """Containers guarded by identity whose length is guarded too: an append retraces (a
@@ -71,14 +67,14 @@ def _small_plain(value: Any, budget: int) -> int:
 def strict(kind: Kind, value: Any) -> bool:
     """Whether ``value`` is compared in its canonical form (``_records.canonical``): a zero
     float (``-0.0`` equals ``0.0``; other floats are equal only to themselves) and containers
-    of up to :data:`MAX_STRICT` plain values (``[2]`` vs ``[2.0]``, a dict's order)."""
+    of plain values, all that are guarded by content (``[2]`` vs ``[2.0]``, a dict's order)."""
     if kind is Kind.VALUE:
         if type(value) is complex:
             return value.real == 0 or value.imag == 0
         if type(value) in (tuple, frozenset):  # (2,) == (2.0,); not a tuple of classes
-            return len(value) <= MAX_STRICT and all(map(immutable, value))  # (their reprs)
+            return len(value) <= MAX_CONTENT and all(map(immutable, value))  # (their reprs)
         return isinstance(value, float) and value == 0  # np.float64 too (compared by repr)
-    return kind is Kind.CONTENT and _small_plain(value, MAX_STRICT) >= 0
+    return kind is Kind.CONTENT
 
 
 def snapshot(value: Any) -> Any:
