@@ -1,14 +1,16 @@
 """Stage 1 (reads): state of the user's that the step reaches through a library's or Python's
 own code, not by a path its code spells (probe 48): a subclass tree walked recursively, what
 ``argparse`` parses from a parser's arguments, ``inspect.unwrap`` through several
-``__wrapped__`` links, a ``datetime``'s ``tzinfo`` of the user's class. Each change is made
-after the trace; every engine must then return eager's values."""
+``__wrapped__`` links, a ``datetime``'s ``tzinfo`` of the user's class; annotations read by
+``typing.get_type_hints`` or ``inspect.signature``. Each change is made after the trace; every
+engine must then return eager's values."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -137,3 +139,46 @@ def test_a_datetimes_tzinfo_of_yours_is_walked_and_guarded() -> None:
                            lambda: setattr(zone, "extra", 2)])  # fmt: skip
     finally:
         OFFSET_HOURS[0] = 2
+
+
+def _scaled(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+
+
+def test_annotations_read_by_get_type_hints_are_guarded() -> None:
+    """``typing.get_type_hints(f)`` reads ``f.__annotations__``, which the step's code never
+    spells as a path: an annotation changed in place, or the whole dict replaced, kept the
+    traced branch (session 41's note)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        hints = typing.get_type_hints(_scaled)
+        return _scaled(x, 2.0 if hints["k"] is float else 3.0)
+
+    def replace_all() -> None:
+        _scaled.__annotations__ = {"x": "torch.Tensor", "k": "float", "return": "torch.Tensor"}
+
+    kept = dict(_scaled.__annotations__)
+    try:
+        _like_eager(step, [lambda: _scaled.__annotations__.__setitem__("k", "int"), replace_all])
+    finally:
+        _scaled.__annotations__ = kept
+
+
+def test_annotations_read_through_inspect_signature_are_guarded() -> None:
+    """``inspect.signature(f).parameters[...].annotation``, of a local function and of a class
+    the step reads (``typing.get_type_hints(Config)`` walks its class dict)."""
+
+    def helper(x: torch.Tensor, k: float = 1.0) -> torch.Tensor:
+        return x
+
+    class Config:
+        k: float = 1.0
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        annotation = inspect.signature(helper).parameters["k"].annotation
+        hints = typing.get_type_hints(Config)
+        x = x * (2.0 if annotation == "float" else 5.0)
+        return x * (3.0 if hints["k"] is float else 7.0)
+
+    _like_eager(step, [lambda: helper.__annotations__.__setitem__("k", "int"),
+                       lambda: Config.__annotations__.__setitem__("k", int)])  # fmt: skip

@@ -5,6 +5,7 @@ on torch's tensor class (``x.scaled()`` after ``torch.Tensor.scaled = scaled``).
 from __future__ import annotations
 
 import types
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -13,10 +14,17 @@ from ._fields import INSTANCE_DICT
 from ._reachable import methods_set_on_tensors
 from ._records import LENGTH, PYTHONS_OWN, Source, Step, immutable
 
-__all__ = ["function_sources"]
+__all__ = ["ANNOTATION_READERS", "annotation_sources", "function_sources"]
 
 _MAX_ATTRIBUTES = 512
 """Attributes set on one function that are guarded."""
+
+ANNOTATION_READERS = frozenset(("__annotations__", "get_type_hints", "get_annotations",
+                                "signature", "getfullargspec", "annotation",
+                                "return_annotation"))  # fmt: skip
+"""Names whose use in walked code reads annotations, often through a library's call
+(``typing.get_type_hints(helper)``, ``inspect.signature(f).parameters["x"].annotation``): the
+annotations of the functions and classes of yours the walk reached are then guarded."""
 
 
 def function_sources(function: types.FunctionType) -> list[tuple[Any, Source]]:
@@ -75,3 +83,24 @@ def _tensor_methods(function: types.FunctionType) -> list[tuple[Any, Source]]:
          Source(f"torch.Tensor.{name}", where, holder=torch.Tensor, path=(Step(True, name),)))
         for name in methods_set_on_tensors(code)
     ]  # fmt: skip
+
+
+def annotation_sources(
+    functions: Sequence[types.FunctionType], classes: Sequence[type]
+) -> list[tuple[Any, Source]]:
+    """The annotations of ``functions`` and ``classes`` (the user's), by content: one
+    changed in place, or replaced, retraces. Only where the walked code spells an
+    :data:`ANNOTATION_READERS` name: the guard reads each dict on every call."""
+    found: list[tuple[Any, Source]] = []
+    holders: list[Any] = [*functions, *classes]
+    for holder in holders:
+        annotations = getattr(holder, "__annotations__", None)
+        if not isinstance(annotations, dict) or not annotations:
+            continue
+        code = getattr(holder, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code else holder.__module__
+        label = f"{holder.__qualname__}.__annotations__"
+        path = (Step(True, "__annotations__"),)
+        found.append(((id(holder), "__annotations__"), Source(label, where, holder=holder,
+                                                              path=path)))  # fmt: skip
+    return found

@@ -55,7 +55,7 @@ from ._fields import (
     shows_content,
     tensor_attributes,
 )
-from ._function_state import function_sources
+from ._function_state import ANNOTATION_READERS, annotation_sources, function_sources
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
@@ -225,6 +225,12 @@ def collect_reads(
         for key, read in [(k, r) for k, r in reads.items() if r.kind is Kind.IDENTITY]:
             if isinstance(read.expected, type) and user_class(read.expected):  # of the tree)
                 _add_subclasses(reads, (key, _SUBCLASSES), read.source, [_MAX_CLASSES])
+    if spelled & ANNOTATION_READERS:  # typing.get_type_hints(helper): a library reads them
+        classes = [r.expected for r in reads.values()
+                   if r.kind is Kind.IDENTITY and isinstance(r.expected, type)
+                   and user_class(r.expected)]  # fmt: skip
+        for key, source in annotation_sources(walked, classes):
+            _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
     if overflow is not None:  # past the walk's limits: what the record pass saw read there
