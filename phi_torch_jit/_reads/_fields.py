@@ -27,6 +27,7 @@ from torch import nn
 
 from .._libraries import configuration_classes
 from .._signature import NAMESPACES
+from ._callable_attributes import WRAPPERS, attribute_paths
 from ._class_fields import class_data, dataclass_fields, shadowed_bases
 from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
@@ -115,8 +116,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "data"), Step(True, "mask"), Step(True, "fill_value")]
     if isinstance(value, (functools.partial, functools.partialmethod)):  # what it binds
         bound: list[Step | tuple[Step, ...]] = [Step(True, "args"), Step(True, "keywords")]
-        bound.append(Step(True, "func"))  # and what it calls
-        return [*bound, *_object_fields(value)] if user_class(type(value)) else bound
+        bound.append(Step(True, "func"))  # and what it calls, and what is set on it (P.k)
+        return [*bound, *(_object_fields if user_class(type(value)) else attribute_paths)(value)]
     if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read): its
         entries = [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
         return [(INSTANCE_DICT, LENGTH), *entries]  # data, and how many names (vars() looped)
@@ -159,13 +160,15 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
     if isinstance(value, property):  # its accessors: a partial's bound values are state
         return [Step(True, n) for n in ("fget", "fset", "fdel") if getattr(value, n) is not None]
     if isinstance(value, (staticmethod, classmethod)):  # what it wraps (a partial too)
-        return [Step(True, "__func__")]
+        return [Step(True, "__func__"), *attribute_paths(value)]
     if isinstance(value, functools.cached_property):
-        return [Step(True, "func")]
+        return [Step(True, "func"), *attribute_paths(value)]
     if isinstance(value, torch.optim.Optimizer):  # its settings (a scheduler changes lr),
         return _settings(value)  # read however the step reaches them (for g in param_groups)
     if isinstance(value, argparse.ArgumentParser):  # what parse_args() reads of it
         return _parsed_from(value)
+    if isinstance(value, WRAPPERS):  # an lru_cache wrapper: its function, what is set on it
+        return [Step(True, "__wrapped__"), *attribute_paths(value)]
     return _object_fields(value)
 
 

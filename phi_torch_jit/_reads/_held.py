@@ -15,7 +15,7 @@ from torch import nn
 
 from ._code_walk import MAX_DEPTH, user_function
 from ._reachable import wrapper_cells
-from ._records import LENGTH, Source
+from ._records import LENGTH, Source, probe
 
 __all__ = ["held_objects", "describe_callable"]
 
@@ -39,9 +39,9 @@ def held_objects(fn: Any) -> list[tuple[Any, Source]]:
             added = Source("partial keywords", where, holder=obj.keywords, path=(LENGTH,))
             found.append(((id(obj), "keywords"), added))  # a keyword added later
             pending.append(obj.func)
-            if type(obj) is not functools.partial:  # a subclass: its attributes and class
-                label = f"{type(obj).__name__} object (a partial)"
-                found.append(((id(obj), "self"), Source(label, where, holder=obj)))
+            label = f"{type(obj).__name__} object (a partial)"  # what is set on it (P.k =
+            found.append(((id(obj), "self"), Source(label, where, holder=obj)))  # 2.0, probe
+            # 49), and a subclass's attributes and class
         elif isinstance(obj, types.MethodType):
             owner = obj.__self__  # an object, or the class of a classmethod (cls.K)
             name = owner.__qualname__ if isinstance(owner, type) else type(owner).__name__
@@ -70,7 +70,7 @@ def describe_callable(obj: Any) -> str:
     else:
         target = obj.__func__ if isinstance(obj, types.MethodType) else obj
     target = getattr(target, "forward", target) if isinstance(target, nn.Module) else target
-    code = getattr(target, "__code__", None)
+    code = probe(target, "__code__")  # (an object whose __getattr__ raises KeyError: probe 50)
     if code is not None:
         return f"{code.co_filename}:{code.co_firstlineno}"
     return type(obj).__name__

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ._callable_attributes import attribute_values
 from ._class_registries import ctypes_held, registered_for
 from ._code_walk import (
     chains_spelled,
@@ -213,8 +214,8 @@ def _parts(obj: Any) -> list[Any]:
     function, the functions of a user-defined class (for an instance: of its class)."""
     if isinstance(obj, types.MethodType):
         return [obj.__func__, obj.__self__]
-    if isinstance(obj, functools.partial):
-        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, functools.partial):  # and functions set on it (P.post = post)
+        return [obj.func, *obj.args, *obj.keywords.values(), *attribute_values(obj)]
     if isinstance(obj, (types.BuiltinFunctionType, types.MethodWrapperType)):
         # a C method held bound (LOOK = TABLE.__getitem__): its object, whose class may run
         # code of yours (Table.__missing__); a module's C function: nothing
@@ -245,6 +246,7 @@ def _parts(obj: Any) -> list[Any]:
             continue
         for name, member in vars(klass).items():
             if isinstance(member, (staticmethod, classmethod)):
+                parts += attribute_values(member)  # SM.post = post, set on the object
                 member = member.__func__
             elif isinstance(member, functools.singledispatchmethod):  # what is registered
                 parts.append(member.dispatcher)
