@@ -143,7 +143,7 @@ def _specialize(
                               *imported, customs=customs, overflow=target.overflow)  # fmt: skip
     if target.overflow.look_again():  # past the walk's limits: the next call watches them
         return result, None
-    hooks_read = hook_reads(list(recording.modules.values()))  # kept unless the trace changes
+    hooks_read = hook_reads(list(recording.modules.values()), reads)  # kept unless the trace
     by_dict = {id(m.__dict__): m for m in recording.modules.values()}
     reads = [*reads, *hooks_read]
     target.unread.discard(reads, bool(recording.calls))  # a backward reads later, unwatched

@@ -457,3 +457,41 @@ def test_saved_tensor_hooks_run_as_eagerly_and_the_step_is_warned_eager(around: 
     w.grad = None
     _plain(x, w).backward()
     assert w.grad is not None and not torch.allclose(want, w.grad)  # the hook mattered
+
+
+HOOK_SCALE = [2.0]
+
+
+class _ScalingHook:
+    def __init__(self) -> None:
+        self.s = 2.0
+
+    def __call__(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        return output * self.s
+
+
+@pytest.mark.parametrize("kind", ["function", "object"])
+def test_the_hooks_of_a_module_the_step_reads_but_does_not_call_are_walked(kind: str) -> None:
+    """The step calls a module's hooks itself (``for h in m._forward_hooks.values()``): what
+    they read was not guarded, as the record pass saw no call of the module (probe 49)."""
+    from helpers import like_eager_then_retraced
+
+    module = nn.Linear(3, 3)
+    holder = _ScalingHook()
+    module.register_forward_hook(
+        holder if kind == "object" else (lambda m, i, o: o * HOOK_SCALE[0])
+    )
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for hook in module._forward_hooks.values():
+            x = hook(module, (x,), x)
+        return x
+
+    def change() -> None:
+        HOOK_SCALE[0] = 5.0
+        holder.s = 5.0
+
+    try:
+        like_eager_then_retraced(ptj.jit(step), step, change)
+    finally:
+        HOOK_SCALE[0] = 2.0

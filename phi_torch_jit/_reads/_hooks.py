@@ -24,11 +24,15 @@ from ._records import Kind, Read
 __all__ = ["hook_reads", "held_by_hooks"]
 
 
-def hook_reads(modules: Sequence[nn.Module]) -> list[Read]:
-    """What the hooks of ``modules`` and torch's global module hooks read (ours left out: the
-    record pass's module hook)."""
+def hook_reads(modules: Sequence[nn.Module], reads: Sequence[Read] = ()) -> list[Read]:
+    """What the hooks of ``modules``, of the modules among ``reads`` (read, not called: the
+    step may call their hooks itself, ``for h in m._forward_hooks.values()``, probe 49) and
+    torch's global module hooks read (ours left out: the record pass's module hook)."""
     hooks: list[Any] = []
-    for module in modules:
+    read = [
+        r.expected for r in reads if r.kind is Kind.IDENTITY and isinstance(r.expected, nn.Module)
+    ]
+    for module in {id(m): m for m in (*modules, *read)}.values():
         for name in MODULE_HOOK_DICTS:
             hooks += list(getattr(module, name, {}).values())
     for table in global_module_hooks():

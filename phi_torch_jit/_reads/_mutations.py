@@ -34,7 +34,7 @@ from ._content import SIZED
 from ._hooks import hook_reads
 from ._kinds import generator_of, generator_state
 from ._python import collect_reads
-from ._records import Kind, Read, array_copy, immutable, same_value
+from ._records import Kind, Read, array_copy, immutable, probe, same_value
 
 __all__ = ["Snapshot", "snapshot", "modules_known_before", "Changing"]
 
@@ -205,7 +205,7 @@ def snapshot(
     try:
         reads = tuple(collect_reads(fn, modules, callables))
         modules = tuple(modules_known_before(fn, reads, modules))
-        reads += tuple(hook_reads([m for root in modules for m in root.modules()]))  # theirs too
+        reads += tuple(hook_reads([m for root in modules for m in root.modules()], reads))  # too
     except WalkFailed as failed:  # nothing ran yet: the caller runs the function eagerly
         raise WalkFailed(failed.reason, before_record=True) from failed
     return Snapshot(reads, tuple(map(_safe_fingerprint, reads)), modules,
@@ -224,7 +224,7 @@ def modules_known_before(
 ) -> list[nn.Module]:
     """Modules reachable before the call: arguments, modules read by identity (from globals,
     closures or attribute paths) and a bound method's ``self``."""
-    found: list[Any] = [*arguments, getattr(fn, "__self__", None)]
+    found: list[Any] = [*arguments, probe(fn, "__self__")]
     found += [r.expected for r in reads if r.kind is Kind.IDENTITY]
     unique = {id(m): m for m in found if isinstance(m, nn.Module)}
     return list(unique.values())
