@@ -23,7 +23,14 @@ from ._compat import functorch_transform, get_tracing_state
 from ._context import current_frame
 from ._explain import Reporter, explain
 from ._meter import MISSES, WINDOW, HitRate
-from ._options import DISABLE_ENV, ENGINE_ENV, Options, keywords_in_order, positional_names
+from ._options import (
+    DISABLE_ENV,
+    ENGINE_ENV,
+    Options,
+    copy_names,
+    keywords_in_order,
+    positional_names,
+)
 from ._path_meter import PathMeters
 from ._pipeline import VALUE_SPECIALIZATIONS, Target, eager_run, eager_specialization, specialize
 from ._signature import flatten_arguments
@@ -96,7 +103,7 @@ class JitFunction(Generic[P, R]):
         if isinstance(fn, nn.Module):
             self.__doc__ = type(fn).__doc__
         else:
-            functools.update_wrapper(self, fn)
+            copy_names(self, fn)
         self.__text_signature__ = "(*args, **kwargs)"
         """What ``inspect.signature(jitted, follow_wrapped=False)`` reads: having ``__get__``
         (for methods), this object looks like a method descriptor to ``inspect``, which then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from ._value_guards import GUARD_POLICIES
 from .engines import Engine, get_engine
 from .errors import ConfigurationError, UsageError
 
-__all__ = ["DISABLE_ENV", "ENGINE_ENV", "Options", "positional_names"]
+__all__ = ["DISABLE_ENV", "ENGINE_ENV", "Options", "copy_names", "positional_names"]
 
 DISABLE_ENV = "PHI_TORCH_JIT_DISABLE"
 """Set to ``1`` to make every jitted function created afterwards use engine ``eager``."""
@@ -102,7 +103,7 @@ def positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
     target = fn.forward if isinstance(fn, nn.Module) else fn
     try:
         params = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):
+    except Exception:  # no signature; or the object's __getattr__ raised (KeyError: probe 50)
         return ()
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return tuple(p.name for p in params if p.kind in kinds)
@@ -116,6 +117,24 @@ def keywords_in_order(fn: Callable[..., Any]) -> bool:
     target = fn.forward if isinstance(fn, nn.Module) else fn
     try:
         params = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):
+    except Exception:  # as in positional_names
         return True
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def copy_names(wrapper: Any, fn: Any) -> None:
+    """``functools.update_wrapper``, for any callable: an object whose ``__getattr__`` raises
+    something else than AttributeError (a config backed by a dict: ``KeyError``, probe 50)
+    keeps the names it has."""
+    for name in functools.WRAPPER_ASSIGNMENTS:
+        try:
+            value = getattr(fn, name)
+        except Exception:  # the user's __getattr__: no such attribute
+            continue
+        setattr(wrapper, name, value)
+    try:
+        own = vars(fn)
+    except Exception:  # no __dict__ (slots, C)
+        own = {}
+    wrapper.__dict__.update(own)
+    wrapper.__wrapped__ = fn

@@ -130,7 +130,10 @@ def make_wrapper(
     ``captured``: globals and closure variables holding tensors; they follow the arguments as
     inputs of the compiled program (NOTE [Python reads]).
     """
-    name = getattr(fn, "__name__", None) or type(fn).__name__
+    try:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+    except Exception:  # a callable object whose __getattr__ raises KeyError (probe 50)
+        name = type(fn).__name__
     ident = re.sub(r"\W", "_", name).strip("_") or "function"
     cls = type(f"{ident}_jit", (WrapperModule,), {"__module__": __name__})
     return cast(WrapperModule, cls(fn, arg_spec, modules, owner, captured))

@@ -122,11 +122,14 @@ def describe_function(fn: Any, name: str | None = None) -> str:
     name when the source is unknown (builtins, callables defined in a REPL).
     """
     target = fn
-    name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    name = name or _name_of(fn)
     if name is None:  # a callable object such as an nn.Module
         name = type(fn).__qualname__
         target = getattr(type(fn), "forward", None) or type(fn).__call__
-    target = inspect.unwrap(target)
+    try:
+        target = inspect.unwrap(target)
+    except Exception:  # a __wrapped__ that raises, or a cycle of them
+        pass
     code = _code_of(target)
     if code is not None:  # no source reading: inspect parses a whole module to find a class
         return f"{name} ({code.co_filename}:{code.co_firstlineno})"
@@ -136,6 +139,20 @@ def describe_function(fn: Any, name: str | None = None) -> str:
     except (TypeError, OSError):
         return str(name)
     return f"{name} ({file}:{line})"
+
+
+def _name_of(fn: Any) -> str | None:
+    """``fn``'s qualified or plain name, or None: a callable object whose ``__getattr__``
+    raises something else than AttributeError for these names (a config backed by a dict:
+    ``KeyError``, probe 50) has none."""
+    for attribute in ("__qualname__", "__name__"):
+        try:
+            name = getattr(fn, attribute, None)
+        except Exception:  # the user's __getattr__: not a name
+            continue
+        if isinstance(name, str) and name:
+            return name
+    return None
 
 
 def _code_of(target: Any) -> Any:

@@ -6,6 +6,7 @@ import dataclasses
 import threading
 import traceback
 from collections import namedtuple
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -453,3 +454,34 @@ def test_trace_check_says_whether_a_call_would_find_a_program_and_runs_nothing()
     traced, why = step.trace_check(x, 0.2)
     assert not traced and why == "dt: 0.1 -> 0.2"
     assert calls.forward == ran and step.num_traces == 1
+
+
+class _DictBacked:
+    """A configuration object whose ``__getattr__`` reads a dict: a missing name raises
+    ``KeyError``, not AttributeError (as ``getattr(obj, name, default)`` expects)."""
+
+    def __init__(self) -> None:
+        self._table = {"k": 2.0}
+
+    def __getattr__(self, name: str) -> Any:
+        return self._table[name]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+@pytest.mark.all_engines
+def test_a_callable_whose_getattr_raises_key_error_is_jitted() -> None:
+    """``jit(obj)`` raised ``KeyError: '__qualname__'`` (naming it, ``functools.wraps``,
+    ``inspect.signature``, the walk): probe 50."""
+    sim = _DictBacked()
+    jitted = ptj.jit(sim)
+    x = torch.ones(2)
+    legacy = jitted.engine.name == "torchscript"  # its trace asks for __func__: eager, warned
+    with pytest.warns(ptj.JitWarning, match="KeyError") if legacy else nullcontext():
+        torch.testing.assert_close(jitted(x), sim(x))
+    for _ in range(2):
+        torch.testing.assert_close(jitted(x), sim(x))
+    assert "_DictBacked" in repr(jitted)
+    sim._table["k"] = 5.0
+    torch.testing.assert_close(jitted(x), sim(x))
