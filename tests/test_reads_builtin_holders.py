@@ -1,14 +1,18 @@
 """State held behind objects of Python's and NumPy's own types (_reads._fields): a builtin
 method bound to a dict, list or array (``LOOK = TABLE.get``), a ``ChainMap``'s lower maps, a
 ``contextvars.Context`` and a ``ContextVar`` that held no value, a masked array's mask,
-``os.environ`` under another name, ``sys.argv``. Each was found silently wrong by a probe:
+``os.environ`` under another name or read by a library's function, the working directory,
+``sys.argv``. Each was found silently wrong by a probe:
 the program kept what it had traced."""
 
 from __future__ import annotations
 
 import collections
 import contextvars
+import operator
 import os
+import pathlib
+import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -145,6 +149,60 @@ def test_the_environment_read_by_pythons_path_helpers_is_read(how: str, monkeypa
     like_eager_then_retraced(ptj.jit(step), step, change)
 
 
+GET_ENVIRONMENT = operator.attrgetter("environ")
+
+
+@pytest.mark.parametrize("how", ["home", "which", "exec_path", "getattr", "attrgetter"])
+def test_the_environment_read_by_library_functions_or_by_name_is_read(
+    how: str, monkeypatch: Any, tmp_path: Any
+) -> None:
+    """Code that never names ``environ``/``getenv``: ``Path.home()`` reads ``HOME``,
+    ``shutil.which`` and ``os.get_exec_path()`` read ``PATH``; ``getattr(os, "environ")`` and an
+    ``attrgetter("environ")`` reach it by a string (probe 50: every engine kept the trace)."""
+    (tmp_path / "b").mkdir()
+    tool = tmp_path / "b" / "ptj-probe-tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("HOME", "/tmp/a")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PHI_TORCH_JIT_TEST_SCALE", "1.0")
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        if how == "home":
+            return x * len(str(pathlib.Path.home()))
+        if how == "which":
+            return x * (2.0 if shutil.which("ptj-probe-tool") else 1.0)
+        if how == "exec_path":
+            return x * len(os.get_exec_path())
+        held = getattr(os, "environ") if how == "getattr" else GET_ENVIRONMENT(os)  # noqa: B009
+        return x * float(held["PHI_TORCH_JIT_TEST_SCALE"])
+
+    def change() -> None:
+        monkeypatch.setenv("HOME", "/tmp/abcdef")
+        monkeypatch.setenv("PATH", f"{tmp_path}:{tmp_path / 'b'}")
+        monkeypatch.setenv("PHI_TORCH_JIT_TEST_SCALE", "3.0")
+
+    like_eager_then_retraced(ptj.jit(step), step, change)
+
+
+@pytest.mark.parametrize("how", ["getcwd", "abspath", "resolve"])
+def test_the_working_directory_is_read(how: str, monkeypatch: Any, tmp_path: Any) -> None:
+    """``os.getcwd()``, ``os.path.abspath``, ``Path.resolve()``: an ``os.chdir`` between calls
+    changes what they return (probe 50)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "abcdef").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        if how == "getcwd":
+            return x * len(os.getcwd())
+        if how == "abspath":
+            return x * len(os.path.abspath("data"))
+        return x * len(str(pathlib.Path("data").resolve()))
+
+    like_eager_then_retraced(ptj.jit(step), step, lambda: monkeypatch.chdir(tmp_path / "abcdef"))
+
+
 def test_the_command_line_parsed_by_argparse_is_read(monkeypatch: Any) -> None:
     import argparse
 
@@ -257,3 +315,23 @@ def test_a_dict_of_one_entry_re_keyed_by_an_equal_key_retraces(key: Any, other: 
         SINGLE[other] = entry
 
     like_eager_then_retraced(ptj.jit(step), step, change)
+
+
+def test_a_retrace_for_the_environment_names_no_values(monkeypatch: Any, caplog: Any) -> None:
+    """The environment may hold secrets: its retrace is logged as ``changed``."""
+    import logging
+
+    monkeypatch.setenv("PHI_TORCH_JIT_TEST_SECRET", "hunter2")
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * len(os.environ["PHI_TORCH_JIT_TEST_SECRET"])
+
+    jitted = ptj.jit(step)
+    x = torch.ones(2)
+    jitted(x)
+    monkeypatch.setenv("PHI_TORCH_JIT_TEST_SECRET", "swordfish")
+    with caplog.at_level(logging.INFO, logger="phi_torch_jit"):
+        torch.testing.assert_close(jitted(x), step(x))
+    assert "the environment (os.environ)" in caplog.text and "changed" in caplog.text
+    assert "hunter2" not in caplog.text and "swordfish" not in caplog.text
+    assert "hunter2" not in jitted.explain()

@@ -15,7 +15,6 @@ import builtins
 import dis
 import functools
 import itertools
-import os
 import sys
 import types
 from typing import Any
@@ -25,8 +24,8 @@ from ._records import Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_module", "codes", "user_class",
            "user_function", "modules_imported", "names_in_user_code", "MAX_DEPTH",
-           "added_builtins", "Shadowing", "names_environment", "names_looked_up",
-           "holds_environment_reader", "iterates_globals", "method_chains",
+           "added_builtins", "Shadowing", "names_looked_up",
+           "values_read", "first_items", "iterates_globals", "method_chains",
            "chains_spelled"]  # fmt: skip
 
 MAX_DEPTH = 3
@@ -89,7 +88,7 @@ def _looks_up(code: types.CodeType) -> bool:
     return "modules" in names and not _BY_NAME.isdisjoint(names)
 
 
-def _values_read(function: types.FunctionType) -> list[Any]:
+def values_read(function: types.FunctionType) -> list[Any]:
     """The current values of the globals and closure variables ``function``'s code reads."""
     globals_read, cells_read = names_read(function.__code__)
     values = [function.__globals__[n] for n in globals_read if n in function.__globals__]
@@ -109,7 +108,7 @@ def names_looked_up(function: types.FunctionType) -> frozenset[str]:
     holds, and, with ``globals`` renamed, each string constant. Those variables are guarded
     by value, so another name retraces and reads anew."""
     code = function.__code__
-    values = _values_read(function)
+    values = values_read(function)
     renamed = any(value is builtins.globals for value in values)
     if not renamed and not any(map(_looks_up, codes(code))):
         return frozenset()
@@ -117,12 +116,12 @@ def names_looked_up(function: types.FunctionType) -> frozenset[str]:
     for value in values:
         items = value if isinstance(value, (list, tuple, set, frozenset)) else (value,)
         if isinstance(value, dict):
-            items = (*_first(value, 64), *_first(value.values(), 64))
-        found.update(v for v in _first(items, 64) if isinstance(v, str))
+            items = (*first_items(value, 64), *first_items(value.values(), 64))
+        found.update(v for v in first_items(items, 64) if isinstance(v, str))
     if renamed:
         found.update(c for inner in codes(code) for c in inner.co_consts if isinstance(c, str))
     if iterates_globals(function):  # for name, value in globals().items(): each of them
-        found.update(n for n in _first(function.__globals__, _MAX_LISTED) if not _dunder(n))
+        found.update(n for n in first_items(function.__globals__, _MAX_LISTED) if not _dunder(n))
     return frozenset(n for n in found if n.isidentifier())
 
 
@@ -149,43 +148,7 @@ def _dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
 
-_ENVIRONMENT_NAMES = frozenset(("environ", "environb", "getenv", "getenvb", "expandvars",
-                                "expanduser", "getuser"))  # fmt: skip
-"""Names through which code reads the process environment (``os.environ[...]``,
-``os.getenv(...)``, ``from os import environ``, ``os.path.expandvars("$DATA")``,
-``expanduser("~")``, ``getpass.getuser()``)."""
-
-
-def names_environment(code: types.CodeType, names: frozenset[str] = _ENVIRONMENT_NAMES) -> bool:
-    """Whether ``code`` or code nested in it (a lambda, a comprehension) names the
-    environment (or one of ``names``: ``argv``)."""
-    if not names.isdisjoint(code.co_names):
-        return True
-    return any(
-        isinstance(c, types.CodeType) and names_environment(c, names) for c in code.co_consts
-    )
-
-
-_ENVIRONMENT_READERS = (os.getenv, os.getenvb, os.path.expandvars, os.path.expanduser)
-"""Functions that read the process environment, held under any name (``from os import getenv
-as env``, ``GETTERS = {"env": os.getenv}``, ``def step(x, get=os.getenv)``)."""
-
-
-def holds_environment_reader(function: types.FunctionType) -> bool:
-    """Whether a global or closure variable ``function`` reads, or one of its defaults, is a
-    function that reads the environment (:data:`_ENVIRONMENT_READERS`), or a list, tuple or
-    dict holding one."""
-    values = _values_read(function)
-    values += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
-    for value in values:
-        items = value.values() if isinstance(value, dict) else value
-        held = _first(items, 64) if isinstance(value, (list, tuple, dict)) else [value]
-        if any(any(v is reader for reader in _ENVIRONMENT_READERS) for v in held):
-            return True
-    return False
-
-
-def _first(items: Any, n: int) -> list[Any]:
+def first_items(items: Any, n: int) -> list[Any]:
     """Up to ``n`` items of a container of any class (a library's tuple subclass may refuse
     ``len()``, which ``list()`` asks: e3nn's ``Irreps``)."""
     try:

@@ -32,7 +32,6 @@ from ._code_walk import (
     Shadowing,
     added_builtins,
     chains_spelled,
-    holds_environment_reader,
     iterates_globals,
     modules_imported,
     names_looked_up,
@@ -43,7 +42,7 @@ from ._code_walk import (
 )
 from ._content import SIZED, buffer_read, plain_container, snapshot, strict
 from ._custom_bodies import held_by_identity, roots_read_by
-from ._environment import ABC_TOKEN, environment_sources
+from ._environment import ABC_TOKEN, environment_sources, holds_environment_reader
 from ._fields import (
     INSTANCE_DICT,
     TREE_DEPTH,
@@ -59,6 +58,7 @@ from ._function_state import ANNOTATION_READERS, annotation_sources, function_so
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
+from ._library_holders import holder_sources, names_held
 from ._library_methods import library_objects_read
 from ._library_state import answer_of, library_held, library_sources, settings_of_held
 from ._module_attributes import library_class_sources, module_sources
@@ -220,6 +220,9 @@ def collect_reads(
     spelled = frozenset().union(*(names_used(f.__code__) for f in walked))  # self.GAIN on
     nets = (m for m in held if isinstance(m, nn.Module))  # nn.Linear, LIN.SCALE
     for key, source in library_class_sources(nets, spelled):
+        _add(reads, key, source)
+    held_names = names_held(walked, (r.expected for r in reads.values()))  # getattr(m, "k")
+    for key, source in list(holder_sources(reads, spelled, held_names)):  # a library's holder
         _add(reads, key, source)
     if "__subclasses__" in spelled:  # c.__subclasses__() of a class in a variable (a walk
         for key, read in [(k, r) for k, r in reads.items() if r.kind is Kind.IDENTITY]:

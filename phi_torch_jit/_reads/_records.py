@@ -73,6 +73,8 @@ class Source:
     holder: Any = None
     """The object itself, for an object the jitted callable holds (neither a namespace
     entry nor a cell: it cannot be rebound, only changed)."""
+    private: bool = False
+    """Logged and explained without its values (the environment may hold secrets)."""
 
     def get(self) -> Any:
         """The current value (KeyError / ValueError / AttributeError if it no longer exists)."""
@@ -137,7 +139,7 @@ class Source:
             label = self.label + (f".{step.key}" if step.attribute else f"[{step.key!r}]")
             label += _called(step)
         return Source(label, self.location, self.namespace, self.name, self.cell,
-                      (*self.path, step), self.holder)  # fmt: skip
+                      (*self.path, step), self.holder, self.private)  # fmt: skip
 
     def expression(self, root: str) -> str:
         """Python code reading it, given code ``root`` reading the global, cell or object."""
@@ -227,6 +229,8 @@ class Read:
         return same_value(now, self.expected)
 
     def describe(self) -> str:
+        if self.source.private:
+            return f"{self.source.label} (read at {self.source.location}): changed"
         # a value compared in its canonical form (canonical()) is shown as the value it is
         last = self.source.path[-1] if self.source.path else None
         shown = functools.partial(decoded, last.key) if last is not None and last.text else _shown
