@@ -20,11 +20,12 @@ from ._records import LENGTH, Source, probe
 __all__ = ["held_objects", "describe_callable"]
 
 
-def held_objects(fn: Any) -> list[tuple[Any, Source]]:
+def held_objects(fn: Any, role: str = "the jitted") -> list[tuple[Any, Source]]:
     """The objects a jitted callable holds besides code: the arguments and keywords of a
     ``functools.partial`` (``partial(relax, cfg=cfg)``), a bound method's ``self``, the
     jitted module or callable object itself; their attributes are read through parameters,
-    not names, so they are guarded as roots of their own (NOTE [attribute paths])."""
+    not names, so they are guarded as roots of their own (NOTE [attribute paths]). ``role``
+    names ``fn`` in messages: ``the jitted``, or what it is to the call (``a hook``)."""
     found: list[tuple[Any, Source]] = []
     pending, seen = [fn], 0
     while pending and seen < MAX_DEPTH:
@@ -55,12 +56,16 @@ def held_objects(fn: Any) -> list[tuple[Any, Source]]:
                 found.append(((id(cells[name]), "cell"), source))  # @Scaled(k) around fn
             pending.append(obj.__dict__["__wrapped__"])
         elif isinstance(obj, nn.Module):
-            label = f"{type(obj).__name__} object (the jitted module)"
+            label = f"{type(obj).__name__} object ({_role(role, 'module')})"
             found.append(((id(obj), "self"), Source(label, where, holder=obj)))
         elif not isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type)):
-            label = f"{type(obj).__name__} object (the jitted callable)"  # its __call__'s self
+            label = f"{type(obj).__name__} object ({_role(role, 'callable')})"  # __call__'s self
             found.append(((id(obj), "self"), Source(label, where, holder=obj)))
     return found
+
+
+def _role(role: str, kind: str) -> str:
+    return f"{role} {kind}" if role == "the jitted" else role
 
 
 def describe_callable(obj: Any) -> str:

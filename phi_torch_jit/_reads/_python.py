@@ -161,7 +161,7 @@ def collect_reads(
             _add(reads, (id(argument), "argument"), Source(label, describe_callable(argument),
                                                           holder=argument))  # fmt: skip
     roots = [fn, *arguments] if fn is not None else list(arguments)
-    for key, source in [h for root in roots for h in held_objects(root)]:
+    for key, source in [h for r in roots for h in held_objects(r, _role(r, fn, role))]:
         _add(reads, key, source)
     shadowing: dict[int, Shadowing] = {}
     reached = _add_module_reads(reads, module_reads or {}, shadowing)
@@ -239,6 +239,10 @@ def collect_reads(
     if overflow is not None:  # past the walk's limits: what the record pass saw read there
         overflow.add_to(reads, _add)
     return list(reads.values())
+
+
+def _role(root: Any, fn: Any, role: str) -> str:
+    return "the jitted" if root is fn else role
 
 
 def _add_subclasses(reads: dict[Any, Read], key: Any, source: Source, left: list[int]) -> None:
