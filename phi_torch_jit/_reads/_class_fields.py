@@ -6,12 +6,21 @@ class that a subclass defines again (``super().K``), and the fields a dataclass 
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Mapping
+from typing import Any
 
 from ._code_walk import user_class
 from ._records import PYTHONS_OWN, Step, probe
 
-__all__ = ["class_data", "shadowed_bases", "dataclass_fields"]
+__all__ = [
+    "class_data",
+    "shadowed_bases",
+    "dataclass_fields",
+    "classes_held",
+    "an_mro",
+    "type_alias",
+]
 
 
 def shadowed_bases(klass: type) -> list[tuple[Step, ...]]:
@@ -60,3 +69,27 @@ def class_data(klasses: list[type]) -> list[str]:
                 continue  # methods, properties, cached properties: reading them runs code
             names.append(name)
     return names
+
+
+def classes_held(items: tuple[Any, ...]) -> list[int]:
+    """Where a tuple compared by value (``T = (A, 1)``, an enum's value, ``Optional[A]``'s
+    arguments) holds a class of yours, or a tuple holding one: walked as read (probe 51)."""
+    return [i for i, v in enumerate(items[:_MAX_ITEMS])
+            if (isinstance(v, type) and user_class(v))
+            or (type(v) is tuple and classes_held(v))]  # fmt: skip
+
+
+def an_mro(path: tuple[Step, ...]) -> bool:
+    """A path to a class's ``__mro__``, whose classes of yours are walked as the class's."""
+    return bool(path) and path[-1].key == "__mro__"
+
+
+_MAX_ITEMS = 64
+
+
+def type_alias(value: Any) -> bool:
+    """A type alias (``list[A]``, ``A | None``, ``typing.Optional[A]``): its arguments are
+    what ``typing.get_args`` returns (probe 51)."""
+    if isinstance(value, (types.GenericAlias, types.UnionType)):
+        return True
+    return type(value).__module__ == "typing" and isinstance(probe(value, "__args__"), tuple)

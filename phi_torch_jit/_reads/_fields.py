@@ -28,7 +28,7 @@ from torch import nn
 from .._libraries import configuration_classes
 from .._signature import NAMESPACES
 from ._callable_attributes import WRAPPERS, attribute_paths
-from ._class_fields import class_data, dataclass_fields, shadowed_bases
+from ._class_fields import class_data, dataclass_fields, shadowed_bases, type_alias
 from ._code_walk import user_class, user_function
 from ._reachable import callbacks_held, tensors_held, wrapper_cells
 from ._reading_code import reads_only
@@ -149,10 +149,12 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         if issubclass(value, tuple) and hasattr(value, "_fields"):  # a namedtuple's defaults,
             listed.append((Step(True, "__new__"), Step(True, "__defaults__")))  # set there too
         data = (Step(True, n) for n in class_data(klasses))
-        named = [Step(True, "__name__"), Step(True, "__qualname__")] if ordered else []
+        named = [Step(True, n) for n in ("__name__", "__qualname__", "__mro__")] if ordered else []
         hidden = shadowed_bases(value)  # super().K, where a subclass defines K too
         fields = dataclass_fields(value) if ordered else []
         return [*listed, *named, *data, *_methods(value), *meta, *hidden, *fields]
+    if type_alias(value):  # list[A], Optional[A]: what typing.get_args returns
+        return [Step(True, "__args__")]
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
     if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
@@ -264,7 +266,9 @@ def _object_key(key: Any) -> bool:
     """A dict key that is an object with state of its own (``for st in D: st.k``)."""
     if isinstance(key, (tuple, frozenset)):  # (1, cfg) or a namedtuple holding objects
         return not all(immutable(item) for item in key)
-    return not isinstance(key, (str, int, float, bytes, type, enum.Enum))
+    if isinstance(key, type):  # {A: 1.0}: a class of yours, its data (probe 51)
+        return user_class(key)
+    return not isinstance(key, (str, int, float, bytes, enum.Enum))
 
 
 def _listed_values(n: int) -> list[tuple[Step, ...]]:

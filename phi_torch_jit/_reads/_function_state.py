@@ -5,14 +5,15 @@ on torch's tensor class (``x.scaled()`` after ``torch.Tensor.scaled = scaled``).
 from __future__ import annotations
 
 import types
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from ._code_walk import user_class
 from ._fields import INSTANCE_DICT
 from ._reachable import methods_set_on_tensors
-from ._records import LENGTH, PYTHONS_OWN, Source, Step, immutable
+from ._records import LENGTH, PYTHONS_OWN, Kind, Read, Source, Step, immutable
 
 __all__ = ["ANNOTATION_READERS", "annotation_sources", "function_sources"]
 
@@ -86,11 +87,15 @@ def _tensor_methods(function: types.FunctionType) -> list[tuple[Any, Source]]:
 
 
 def annotation_sources(
-    functions: Sequence[types.FunctionType], classes: Sequence[type]
+    functions: Sequence[types.FunctionType], reads: Iterable[Read], spelled: frozenset[str]
 ) -> list[tuple[Any, Source]]:
-    """The annotations of ``functions`` and ``classes`` (the user's), by content: one
-    changed in place, or replaced, retraces. Only where the walked code spells an
-    :data:`ANNOTATION_READERS` name: the guard reads each dict on every call."""
+    """The annotations of ``functions`` and of the classes of yours among ``reads``, by
+    content: one changed in place, or replaced, retraces. Only where the walked code spells
+    (``spelled``) an :data:`ANNOTATION_READERS` name: the guard reads each dict on every call."""
+    if spelled.isdisjoint(ANNOTATION_READERS):
+        return []
+    classes = [r.expected for r in reads if r.kind is Kind.IDENTITY
+               and isinstance(r.expected, type) and user_class(r.expected)]  # fmt: skip
     found: list[tuple[Any, Source]] = []
     holders: list[Any] = [*functions, *classes]
     for holder in holders:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import eager_if_it_raises
+from ._class_fields import an_mro, classes_held
 from ._code_walk import (
     MAX_DEPTH,
     Shadowing,
@@ -54,7 +55,7 @@ from ._fields import (
     shows_content,
     tensor_attributes,
 )
-from ._function_state import ANNOTATION_READERS, annotation_sources, function_sources
+from ._function_state import annotation_sources, function_sources
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
 from ._kinds import MAX_ARRAY, big_array, kind_of
@@ -228,12 +229,8 @@ def collect_reads(
         for key, read in [(k, r) for k, r in reads.items() if r.kind is Kind.IDENTITY]:
             if isinstance(read.expected, type) and user_class(read.expected):  # of the tree)
                 _add_subclasses(reads, (key, _SUBCLASSES), read.source, [_MAX_CLASSES])
-    if spelled & ANNOTATION_READERS:  # typing.get_type_hints(helper): a library reads them
-        classes = [r.expected for r in reads.values()
-                   if r.kind is Kind.IDENTITY and isinstance(r.expected, type)
-                   and user_class(r.expected)]  # fmt: skip
-        for key, source in annotation_sources(walked, classes):
-            _add(reads, key, source)
+    for key, source in annotation_sources(walked, reads.values(), spelled):  # get_type_hints
+        _add(reads, key, source)
     if customs:
         held_by_identity(reads, roots_read_by(customs))
     if overflow is not None:  # past the walk's limits: what the record pass saw read there
@@ -386,6 +383,9 @@ def _add(
     for step in tensor_attributes(value) if kind is Kind.TENSOR else ():  # W.scale = 2.0
         steps = step if isinstance(step, tuple) else (step,)
         _add(reads, (key, steps), functools.reduce(Source.child, steps, source), budget)
+    if kind is Kind.VALUE and type(value) is tuple and not an_mro(source.path):  # T = (A, 1):
+        for i in classes_held(value):  # A's data, walked (equal tuples, probe 51)
+            _add(reads, (key, i), source.child(Step(False, i)), budget, lineage, slack)
     if kind is not Kind.IDENTITY:
         return
     if big_array(value):  # say so (explain): its content is not compared at every call
