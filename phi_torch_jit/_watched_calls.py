@@ -93,6 +93,19 @@ def _from_user_via_python(frame: types.FrameType | None) -> bool:
     return frame is not None and is_user_file(frame.f_code.co_filename)
 
 
+def _from_code_via_python(frame: types.FrameType | None) -> bool:
+    """Whether the nearest frame outside torch and Python's own library at or above
+    ``frame`` is anyone's but ours: a library seeding torch's generator in the step (PhiML's
+    ``math.seed``) makes every call draw the same numbers, which no compiled program
+    repeats; our own rewinding of the generator is not the step's."""
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(TORCH_DIR)
+        or is_python_library_file(frame.f_code.co_filename)
+    ):
+        frame = frame.f_back
+    return frame is not None and not frame.f_code.co_filename.startswith(OWN_DIR)
+
+
 def user_line(frame: types.FrameType | None) -> str:
     """``file:line`` of the nearest user frame at or above ``frame``."""
     while frame is not None and not is_user_file(frame.f_code.co_filename):
@@ -127,6 +140,8 @@ def _noted(kind: str, label: str, original: Callable[..., Any]) -> Callable[...,
     callers = {"random": _from_user_via_python, "saved_hooks": _not_torchs}
     caller_counts = callers.get(kind, from_user)
     caller_counts = from_anyone if kind in _ANYWHERE else caller_counts
+    if kind == "random" and label.rsplit(".", 1)[-1] in _SEEDING:
+        caller_counts = _from_code_via_python  # PhiML's math.seed(0) in the step (probe 52)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -190,4 +205,6 @@ _OS_READS = ("listdir", "scandir", "stat", "lstat", "walk", "access")
 _OS_PATH_READS = ("exists", "lexists", "isfile", "isdir", "islink", "getsize", "getmtime",
                   "getatime", "getctime")  # fmt: skip
 _TORCH_RNG = ("manual_seed", "seed", "set_rng_state", "initial_seed", "get_rng_state")
+_SEEDING = frozenset(("manual_seed", "seed", "set_rng_state"))
+"""Of those, the ones that set the generator: noted whoever calls them, but us."""
 _TRANSFORMS = ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "vjp", "jvp")

@@ -12,6 +12,7 @@ import json
 import operator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from helpers import like_eager_then_retraced
@@ -33,6 +34,8 @@ def _rule_of(klass: Any) -> float:
 CLASSES = [json.JSONDecoder, nn.Linear]
 BOUND = functools.partial(_gain_of, json.JSONDecoder)
 GAIN = operator.attrgetter("gain")
+NAME = "gain"
+DECODER = json.JSONDecoder()
 
 
 def _two() -> float:
@@ -52,6 +55,8 @@ STEPS = {
     "class bound by a partial": lambda x: x * BOUND(),
     "attrgetter on a module": lambda x: x * GAIN(json),
     "static method of yours": lambda x: x * _rule_of(torch.nn.Linear),
+    "a name held in a variable": lambda x: x * getattr(json, NAME, 1.0),
+    "an instance's class attribute": lambda x: x * _gain_of(DECODER),
 }
 
 
@@ -70,3 +75,17 @@ def test_a_value_of_yours_on_a_librarys_holder_is_guarded(how: str, monkeypatch:
         monkeypatch.setattr(torch, "ptj_test_flag", True, raising=False)
 
     like_eager_then_retraced(ptj.jit(step), step, change)
+
+
+@pytest.mark.parametrize("kind", ["Polynomial", "poly1d"])
+def test_a_numpy_array_inside_a_librarys_object_changed_in_place_retraces(kind: str) -> None:
+    """A library's object holding a small NumPy array, called by the step (a polynomial's
+    coefficients; a NumPy-backed PhiML field's data, computed on by PhiML): compared by
+    content (probe 52; the call of a ``poly1d`` was a documented limitation)."""
+    poly = np.polynomial.Polynomial([1.0, 2.0]) if kind == "Polynomial" else np.poly1d([2.0, 1.0])
+    coefficients = poly.coef if kind == "Polynomial" else poly.coeffs
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * float(poly(2.0))
+
+    like_eager_then_retraced(ptj.jit(step), step, lambda: coefficients.__setitem__(0, 5.0))

@@ -53,6 +53,8 @@ def names_held(functions: Iterable[types.FunctionType], values: Iterable[Any]) -
     for value in values:
         if isinstance(value, operator.attrgetter):
             found.update(n for n in value.__reduce__()[1] if isinstance(n, str))
+        elif type(value) is str and value.isidentifier():  # NAME = "gain"; getattr(json, NAME)
+            found.add(value)
     return frozenset(n.split(".")[-1] for n in found if n.split(".")[-1].isidentifier())
 
 
@@ -141,7 +143,10 @@ def _namespaces(holder: Any) -> list[tuple[Any, Mapping[str, Any]]]:
     if isinstance(holder, type):
         return [(k, vars(k)) for k in holder.__mro__ if k is not object and not user_class(k)]
     own = probe(holder, "__dict__")
-    return [(holder, own)] if isinstance(own, dict) else []
+    found: list[tuple[Any, Mapping[str, Any]]] = [(holder, own)] if isinstance(own, dict) else []
+    if isinstance(holder, types.ModuleType):
+        return found
+    return found + _namespaces(type(holder))  # o.k, set as JSONDecoder.k = 2.0
 
 
 def _yours(value: Any) -> bool:

@@ -420,13 +420,21 @@ def tensors_held(obj: Any, depth: int = 2) -> list[str]:
 
 
 def _holds_tensors(value: Any, depth: int) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
+    if isinstance(value, torch.Tensor) or _small_array(value):  # a NumPy-backed Field's data
+        return True  # (PhiML computes on it before any torch op sees it: probe 52)
     if not depth or isinstance(value, (type, types.ModuleType, torch.nn.Module, *PRIMITIVES)):
         return False
     if callable(value) or user_class(type(value)):
         return False  # code (walked as such), an object of yours (walked as such)
     return bool(tensors_held(value, depth - 1))
+
+
+def _small_array(value: Any) -> bool:
+    """A NumPy array of at most 4096 numbers (compared by content at every call)."""
+    if isinstance(value, (type, *PRIMITIVES)) or probe(value, "__array_interface__") is None:
+        return False
+    dtype = probe(value, "dtype")
+    return dtype is not None and not dtype.hasobject and probe(value, "size", 4097) <= 4096
 
 
 def _users_code(value: Any) -> bool:
