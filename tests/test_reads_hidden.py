@@ -973,6 +973,37 @@ def test_a_dict_keyed_by_classes_compiles_and_sees_its_changes() -> None:
     assert jitted.num_traces == 1
 
 
+_Key = collections.namedtuple("_Key", "name")
+
+
+class _Weight:
+    def __init__(self, v: float) -> None:
+        self.v = v
+
+
+BY_RECORD = {_Key("a"): _Weight(2.0)}
+
+
+def _by_record(x: torch.Tensor) -> torch.Tensor:
+    for key, weight in BY_RECORD.items():
+        x = x * weight.v * len(key.name)
+    return x
+
+
+def test_a_dict_keyed_by_namedtuples_compiles_and_sees_its_changes() -> None:
+    """Keyed by namedtuples of plain values, ``tuple(d.keys())`` was compared by identity
+    too: the step ran eagerly, warned that it changes what it reads (probe 51)."""
+
+    def change() -> None:
+        BY_RECORD[_Key("bcd")] = BY_RECORD.pop(_Key("a"))
+
+    try:
+        like_eager_then_retraced(ptj.jit(_by_record), _by_record, change)
+    finally:
+        BY_RECORD.clear()
+        BY_RECORD[_Key("a")] = _Weight(2.0)
+
+
 def _under_warning_filters(x: torch.Tensor) -> torch.Tensor:
     return x * (2.0 if warnings.filters else 1.0)
 

@@ -169,9 +169,18 @@ def _tuple_of_plain_or_code(value: Any) -> bool:
     (``==``: the same classes, by identity) as long as the keys are. By identity it always
     changed, and the step ran eagerly as if it changed what it reads."""
     return type(value) is tuple and all(
-        immutable(v) or isinstance(v, (type, types.FunctionType, types.BuiltinFunctionType))
+        immutable(v)
+        or isinstance(v, (type, types.FunctionType, types.BuiltinFunctionType))
+        or _plain_record(v)
         for v in value
     )
+
+
+def _plain_record(value: Any) -> bool:
+    """A namedtuple of plain values (``tuple(TAB.keys())`` of a dict keyed by ``P("a")``: by
+    identity it always changed, and the step ran eagerly, probe 51)."""
+    fields = getattr(type(value), "_fields", None)
+    return isinstance(value, tuple) and isinstance(fields, tuple) and all(map(immutable, value))
 
 
 def numbers_array(value: Any) -> bool:
