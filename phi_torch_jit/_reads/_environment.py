@@ -6,7 +6,6 @@ answers)."""
 from __future__ import annotations
 
 import abc
-import operator
 import os
 import shutil
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 from ._code_walk import first_items, values_read
 from ._records import Source, Step
+from ._shown import got_names
 
 __all__ = ["environment_sources", "holds_environment_reader", "names_environment", "ABC_TOKEN"]
 
@@ -69,10 +69,7 @@ def holds_environment_reader(function: types.FunctionType) -> bool:
 
 def _gets_environment(value: Any) -> bool:
     """An ``operator.attrgetter`` of the environment (``GET = attrgetter("environ")``)."""
-    if not isinstance(value, operator.attrgetter):
-        return False
-    names = value.__reduce__()[1]
-    return any(isinstance(n, str) and n.split(".")[-1] in _ENVIRONMENT_STRINGS for n in names)
+    return not _ENVIRONMENT_STRINGS.isdisjoint(got_names(value))
 
 
 def environment_sources(code: types.CodeType, held: bool) -> list[tuple[Any, Source]]:

@@ -19,7 +19,6 @@ state: an optimizer's ``state`` changes every step.
 
 from __future__ import annotations
 
-import operator
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -28,6 +27,7 @@ from torch import nn
 
 from ._code_walk import codes, user_class, user_function, user_module
 from ._records import PYTHONS_OWN, Kind, Read, Source, Step, probe
+from ._shown import got_names
 
 __all__ = ["holder_sources", "names_held"]
 
@@ -51,11 +51,10 @@ def names_held(functions: Iterable[types.FunctionType], values: Iterable[Any]) -
              if not DYNAMIC.isdisjoint(inner.co_names)
              for c in inner.co_consts if isinstance(c, str)}  # fmt: skip
     for value in values:
-        if isinstance(value, operator.attrgetter):
-            found.update(n for n in value.__reduce__()[1] if isinstance(n, str))
-        elif type(value) is str and value.isidentifier():  # NAME = "gain"; getattr(json, NAME)
+        found.update(got_names(value))  # attrgetter("gain")
+        if type(value) is str:  # NAME = "gain"; getattr(json, NAME)
             found.add(value)
-    return frozenset(n.split(".")[-1] for n in found if n.split(".")[-1].isidentifier())
+    return frozenset(n for n in found if n.isidentifier())
 
 
 def holder_sources(
@@ -81,7 +80,7 @@ def holder_sources(
                     yield ("library holder", id(owner), name), source
         if _plain(holder):
             continue  # absent names: only on modules and classes (hasattr(torch, "flag"))
-        for name in sorted(held - seen_names(seen, holder)):
+        for name in sorted(held - _seen_names(seen, holder)):
             if name.startswith("__") or absent[0] <= 0:
                 continue
             absent[0] -= 1
@@ -115,7 +114,7 @@ def _holders(reads: Mapping[Any, Read], spelled: frozenset[str]) -> list[tuple[A
     return list(found.values())
 
 
-def seen_names(seen: set[tuple[int, str]], holder: Any) -> set[str]:
+def _seen_names(seen: set[tuple[int, str]], holder: Any) -> set[str]:
     """The names already looked at on ``holder`` itself."""
     return {name for ident, name in seen if ident == id(holder)}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._records import LENGTH, LISTED, Step
 
-__all__ = ["VIEWS", "shown", "called_with"]
+__all__ = ["VIEWS", "shown", "called_with", "got_names"]
 
 VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
 _ITEMS: type = type({}.items())
@@ -46,6 +46,14 @@ def shown(value: Any) -> list[Step | tuple[Step, ...]] | None:
 
 
 _REDUCED = Step(True, "__reduce__", call=True)
+
+
+def got_names(value: Any) -> tuple[str, ...]:
+    """The last attribute name of each path an ``operator.attrgetter`` reads (``"environ"``
+    of ``attrgetter("os.environ")``); none for anything else."""
+    if not isinstance(value, operator.attrgetter):
+        return ()
+    return tuple(n.split(".")[-1] for n in value.__reduce__()[1] if isinstance(n, str))
 
 
 def called_with(caller: operator.methodcaller) -> list[Step | tuple[Step, ...]]:
