@@ -159,7 +159,7 @@ def _specialize(
     overriding = overrides_torch_function([*tensors, *(guard.captured() if guard else ())])
     state_written = tuple(recording.state.written())
     inputs = [*tensors, *(guard.captured() if guard else ()), *module_tensors(modules)]
-    if target.options.engine.captures_graph and aliased(state_written, inputs):
+    if target.options.engine.captures_graph and aliased(recording.state.changed(), inputs):
         overriding = ("it writes a tensor that shares memory with another of its inputs "
                       "(an alias kept from an earlier call?), read apart by a graph")  # fmt: skip
     modes = modes_around(key[2])
@@ -239,9 +239,12 @@ class _Parts:
 def _assemble(target: Target, output_spec: Spec, parts: _Parts) -> Specialization:
     """Stage 5: the specialization and its guards."""
     traced, modules, reads = parts.traced, parts.modules, parts.reads
-    live = not parts.eager_reason  # eager code reads every state live: nothing to guard
+    live = not parts.eager_reason  # eager code reads every state live: nothing to guard,
+    # but backward hooks removed make the next call compiled again (probe 53b)
+    hooked = not live and has_backward_hooks(m for root in modules for m in root.modules())
+    guarded = bool(modules) and (live or hooked)
     module_guard = ModuleGuard(modules, target.options.guard_hooks, reads.grad_reads,
-        target.unread.unread, reads.layout_reads) if modules and live else None  # fmt: skip
+        target.unread.unread, reads.layout_reads) if guarded else None  # fmt: skip
     measured = target.options.fallback == "measure"
     if traced.module.keep_alive is not None:  # engine "auto" compiles after this call
         traced.module.keep_alive(parts.calls)

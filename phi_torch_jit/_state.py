@@ -112,6 +112,13 @@ def keep_buffer_objects(slots: Sequence[BufferSlot]) -> None:
                     owner._buffers[name] = new
 
 
+def _equal(tensor: torch.Tensor, before: torch.Tensor) -> bool:
+    try:
+        return bool(torch.equal(tensor, before))
+    except Exception:  # a layout torch.equal does not take: taken as written
+        return False
+
+
 @contextmanager
 def rng_restored() -> Iterator[None]:
     """Run a block, then put the RNG states back as they were before it."""
@@ -136,6 +143,8 @@ class StateSnapshot:
     held: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     """(module id, buffer name) -> buffer object, for the modules known before the pass
     (:meth:`hold`): what a module lent other tensors during the pass holds again after it."""
+    versions: dict[int, int] = field(default_factory=dict)
+    """id -> version counter of each tensor of :attr:`buffers` when its value was kept."""
     made: set[int] = field(default_factory=set)
     """Ids of the tensors torch calls of the pass made: written in place, they need no
     rewinding (they did not exist before the pass)."""
@@ -155,7 +164,7 @@ class StateSnapshot:
         for slot in buffer_slots([module]):
             buffer = slot[2]
             if id(buffer) not in self.buffers:
-                self.buffers[id(buffer)] = (buffer, buffer.detach().clone())
+                self._keep(buffer)
                 self.slots.append(slot)
 
     def add_values(self, tensors: Iterable[torch.Tensor | None]) -> None:
@@ -163,7 +172,11 @@ class StateSnapshot:
         module's first call decided what it holds)."""
         for tensor in tensors:
             if tensor is not None and id(tensor) not in self.buffers:
-                self.buffers[id(tensor)] = (tensor, tensor.detach().clone())
+                self._keep(tensor)
+
+    def _keep(self, tensor: torch.Tensor) -> None:
+        self.buffers[id(tensor)] = (tensor, tensor.detach().clone())
+        self.versions[id(tensor)] = version(tensor)
 
     def lent_to_numpy(self, tensor: torch.Tensor) -> None:
         """Keep ``tensor``'s value and version before NumPy got a view of it."""
@@ -189,6 +202,15 @@ class StateSnapshot:
         """The tensors the pass wrote or may have written: the buffers of the modules it
         called, and what it wrote in place besides."""
         return [tensor for tensor, _ in self.buffers.values()]
+
+    def changed(self) -> list[torch.Tensor]:
+        """Those of :meth:`written` the pass did write: their version counter moved, or their
+        value changed (a write through ``.data`` moves no counter; a buffer replaced was put
+        back with its new value). A buffer the step only reads, and a view of it held as an
+        attribute (``self.head = self.b[:3]``), need no aliasing check (probe 53b)."""
+        versions = self.versions
+        return [tensor for key, (tensor, before) in self.buffers.items()
+                if version(tensor) != versions.get(key) or not _equal(tensor, before)]  # fmt: skip
 
     def reinstate(self) -> None:
         """Put back buffer objects the pass replaced (``self.avg = 0.9 * self.avg + ...``),

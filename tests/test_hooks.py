@@ -195,6 +195,38 @@ def test_backward_hooks_fire_with_eager_gradients() -> None:
     assert "runs eagerly: a module it calls has backward hooks" in step.explain()
 
 
+def test_backward_hooks_removed_make_the_next_call_compiled() -> None:
+    """A specialization that runs eagerly for its modules' backward hooks keeps the module
+    guard: the hooks removed, the next call is traced again and compiled (probe 53b: it ran
+    eagerly for good). Gradients equal eager's before and after."""
+    net, theirs = _net(), _net()
+    theirs.load_state_dict(net.state_dict())
+    handles = [m[2].register_full_backward_hook(lambda m, gi, go: (gi[0] * 4,))
+               for m in (net, theirs)]  # fmt: skip
+    step = ptj.jit(lambda x: net(x))
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def check() -> None:
+        want = torch.autograd.grad(theirs(x).sum(), x)[0]
+        got = torch.autograd.grad(step(x).sum(), x)[0]
+        torch.testing.assert_close(got, want)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ptj.JitWarning)
+        check()
+        check()
+    assert step.num_traces == 1 and "runs eagerly" in step.explain()
+    for handle in handles:
+        handle.remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        check()
+        check()
+    assert step.num_traces == 2
+    newest, oldest = step.explain().split("\n[1]")  # explain() lists the newest first
+    assert "runs eagerly" not in newest and "runs eagerly" in oldest
+
+
 def test_state_dict_round_trip_and_loaded_weights_are_used() -> None:
     net = _net()
     seen: list[str] = []

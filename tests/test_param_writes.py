@@ -350,6 +350,56 @@ def test_a_kept_alias_of_a_parameter_written_later_is_not_read_apart() -> None:
             torch.testing.assert_close(lin.weight, their_lin.weight)
 
 
+class _Windowed(nn.Module):
+    """Holds a view of its own buffer as a plain attribute (``self.head = self.b[:3]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", torch.arange(6.0))
+        self.head = self.b[:3]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.head
+
+
+def test_a_view_of_a_buffer_the_step_only_reads_compiles_and_sees_writes() -> None:
+    """Every buffer of a module that ran was taken as written, so a view of one held as an
+    attribute "shared memory with a tensor it writes" and the step ran eagerly for good
+    (probe 53b). A buffer the record pass does not write is no written tensor now; what the
+    program reads of it is read live."""
+    net = _Windowed()
+    jitted = ptj.jit(lambda x: net(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ptj.JitWarning)
+        for _ in range(3):
+            torch.testing.assert_close(jitted(torch.ones(2, 3)), net(torch.ones(2, 3)))
+        net.b.mul_(2.0)
+        torch.testing.assert_close(jitted(torch.ones(2, 3)), torch.tensor([[0.0, 2.0, 4.0]] * 2))
+    assert jitted.num_traces == 1
+
+
+def test_a_view_of_a_buffer_the_step_writes_is_not_read_apart() -> None:
+    """The step writes the buffer and reads its view after: still equal to eager (a captured
+    graph would read the view's old value, so it runs eagerly there, warned)."""
+
+    def make() -> tuple[Callable[[torch.Tensor], torch.Tensor], _Windowed]:
+        net = _Windowed()
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            net.b.add_(1.0)
+            return net(x)
+
+        return step, net
+
+    (step, net), (eager, theirs) = make(), make()
+    jitted = ptj.jit(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ptj.JitWarning)
+        for _ in range(4):
+            torch.testing.assert_close(jitted(torch.ones(3)), eager(torch.ones(3)))
+            torch.testing.assert_close(net.b, theirs.b)
+
+
 def test_a_tensor_made_under_the_id_of_a_freed_alias_is_not_that_alias() -> None:
     """The record pass keeps aliases (``p.detach()``) by id. One freed, and its id taken by a
     tensor a later torch call made, a write to that tensor was taken for a write to the
