@@ -65,6 +65,19 @@ def _note_imported(caller: types.FrameType, *modules: Any) -> None:
             seen.imports.setdefault(name, f"{caller.f_code.co_filename}:{caller.f_lineno}")
 
 
+def _note_object(caller: types.FrameType, name: str, value: Any) -> None:
+    """An object of a class of yours registered in ``sys.modules`` as a module
+    (``sys.modules[NAME] = Config()``) and imported by ``name``: noted like a module."""
+    seen = _seen()
+    if seen is not None and not isinstance(value, types.ModuleType) and _yours(type(value)):
+        seen.imports.setdefault(name, f"{caller.f_code.co_filename}:{caller.f_lineno}")
+
+
+def _yours(klass: type) -> bool:
+    module = sys.modules.get(klass.__module__)
+    return module is not None and _user(module)
+
+
 def _note_read(caller: types.FrameType, module: str, names: Any) -> None:
     """Note that code at ``caller`` read ``names`` of the user's ``module``."""
     seen = _seen()
@@ -87,6 +100,7 @@ def _watching_import(original: Callable[..., Any]) -> Callable[..., Any]:
             submodules = [sys.modules.get(f"{own}.{item}") for item in fromlist or ()
                           if isinstance(item, str)]  # fmt: skip
             _note_imported(sys._getframe(1), module, named, *submodules)
+            _note_object(sys._getframe(1), name, module)
         return module
 
     return __import__
@@ -98,6 +112,7 @@ def _watching_import_module(original: Callable[..., Any]) -> Callable[..., Any]:
         module = original(name, package)
         if current_frame() is not None:
             _note_imported(sys._getframe(1), module)
+            _note_object(sys._getframe(1), name, module)
         return module  # type: ignore[no-any-return]
 
     return import_module

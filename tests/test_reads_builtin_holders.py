@@ -335,3 +335,32 @@ def test_a_retrace_for_the_environment_names_no_values(monkeypatch: Any, caplog:
     assert "the environment (os.environ)" in caplog.text and "changed" in caplog.text
     assert "hunter2" not in caplog.text and "swordfish" not in caplog.text
     assert "hunter2" not in jitted.explain()
+
+
+class _Factory:
+    """A callable object making a ``defaultdict``'s missing entries."""
+
+    def __init__(self) -> None:
+        self.k = 2.0
+
+    def __call__(self) -> float:
+        return self.k
+
+
+@pytest.mark.parametrize("how", ["factory called", "factory replaced"])
+def test_a_defaultdicts_factory_is_guarded(how: str) -> None:
+    """A ``defaultdict`` was compared by its entries, which equality compares, not by what
+    makes the missing ones: a callable object as ``default_factory`` changed (or replaced) went
+    unseen on every engine (probe 53a)."""
+    table = collections.defaultdict(_Factory())
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * table.default_factory()
+
+    def change() -> None:
+        if how == "factory called":
+            table.default_factory.k = 3.0
+        else:
+            table.default_factory = lambda: 5.0
+
+    like_eager_then_retraced(ptj.jit(step), step, change)

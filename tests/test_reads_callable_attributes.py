@@ -147,3 +147,81 @@ def test_an_iterator_kept_on_a_partial_runs_eagerly_with_a_warning() -> None:
         got = [jitted(x)[0].item() for _ in range(4)]
     assert got == [0.0, 1.0, 2.0, 3.0]
     assert any("iterator" in str(w.message) for w in caught)
+
+
+class _Index:
+    """An index whose value is its state: ``operator.index`` reads ``self.i``."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def __index__(self) -> int:
+        return self.i
+
+
+_WEIGHTS = [2.0, 5.0, 7.0]
+
+
+@pytest.mark.parametrize("how", ["item", "two items", "slice bound"])
+def test_what_an_itemgetter_gets_by_is_guarded(how: str) -> None:
+    """``operator.itemgetter`` shows its items only through ``__reduce__``: an object of yours
+    among them (or a slice's bound) was not walked (probe 53a), on every engine."""
+    import operator
+
+    index = _Index()
+    getter = {
+        "item": operator.itemgetter(index),
+        "two items": operator.itemgetter(0, index),
+        "slice bound": operator.itemgetter(slice(0, index)),
+    }[how]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        got = getter(_WEIGHTS)
+        return x * (got if how == "item" else sum(got))
+
+    index.i = 1
+    like_eager_then_retraced(ptj.jit(step), step, lambda: setattr(index, "i", 2))
+
+
+class _Order:
+    def __init__(self) -> None:
+        self.reverse = False
+
+    def compare(self, a: float, b: float) -> float:
+        return (b - a) if self.reverse else (a - b)
+
+    def __call__(self, value: float) -> float:
+        return -value if self.reverse else value
+
+
+@pytest.mark.parametrize("how", ["cmp_to_key(bound method)", "cmp_to_key(object)",
+                                 "frompyfunc(object)", "frompyfunc(bound method)"])  # fmt: skip
+def test_the_object_a_c_callable_holds_is_walked(how: str) -> None:
+    """``functools.cmp_to_key(order.compare)`` and ``numpy.frompyfunc(order, 1, 1)`` hold a
+    bound method or an object of yours without an attribute to reach it: its state
+    (``order.reverse``) was not guarded (probe 53a). A plain function's globals were."""
+    import numpy as np
+
+    order = _Order()
+    if how.startswith("cmp_to_key"):
+        key = functools.cmp_to_key(order.compare if "bound" in how else _Comparer(order))
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return x * sorted([3.0, 1.0, 2.0], key=key)[0]
+    else:
+        ufunc = np.frompyfunc(order.__call__ if "bound" in how else order, 1, 1)
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return x * float(ufunc(2.0))
+
+    like_eager_then_retraced(ptj.jit(step), step, lambda: setattr(order, "reverse", True))
+
+
+class _Comparer:
+    """A callable object comparing by an order of yours."""
+
+    def __init__(self, order: _Order) -> None:
+        self.order = order
+
+    def __call__(self, a: float, b: float) -> float:
+        return self.order.compare(a, b)

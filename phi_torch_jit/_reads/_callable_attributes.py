@@ -1,4 +1,5 @@
-"""Stage 1 (reads): attributes set on Python's callable objects that are not functions.
+"""Stage 1 (reads): attributes set on Python's callable objects that are not functions, and
+the objects of yours that C callables hold without showing them.
 
 A ``functools.partial``, a ``partialmethod``, a ``staticmethod`` or ``classmethod`` object, a
 ``cached_property`` and an ``lru_cache`` wrapper each have a ``__dict__`` of their own, where
@@ -11,11 +12,14 @@ object's of yours: how many there are (one added or deleted later), and each one
 from __future__ import annotations
 
 import functools
+import gc
+import types
 from typing import Any
 
+from ._code_walk import user_class
 from ._records import LENGTH, PYTHONS_OWN, Step, probe
 
-__all__ = ["WRAPPERS", "attribute_paths", "attribute_values"]
+__all__ = ["WRAPPERS", "attribute_paths", "attribute_values", "opaque_held"]
 
 WRAPPERS: tuple[type, ...] = (
     functools.partial,
@@ -51,3 +55,22 @@ def attribute_values(value: Any) -> list[Any]:
     """What the first 64 attributes hold, for the walk of code (``P.post = post``)."""
     own = probe(value, "__dict__")
     return [own[n] for n in _names(value)[:64]] if type(own) is dict else []
+
+
+_OPAQUE = frozenset(("functools", "numpy"))
+
+
+def opaque_held(value: Any) -> list[Any]:
+    """The bound methods and objects of yours that a C callable of ``functools`` or NumPy
+    holds and shows no attribute for (``functools.cmp_to_key(order.cmp)``,
+    ``numpy.frompyfunc(scale, 1, 1)``), as the garbage collector sees them: what their state
+    is (``order.rev``) is walked from them (probe 53a). They cannot be swapped while the
+    callable is the same object, which is guarded by identity."""
+    if type(value).__module__ not in _OPAQUE or isinstance(value, (type, *WRAPPERS)):
+        return []
+    try:
+        held = gc.get_referents(value)
+    except Exception:  # a C type's own traversal rules
+        return []
+    return [h for h in held if isinstance(h, types.MethodType)
+            or (not isinstance(h, type) and user_class(type(h)))]  # fmt: skip

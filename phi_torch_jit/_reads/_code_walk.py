@@ -23,7 +23,7 @@ from .._sources import TYPED_IN, is_user_file, user_module
 from ._records import Source, Step
 
 __all__ = ["names_read", "attribute_chains", "user_module", "codes", "user_class",
-           "user_function", "modules_imported", "names_in_user_code", "MAX_DEPTH",
+           "user_function", "modules_imported", "IMPORTERS", "names_in_user_code", "MAX_DEPTH",
            "added_builtins", "Shadowing", "names_looked_up",
            "values_read", "first_items", "iterates_globals", "method_chains",
            "chains_spelled"]  # fmt: skip
@@ -169,7 +169,7 @@ def _names_in_source(text: str) -> tuple[str, ...]:
     return ()
 
 
-_IMPORTERS = frozenset(("import_module", "__import__", "modules"))
+IMPORTERS = frozenset(("import_module", "__import__", "modules"))
 """Functions that import a module named by a string (``importlib.import_module("settings")``),
 and ``sys.modules`` (``sys.modules["settings"]``)."""
 
@@ -182,7 +182,7 @@ def modules_imported(code: types.CodeType) -> dict[str, int]:
     found: dict[str, int] = {}
     for inner in codes(code):
         instructions = list(dis.get_instructions(inner))
-        imports = any(i.argval in _IMPORTERS for i in instructions if i.opname in _NAMED_LOADS)
+        imports = any(i.argval in IMPORTERS for i in instructions if i.opname in _NAMED_LOADS)
         for instruction in instructions:
             line = instruction.positions.lineno if instruction.positions else None
             if instruction.opname == "IMPORT_NAME":

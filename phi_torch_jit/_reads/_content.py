@@ -49,6 +49,8 @@ def _small_plain(value: Any, budget: int) -> int:
     OrderedDict, a defaultdict, a Counter); -1 if it is not one."""
     if immutable(value):
         return budget - 1
+    if type(value) is collections.defaultdict and value.default_factory is not None:
+        return -1  # a defaultdict's factory is state too (probe 53a): walked, by identity
     if type(value) in _MAPPINGS:
         items = [*value.keys(), *value.values()]
     elif type(value) in _SEQUENCES:

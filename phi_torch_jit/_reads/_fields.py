@@ -86,7 +86,9 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         placed = [(_VALUES, LISTED, Step(False, i))  # values sees TERMS["a"] = TERMS.pop("a"))
                   for i, k in enumerate(keys) if type(k) not in (str, int)]  # fmt: skip
         steps: list[Step | tuple[Step, ...]] = [*order, *named, *placed, *objects]  # (under
-        return [*steps, *_object_fields(value)] if yours else steps  # an enum...: by position)
+        if isinstance(value, collections.defaultdict):  # an enum...: by position); what makes
+            steps.append(Step(True, "default_factory"))  # missing entries (probe 53a)
+        return [*steps, *_object_fields(value)] if yours else steps
     if type(value) in (list, tuple, collections.deque):  # not a library's subclass
         return [Step(False, i) for i in range(len(value))]
     if type(value) in (set, frozenset):  # objects in a set: each member in the set's order
@@ -157,8 +159,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [Step(True, "__args__")]
     if isinstance(value, functools.singledispatchmethod):  # what is registered on it
         return [Step(True, "dispatcher")]
-    if isinstance(value, operator.methodcaller):  # what it calls with: shown by __reduce__ only
-        return called_with(value)
+    if isinstance(value, (operator.methodcaller, operator.itemgetter)):  # what it calls with
+        return called_with(value)  # or the items it gets: shown by __reduce__ only
     if isinstance(value, property):  # its accessors: a partial's bound values are state
         return [Step(True, n) for n in ("fget", "fset", "fdel") if getattr(value, n) is not None]
     if isinstance(value, (staticmethod, classmethod)):  # what it wraps (a partial too)

@@ -27,8 +27,10 @@ import torch
 from torch import nn
 
 from ..errors import eager_if_it_raises
+from ._callable_attributes import opaque_held
 from ._class_fields import an_mro, classes_held
 from ._code_walk import (
+    IMPORTERS,
     MAX_DEPTH,
     Shadowing,
     added_builtins,
@@ -58,6 +60,7 @@ from ._fields import (
 from ._function_state import annotation_sources, function_sources
 from ._guard import PythonGuard
 from ._held import describe_callable, held_objects
+from ._imported import imported_sources, registered_sources
 from ._kinds import MAX_ARRAY, big_array, kind_of
 from ._library_holders import holder_sources, names_held
 from ._library_methods import library_objects_read
@@ -223,6 +226,9 @@ def collect_reads(
     for key, source in library_class_sources(nets, spelled):
         _add(reads, key, source)
     held_names = names_held(walked, (r.expected for r in reads.values()))  # getattr(m, "k")
+    if not IMPORTERS.isdisjoint(spelled):  # sys.modules[NAME], import_module(NAME)
+        _add_imported(reads, {n: "sys.modules, by a name read" for n in held_names
+                              if n in sys.modules})  # fmt: skip
     for key, source in list(holder_sources(reads, spelled, held_names)):  # a library's holder
         _add(reads, key, source)
     if "__subclasses__" in spelled:  # c.__subclasses__() of a class in a variable (a walk
@@ -260,30 +266,9 @@ _MAX_CLASSES = 64
 
 
 def _add_imported(reads: dict[Any, Read], imported: Mapping[str, str]) -> None:
-    """The user's modules a function imports while it runs (``import settings as s``, read
-    through a local; or by a name computed at run time, seen by the record pass) -> where:
-    which module the name is (``sys.modules``) and its public data."""
-    for name, where in imported.items():
-        module = sys.modules.get(name)
-        if module is None or not user_module(module):
-            continue
-        _add_registered(reads, module, where)
-        namespace = vars(module)
-        for attribute, value in list(namespace.items()):
-            if attribute.startswith("_") or isinstance(value, (types.ModuleType, type)):
-                continue
-            if callable(value) and not isinstance(value, (torch.Tensor, nn.Module)):
-                continue  # functions: code (their globals are walked where they are called)
-            source = Source(f"{name}.{attribute}", where, namespace, attribute)
-            _add(reads, (id(namespace), attribute), source)
-
-
-def _add_registered(reads: dict[Any, Read], module: types.ModuleType, where: str) -> None:
-    """Guard every name ``sys.modules`` holds ``module`` under, by identity: the step reached
-    it by a name computed at run time (``import_module(NAME)``), maybe not its own."""
-    for key, value in list(sys.modules.items()):
-        if value is module:
-            _add(reads, ("module", key), Source(f"module {key}", where, sys.modules, key))
+    """What the modules a function imports hold (:mod:`._imported`)."""
+    for key, source in imported_sources(imported):
+        _add(reads, key, source)
 
 
 def _undefined(
@@ -312,7 +297,8 @@ def _add_module_reads(
         namespace = vars(module)
         if id(module) not in registered:  # one scan of sys.modules per module
             registered.add(id(module))
-            _add_registered(reads, module, where)
+            for key, source in registered_sources(module, where):
+                _add(reads, key, source)
         _add(reads, (id(namespace), attribute), Source(f"{name}.{attribute}", where, namespace,
                                                        attribute))  # fmt: skip
         if callable(namespace[attribute]):
@@ -369,6 +355,9 @@ def _add(
     reads[key] = Read(source, stored, expected)  # equal (same object, same function), walked
     if (answer := answer_of(value, source)) is not None:  # torch.get_num_threads, held
         _add(reads, (key, "answer"), answer)
+    for i, held in enumerate(opaque_held(value) if kind is Kind.IDENTITY else ()):
+        label = f"{source.label} (what it calls)"  # cmp_to_key(order.cmp): order's state
+        _add(reads, (key, "held", i), Source(label, source.location, holder=held), budget)
     if kind is Kind.IDENTITY and (held := buffer_read(value)) is not None:
         _add(reads, (key, "bytes"), source.child(held), budget)  # what it shows now
     if kind is Kind.IDENTITY and isinstance(value, SIZED):  # a deque of tensors grown too

@@ -56,10 +56,13 @@ def got_names(value: Any) -> tuple[str, ...]:
     return tuple(n.split(".")[-1] for n in value.__reduce__()[1] if isinstance(n, str))
 
 
-def called_with(caller: operator.methodcaller) -> list[Step | tuple[Step, ...]]:
+def called_with(
+    caller: operator.methodcaller | operator.itemgetter,
+) -> list[Step | tuple[Step, ...]]:
     """Paths to what a ``methodcaller`` binds, each item of the new tuples ``__reduce__``
     makes: ``(methodcaller, (name, *args))``, or with keywords ``(partial(methodcaller, name,
-    **keywords), args)``."""
+    **keywords), args)``; to the items an ``itemgetter`` gets: ``(itemgetter, items)`` (an
+    object whose ``__index__`` reads its state, a slice's bound: probe 53a)."""
     reduced: Any = caller.__reduce__()
     made, args = reduced[0], reduced[1]
     paths: list[Step | tuple[Step, ...]] = [(_REDUCED, Step(False, 1), Step(False, i))
