@@ -152,6 +152,7 @@ class UnguardableNotes(Protocol):
 
     per_call_functions: list[str]
     imports: dict[str, str]
+    type_tests: dict[tuple[type, type], bool]
     random: list[str]
     state_dicts: dict[int, str]
 

@@ -35,6 +35,7 @@ from ._function import function_capture
 from ._modules_seen import MODULES_SEEN
 from ._patches import RefCounted
 from ._side_effects import print_capture
+from ._type_tests import TYPE_TESTS
 from ._unguardable import UNGUARDABLE, RecordMode, generators_watched
 from ._value_guards import conversion_capture
 from ._warnings import torchscript_notices_hidden
@@ -115,6 +116,8 @@ PATCHES: tuple[Patch, ...] = (
           "states before and after)", _RECORD, lambda f: generators_watched()),
     Patch("modules: the user's modules the step imports, and what it reads of them, join "
           "its reads", _RECORD, lambda f: MODULES_SEEN.active()),
+    Patch("isinstance/issubclass against ABCs: the pairs tested join its reads", _RECORD,
+          lambda f: TYPE_TESTS.active()),
     Patch("torch's fast-path check in its nn modules answers as without our mode; a fast path "
           "taken is noted", _RECORD, lambda f: FAST_PATHS.active()),
     Patch("torch calls given a generator= object and Python reads of requires_grad are noted "

@@ -135,7 +135,7 @@ def _specialize(
         return result, None
     held, drawn = before.drawn() if watched else (set(), set())
     notes = recording.unguardable
-    imported = notes.imports, notes.module_reads, notes.state_dicts  # (what collect_reads takes)
+    imported = notes.imports, notes.module_reads, notes.state_dicts, notes.type_tests
     customs = [getattr(getattr(f, "__self__", None), "cls", f)  # an adapted Function: its class
                for c in recording.calls for f in (c.function.f, c.function.gradient)]  # fmt: skip
     with target.overflow.walking():

@@ -176,7 +176,8 @@ class StateSnapshot:
 
     def _keep(self, tensor: torch.Tensor) -> None:
         self.buffers[id(tensor)] = (tensor, tensor.detach().clone())
-        self.versions[id(tensor)] = version(tensor)
+        if not tensor.is_inference():  # (an inference tensor has no version counter)
+            self.versions[id(tensor)] = version(tensor)
 
     def lent_to_numpy(self, tensor: torch.Tensor) -> None:
         """Keep ``tensor``'s value and version before NumPy got a view of it."""
@@ -208,9 +209,11 @@ class StateSnapshot:
         value changed (a write through ``.data`` moves no counter; a buffer replaced was put
         back with its new value). A buffer the step only reads, and a view of it held as an
         attribute (``self.head = self.b[:3]``), need no aliasing check (probe 53b)."""
-        versions = self.versions
         return [tensor for key, (tensor, before) in self.buffers.items()
-                if version(tensor) != versions.get(key) or not _equal(tensor, before)]  # fmt: skip
+                if self._moved(key, tensor) or not _equal(tensor, before)]  # fmt: skip
+
+    def _moved(self, key: int, tensor: torch.Tensor) -> bool:
+        return key not in self.versions or version(tensor) != self.versions[key]
 
     def reinstate(self) -> None:
         """Put back buffer objects the pass replaced (``self.avg = 0.9 * self.avg + ...``),

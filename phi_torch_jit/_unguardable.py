@@ -93,6 +93,9 @@ class Unguardable:
     ``shape``, ``dtype``...; :class:`RecordMode`) -> the first place: not a reason to run
     eagerly; the module guard checks the layout of those among the parameters and buffers
     (of all of them where Python read the strides of another tensor: ``LayoutReads``)."""
+    type_tests: dict[tuple[type, type], bool] = field(default_factory=dict)
+    """(ABC, class) pairs ``isinstance``/``issubclass`` tested (:mod:`._type_tests`) -> the
+    answer: not a reason to run eagerly; their answers are guarded (``_reads``)."""
     state_dicts: dict[int, str] = field(default_factory=dict)
     """id of each module whose ``state_dict()`` ran (a child's too) -> where: not a reason to
     run eagerly; which buffers it leaves out and its state-dict hooks are guarded (``_reads``)."""

@@ -114,7 +114,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stage 0: signature", ("_signature", "_spec_text", "_callable_state", "_ambient")),
     ("the phases' watches (what each phase patches)",
      ("_side_effects", "_param_writes", "_watched_calls", "_unguardable", "_fast_paths",
-      "_modules_seen",
+      "_modules_seen", "_type_tests",
       "_custom", "_function_ctx", "_function_closures", "_function", "_tensor_reads",
       "_static_shapes", "_rnn_layers", "_value_sized", "_value_guards", "_own_backward",
       "_inner_grad", "_state", "_phases", "_registries")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import builtins
 import importlib
 import sys
@@ -39,6 +40,7 @@ def _active() -> dict[str, bool]:
                    or builtins.eval is not _ORIGINAL_EVAL
                    or type(sys.modules[__name__]) is not types.ModuleType,
         "fast paths": torch.overrides.has_torch_function is not _ORIGINAL_CHECK,
+        "type tests": vars(abc.ABCMeta)["__instancecheck__"] is not _ORIGINAL_INSTANCECHECK,
     }  # fmt: skip
 
 
@@ -46,15 +48,25 @@ _ORIGINAL_PRINT = builtins.print
 _ORIGINAL_IMPORT, _ORIGINAL_IMPORT_MODULE = builtins.__import__, importlib.import_module
 _ORIGINAL_EVAL = builtins.eval
 _ORIGINAL_CHECK = torch.overrides.has_torch_function
+_ORIGINAL_INSTANCECHECK = vars(abc.ABCMeta)["__instancecheck__"]
 _NONE = dict.fromkeys(
-    ("module hook", "print", "Function.apply", "conversions", "notices", "imports", "fast paths"),
+    (
+        "module hook",
+        "print",
+        "Function.apply",
+        "conversions",
+        "notices",
+        "imports",
+        "fast paths",
+        "type tests",
+    ),
     False,
 )
 
 
 def test_the_table_names_each_patch_once_with_its_phases() -> None:
     names = [p.name for p in PATCHES]
-    assert len(set(names)) == len(names) == 11
+    assert len(set(names)) == len(names) == 12
     assert all(p.phases and p.phases <= set(Phase) for p in PATCHES)
 
 
@@ -64,7 +76,7 @@ def test_record_phase_installs_its_patches_and_removes_them() -> None:
         assert current_frame() is frame and frame.phase is Phase.RECORD
         assert _active() == {**_NONE, "module hook": True, "print": True,
                              "Function.apply": True, "notices": True, "imports": True,
-                             "fast paths": True}  # fmt: skip
+                             "fast paths": True, "type tests": True}  # fmt: skip
     assert _active() == _NONE and current_frame() is None
 
 

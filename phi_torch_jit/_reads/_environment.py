@@ -82,7 +82,7 @@ def environment_sources(code: types.CodeType, held: bool) -> list[tuple[Any, Sou
     found: list[tuple[Any, Source]] = []
     if names_environment(code, _ARGV):  # sys.argv, changed in place (a list of strings)
         found.append((("argv",), Source("sys.argv", where, vars(sys), "argv")))
-    if names_environment(code, _TYPE_TESTS):
+    if names_environment(code, _TYPE_TESTS):  # isinstance: its answers (_type_tests)
         found.append((("abc",), ABC_TOKEN))
     if held or names_environment(code):
         environment = Source("the environment (os.environ)", where, holder=_ENVIRONMENT,
@@ -116,9 +116,9 @@ _WORKING_DIRECTORY = frozenset(("getcwd", "getcwdb", "abspath", "realpath", "rel
 """Names through which code reads the working directory (``os.getcwd()``,
 ``os.path.abspath("data")``, ``Path.cwd()``, ``Path("data").resolve()``): an ``os.chdir``
 between calls retraces (probe 50)."""
+_TYPE_TESTS = frozenset(("issubclass",))
 _CWD = Source("the working directory (os.getcwd())", "os", holder=os,
               path=(Step(True, "getcwd", call=True),))  # fmt: skip
-_TYPE_TESTS = frozenset(("isinstance", "issubclass"))
 ABC_TOKEN = Source("abc.get_cache_token()", "abc", holder=abc,
                    path=(Step(True, "get_cache_token", call=True),))  # fmt: skip
 """Changes at every ``ABC.register()``: what an ``isinstance`` test or a single-dispatch

@@ -82,6 +82,7 @@ from ._records import (
     tensor_meta,
 )
 from ._shown import VIEWS
+from ._type_tests import type_test_sources
 
 __all__ = ["Read", "Kind", "Source", "PythonGuard", "collect_reads", "same_value", "immutable",
            "user_module", "describe_callable"]  # fmt: skip
@@ -141,7 +142,8 @@ def collect_reads(
     fn: Any, modules: Sequence[nn.Module], arguments: Sequence[Any] = (),
     imported: Mapping[str, str] | None = None,
     module_reads: Mapping[tuple[str, str], str] | None = None,
-    state_dicts: Collection[int] = (), role: str = "an argument",
+    state_dicts: Collection[int] = (), type_tests: Mapping[tuple[type, type], bool] | None = None,
+    role: str = "an argument",
     customs: Sequence[Any] = (), overflow: Overflow | None = None,
 ) -> list[Read]:  # fmt: skip
     """The globals and closure variables the user code reachable from ``fn`` and the
@@ -150,7 +152,8 @@ def collect_reads(
     specialization holds them): their state is walked like the jitted callable's.
     ``imported``: the user's modules the record pass saw imported -> where (by any name);
     ``module_reads``: (module, attribute) the record pass saw read -> where;
-    ``state_dicts``: the ids of the modules whose ``state_dict()`` ran. ``fn`` None:
+    ``state_dicts``: the ids of the modules whose ``state_dict()`` ran; ``type_tests``: the
+    (ABC, class) pairs it tested (:mod:`._type_tests`). ``fn`` None:
     only ``arguments`` are walked, named ``role`` (the hooks of :mod:`._hooks`).
     ``customs``: the custom functions' callables the record pass saw called: tensors their
     code reads are guarded by identity too (:mod:`._custom_bodies`). ``overflow``: what lies
@@ -215,6 +218,8 @@ def collect_reads(
     for ident, holder in shadowing.items():
         _add(reads, (ident, "shadowing"), holder.source())
     _add_imported(reads, imported or {})
+    for key, source in type_test_sources(type_tests or {}):  # isinstance(x, ABC)'s answers
+        _add(reads, key, source)
     held = [*modules, *(r.expected for r in reads.values() if r.kind is not Kind.TENSOR)]
     held += libraries
     for key, source in settings_of_held(held, walked):  # for mod in BACKENDS: mod.enabled
