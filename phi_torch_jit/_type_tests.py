@@ -20,11 +20,13 @@ from __future__ import annotations
 import abc
 import functools
 import sys
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ._patches import RefCounted
-from ._sources import user_module
+from ._sources import TORCH_DIR, user_module
 from ._watched_calls import from_user, recording_notes
 
 __all__ = ["TYPE_TESTS", "MAX_TYPE_TESTS", "ANY_REGISTRATION"]
@@ -37,9 +39,21 @@ ANY_REGISTRATION = (abc.ABCMeta, abc.ABCMeta)
 ``typing.Protocol``) or past :data:`MAX_TYPE_TESTS`: ``abc.get_cache_token()`` is guarded."""
 
 
+_LIBRARYS: dict[tuple[type, type, types.CodeType], None] = {}
+"""(ABC, class, code) of the tests made by a library's code of a library's classes: nothing
+to note, whichever record pass makes them (30 000 tests in a PhiFlow step's record pass)."""
+_MAX_SITES = 50_000
+
+
 def _yours(klass: type) -> bool:
-    module = sys.modules.get(klass.__module__)
-    return module is not None and user_module(module)
+    known = _YOURS.get(klass)
+    if known is None:
+        module = sys.modules.get(klass.__module__)
+        known = _YOURS[klass] = module is not None and user_module(module)
+    return known
+
+
+_YOURS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
 def _own_check(cls: Any, name: str) -> bool:
@@ -58,10 +72,18 @@ def _noting(original: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
         pairs = notes.type_tests  # in the order of the first tests
         if (cls, klass) in pairs:
             return answer
-        if _yours(cls) or _yours(klass) or from_user(sys._getframe(1)):
+        caller = sys._getframe(1)
+        site = (cls, klass, caller.f_code)
+        if site in _LIBRARYS:  # a library's test of its own classes, decided before
+            return answer
+        if _yours(cls) or _yours(klass) or from_user(caller):
             plain = _own_check(cls, "__instancecheck__") and _own_check(cls, "__subclasscheck__")
             full = len(pairs) >= MAX_TYPE_TESTS
             pairs[(cls, klass) if plain and not full else ANY_REGISTRATION] = answer
+        elif not caller.f_code.co_filename.startswith(TORCH_DIR):  # (torch's: walked up)
+            if len(_LIBRARYS) > _MAX_SITES:
+                _LIBRARYS.clear()
+            _LIBRARYS[site] = None
         return answer
 
     return check

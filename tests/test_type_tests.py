@@ -126,3 +126,26 @@ def test_the_pairs_noted_are_bounded() -> None:
     assert "abc.get_cache_token()" in jitted.explain()
     scalable.register(classes[-1])  # past the bound: seen through the token
     torch.testing.assert_close(jitted(torch.ones(2)), step(torch.ones(2)))
+
+
+def test_a_librarys_test_of_a_class_of_yours_is_guarded() -> None:
+    """Library code (here compiled under a site-packages path) testing an object of yours
+    against an ABC: the pair is noted because the class is yours; the same site testing its
+    own classes is not, and is not looked at again."""
+    import sys
+
+    scope: dict[str, Any] = {"numbers": numbers}
+    library = f"{sys.prefix}/lib/python3.11/site-packages/a_library_of_theirs.py"
+    exec(compile("def scale(v):\n    return 2.0 if isinstance(v, numbers.Real) else 1.0\n",
+                 library, "exec"), scope)  # fmt: skip
+    scale = scope["scale"]
+
+    class Quantity:
+        pass
+
+    held = Quantity()
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x * scale(held) * scale(1.5)
+
+    like_eager_then_retraced(ptj.jit(step), step, lambda: numbers.Real.register(Quantity))
