@@ -280,6 +280,45 @@ def test_a_loop_over_the_modules_globals_reads_each_and_sees_one_defined_later()
         globals().pop("K_2", None)
 
 
+def test_a_loop_over_the_modules_globals_sees_their_order() -> None:
+    """A global deleted and defined again is last in the loop's order: the names and values
+    are the same, the order is not (probe 54 found it silently wrong on every engine)."""
+    jitted = ptj.jit(_over_the_modules_globals)
+    x = torch.ones(2)
+    globals()["K_2"] = 5.0
+    try:
+        for _ in range(2):
+            torch.testing.assert_close(jitted(x), _over_the_modules_globals(x))
+        del globals()["K_1"]
+        globals()["K_1"] = 2.0  # now after K_2
+        for _ in range(2):
+            torch.testing.assert_close(jitted(x), _over_the_modules_globals(x))
+        assert jitted.num_traces == 2
+    finally:
+        globals().pop("K_2", None)
+
+
+def test_a_loop_over_a_modules_namespace_sees_its_order() -> None:
+    """``for name, v in vars(settings).items()`` over a module of yours: its names' order is
+    guarded, as an object's ``vars()`` order is (probe 54)."""
+    import types
+
+    settings = types.ModuleType("settings_in_order")
+    settings.A, settings.B = 1.0, 2.0  # type: ignore[attr-defined]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for name, value in vars(settings).items():
+            if name in ("A", "B"):
+                x = x * 0.5 + value
+        return x
+
+    def change() -> None:
+        del settings.A
+        settings.A = 1.0  # type: ignore[attr-defined]
+
+    like_eager_then_retraced(ptj.jit(step), step, change)
+
+
 def test_an_mmap_read_as_configuration_is_guarded_by_what_it_holds() -> None:
     import mmap
     import struct

@@ -122,7 +122,8 @@ def fields(value: Any) -> list[Step | tuple[Step, ...]]:
         return [*bound, *(_object_fields if user_class(type(value)) else attribute_paths)(value)]
     if isinstance(value, types.ModuleType):  # a user's module (libraries' are not read): its
         entries = [Step(True, n) for n, v in list(vars(value).items()) if _module_data(n, v)]
-        return [(INSTANCE_DICT, LENGTH), *entries]  # data, and how many names (vars() looped)
+        return [(INSTANCE_DICT, LENGTH), (INSTANCE_DICT, _KEYS, LISTED), *entries]  # data,
+        # how many names and their order (vars() looped; probe 54: a name defined again)
     if isinstance(value, types.FunctionType):  # code, walked by user_functions; a single-
         registry = value.__dict__.get("registry")  # dispatch function: what is registered,
         if not isinstance(registry, Mapping):  # how many and each implementation (replaced

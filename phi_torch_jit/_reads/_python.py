@@ -71,6 +71,7 @@ from ._reachable import reach
 from ._records import (
     GONE,
     LENGTH,
+    LISTED,
     Kind,
     Read,
     Source,
@@ -186,7 +187,9 @@ def collect_reads(
         if iterates_globals(function):  # how many globals there are: one defined later
             where = f"{code.co_filename}:{code.co_firstlineno}"
             source = Source("len(globals())", where, holder=namespace, path=(LENGTH,))
-            _add(reads, (id(namespace), LENGTH), source)
+            _add(reads, (id(namespace), LENGTH), source)  # and their order (a name deleted
+            order = Source("list(globals())", where, holder=namespace, path=_IN_ORDER)  # and
+            _add(reads, (id(namespace), "order"), order)  # defined again: last; probe 54)
         for name, line in {**globals_read, **looked_up}.items():
             space = namespace if name in namespace else added_builtins(name)
             if space is not namespace:  # a builtin, or undefined: until the module defines it
@@ -265,6 +268,9 @@ def _add_subclasses(reads: dict[Any, Read], key: Any, source: Source, left: list
         if user_class(klass):
             _add_subclasses(reads, (key, i), listed.child(Step(False, i)), left)
 
+
+_IN_ORDER = (Step(True, "keys", call=True), LISTED)
+"""A namespace's names, in the order a loop over it sees them."""
 
 _MAX_CLASSES = 64
 """Classes of one subclass tree guarded (``Base.__subclasses__()``, theirs...)."""
